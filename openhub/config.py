@@ -1,0 +1,127 @@
+"""Settings: every value has an OPENHUB_* environment override (DESIGN.md §7).
+
+`celeryconfig.py` maps these onto Celery's own settings; the library reads them from here so
+that a producer process (a web app calling `openhub.submit`) needs no Celery configuration.
+Durations are seconds in the environment and `timedelta` in code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from .errors import ConfigurationError
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _seconds(name: str, default: float) -> timedelta:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return timedelta(seconds=default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigurationError(f"{name} must not be negative, got {raw!r}")
+    return timedelta(seconds=value)
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _pairs(name: str) -> dict[str, str]:
+    """Parse `A=x,B=y` into {"A": "x", "B": "y"}."""
+    raw = os.environ.get(name, "").strip()
+    result: dict[str, str] = {}
+    if not raw:
+        return result
+    for part in raw.split(","):
+        if "=" not in part:
+            raise ConfigurationError(f"{name}: expected NAME=value pairs separated by commas, got {part!r}")
+        key, value = part.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The hub's settings, read once from the environment."""
+
+    var_dir: Path
+    database_url: str
+    broker_url: str
+    routes: tuple[str, ...]
+    max_fails: int
+    retry_interval: timedelta
+    postpone_interval: timedelta
+    poll_interval: timedelta
+    lease_grace: timedelta
+    step_timeout: timedelta
+    confirm_max_fails: int
+    confirm_interval: timedelta
+    api_keys: dict[str, str] = field(default_factory=dict)
+    admin_token: str | None = None
+    max_payload_bytes: int = 1_048_576
+    throttling: str = ""
+    redis_url: str | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """True on the embedded default (SQLite and the filesystem transport)."""
+        return self.database_url.startswith("sqlite")
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        """Read every OPENHUB_* variable, falling back to the embedded defaults under ./var/."""
+        var_dir = Path(_env("OPENHUB_VAR_DIR", "var")).absolute()
+        routes = tuple(r.strip() for r in _env("OPENHUB_ROUTES", "routes").split(",") if r.strip())
+        broker = _env("OPENHUB_BROKER_URL", "filesystem://")
+        return cls(
+            var_dir=var_dir,
+            database_url=_env("OPENHUB_DATABASE_URL", f"sqlite:///{var_dir / 'openhub.db'}"),
+            broker_url=broker,
+            routes=routes,
+            max_fails=_int("OPENHUB_MAX_FAILS", 3),
+            retry_interval=_seconds("OPENHUB_RETRY_INTERVAL", 60),
+            postpone_interval=_seconds("OPENHUB_POSTPONE_INTERVAL", 5),
+            poll_interval=_seconds("OPENHUB_POLL_INTERVAL", 5),
+            lease_grace=_seconds("OPENHUB_LEASE_GRACE", 300),
+            step_timeout=_seconds("OPENHUB_STEP_TIMEOUT", 300),
+            confirm_max_fails=_int("OPENHUB_CONFIRM_MAX_FAILS", 3),
+            confirm_interval=_seconds("OPENHUB_CONFIRM_INTERVAL", 60),
+            api_keys=_pairs("OPENHUB_API_KEYS"),
+            admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
+            max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
+            throttling=_env("OPENHUB_THROTTLING", ""),
+            redis_url=os.environ.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),
+        )
+
+
+_settings: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process-wide settings (read from the environment on first use)."""
+    global _settings
+    if _settings is None:
+        _settings = Settings.from_env()
+    return _settings
+
+
+def reset_settings() -> None:
+    """Forget cached settings so the next get_settings() reads the environment again (tests, CLI)."""
+    global _settings
+    _settings = None

@@ -1,0 +1,102 @@
+"""Connections to the message store, and the one boundary where driver errors are translated.
+
+SQLite (the embedded default) runs in WAL mode and takes its write lock at BEGIN (BEGIN
+IMMEDIATE), so concurrent worker processes queue for the lock instead of failing half-way;
+PostgreSQL runs READ COMMITTED with row locks. Engines are per process: a forked worker builds
+its own instead of sharing the parent's sockets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from .config import get_settings
+from .errors import StoreUnavailable
+
+_engines: dict[tuple[int, str], Engine] = {}
+
+
+def utcnow() -> datetime:
+    """The current time as naive UTC, the store's convention."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _sqlite_engine(url: str) -> Engine:
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The engine for `url` (default: OPENHUB_DATABASE_URL), one per process."""
+    url = url or get_settings().database_url
+    key = (os.getpid(), url)
+    engine = _engines.get(key)
+    if engine is None:
+        if url.startswith("sqlite"):
+            engine = _sqlite_engine(url)
+        else:
+            engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        _engines[key] = engine
+    return engine
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection of this process (tests, shutdown)."""
+    for (pid, _url), engine in list(_engines.items()):
+        if pid == os.getpid():
+            engine.dispose()
+    _engines.clear()
+
+
+def is_postgres(conn: Connection) -> bool:
+    """Whether `conn` talks to PostgreSQL (row locks with SKIP LOCKED are available)."""
+    return conn.dialect.name == "postgresql"
+
+
+@contextmanager
+def transaction(url: str | None = None) -> Iterator[Connection]:
+    """One database transaction; a lost or refused connection becomes StoreUnavailable."""
+    try:
+        with get_engine(url).begin() as conn:
+            yield conn
+    except OperationalError as exc:
+        if _is_connectivity(exc):
+            raise StoreUnavailable(f"message store unavailable: {exc.orig}") from exc
+        raise
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise StoreUnavailable(f"message store connection lost: {exc.orig}") from exc
+        raise
+
+
+def _is_connectivity(exc: OperationalError) -> bool:
+    text = str(exc.orig).lower()
+    if "database is locked" in text:
+        return True
+    return exc.connection_invalidated or any(
+        word in text for word in ("connection", "could not connect", "server closed", "terminating", "timeout",
+                                  "unable to open database", "shutting down", "starting up"))

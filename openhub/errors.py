@@ -1,0 +1,93 @@
+"""Every error openhub raises, in one place.
+
+    OpenHubError
+    ├── ConfigurationError      a route, step or setting is malformed (raised at load time)
+    ├── InputError              a message cannot be accepted (nothing was stored)
+    │   ├── UnknownRouteError   no route has that name
+    │   └── PayloadTooLarge     payload over OPENHUB_MAX_PAYLOAD_BYTES
+    ├── NotFound                no message with that id
+    ├── StateConflict           an operator action the message's state does not allow
+    └── StoreUnavailable        the database cannot be reached (nothing was stored)
+
+Step outcomes are exceptions a step raises to tell the hub what happened:
+
+    StepOutcome
+    ├── Reject                  refuse the message for good: FAILED, no retry (dead letter)
+    ├── Postpone                try again after a delay without counting a failure
+    ├── Holdback                postpone and pause the whole route until an operator resumes it
+    └── TransientError          a temporary fault: retried later, counts a failure
+
+Any other exception raised by a step is treated as transient too (a bug to retry, not a verdict).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class OpenHubError(Exception):
+    """Base class of every error openhub raises on purpose."""
+
+
+class ConfigurationError(OpenHubError):
+    """A route, step, confirmation or setting is malformed; raised when it is loaded."""
+
+
+class InputError(OpenHubError, ValueError):
+    """A message cannot be accepted as given; nothing was stored."""
+
+
+class UnknownRouteError(InputError):
+    """No route is registered under the given `service.operation` name."""
+
+
+class PayloadTooLarge(InputError):
+    """The serialised payload is larger than OPENHUB_MAX_PAYLOAD_BYTES."""
+
+
+class NotFound(OpenHubError, LookupError):
+    """No message (or route) with the given identifier exists."""
+
+
+class StateConflict(OpenHubError):
+    """The requested operator action is not allowed in the message's current state."""
+
+
+class StoreUnavailable(OpenHubError):
+    """The message store cannot be reached; the operation had no effect."""
+
+
+class StepOutcome(Exception):
+    """Base of the exceptions a step raises to choose the message's outcome."""
+
+
+class Reject(StepOutcome):
+    """Refuse the message for good (validation or business refusal, poison message): FAILED."""
+
+    def __init__(self, reason: str = "rejected", code: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class Postpone(StepOutcome):
+    """Try the message again after `delay` (default OPENHUB_POSTPONE_INTERVAL); no failure counted."""
+
+    def __init__(self, delay: timedelta | float | None = None, reason: str = "postponed") -> None:
+        super().__init__(reason)
+        if isinstance(delay, (int, float)):
+            delay = timedelta(seconds=delay)
+        self.delay = delay
+        self.reason = reason
+
+
+class Holdback(StepOutcome):
+    """Postpone the message and pause its route until an operator resumes it."""
+
+    def __init__(self, reason: str = "held back") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TransientError(StepOutcome):
+    """A temporary fault (the external system is down, a timeout): retry later, count a failure."""

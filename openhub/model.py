@@ -1,0 +1,243 @@
+"""The routing model: routes, steps, splits and retry policies as plain frozen dataclasses.
+
+Everything is validated when it is declared, so a typo fails at import time, not at 3 a.m.
+This module imports no Celery, SQLAlchemy or FastAPI.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Literal, Union
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .context import StepContext
+
+ROUTE_NAME = re.compile(r"^[A-Za-z][\w-]*\.[A-Za-z][\w-]*$")
+STEP_KEY = re.compile(r"^[A-Za-z_][\w-]*$")
+Scope = Literal["message", "entity", "custom"]
+SCOPES = ("message", "entity", "custom")
+
+
+def _seconds(value: timedelta | float | int | None, what: str) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = timedelta(seconds=value)
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise ConfigurationError(f"{what} must be a positive timedelta, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how far apart a failing message is retried.
+
+    The n-th failure waits ``interval * backoff ** (n - 1)``, at most ``max_interval``; the
+    message is FAILED when its failed count would exceed ``max_fails``.
+    """
+
+    max_fails: int = 3
+    interval: timedelta = timedelta(seconds=60)
+    backoff: float = 1.0
+    max_interval: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_fails, int) or self.max_fails < 0:
+            raise ConfigurationError(f"RetryPolicy.max_fails must be an int >= 0, got {self.max_fails!r}")
+        object.__setattr__(self, "interval", _seconds(self.interval, "RetryPolicy.interval"))
+        object.__setattr__(self, "max_interval", _seconds(self.max_interval, "RetryPolicy.max_interval"))
+        if not isinstance(self.backoff, (int, float)) or self.backoff < 1:
+            raise ConfigurationError(f"RetryPolicy.backoff must be a number >= 1, got {self.backoff!r}")
+
+    def delay(self, failed_count: int) -> timedelta:
+        """The wait before the next attempt after `failed_count` failures."""
+        wait = self.interval * (self.backoff ** max(failed_count - 1, 0))
+        if self.max_interval is not None:
+            wait = min(wait, self.max_interval)
+        return wait
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step of a route: one call to an external system, guarded by its idempotency key."""
+
+    fn: Callable[["StepContext"], Any]
+    key: str
+    scope: Scope = "message"
+    custom_key: Callable[["StepContext"], str] | None = None
+    timeout: timedelta | None = None
+    queue: str | None = None
+    retry: RetryPolicy | None = None
+
+    @property
+    def name(self) -> str:
+        """The step's name in task names and listings (its key)."""
+        return self.key
+
+    def __call__(self, ctx: "StepContext") -> Any:
+        return self.fn(ctx)
+
+
+_STEP_OPTIONS = {"key", "scope", "custom_key", "timeout", "queue", "retry"}
+
+
+def step(fn: Callable | None = None, /, **options: Any) -> Any:
+    """Declare a route step: ``@step`` or ``@step(key=..., scope=..., timeout=..., queue=..., retry=...)``."""
+    unknown = set(options) - _STEP_OPTIONS
+    if unknown:
+        raise ConfigurationError(f"unknown @step option(s): {', '.join(sorted(unknown))}")
+
+    def declare(func: Callable) -> Step:
+        if not callable(func):
+            raise ConfigurationError(f"@step must decorate a function, got {func!r}")
+        key = options.get("key") or func.__name__
+        if not isinstance(key, str) or not STEP_KEY.match(key):
+            raise ConfigurationError(f"step key {key!r} of {func.__name__} must be an identifier")
+        scope = options.get("scope", "message")
+        if scope not in SCOPES:
+            raise ConfigurationError(f"step {key!r}: scope must be one of {SCOPES}, got {scope!r}")
+        custom_key = options.get("custom_key")
+        if scope == "custom" and not callable(custom_key):
+            raise ConfigurationError(f"step {key!r}: scope='custom' needs custom_key=callable")
+        if scope != "custom" and custom_key is not None:
+            raise ConfigurationError(f"step {key!r}: custom_key is only allowed with scope='custom'")
+        retry = options.get("retry")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"step {key!r}: retry must be a RetryPolicy")
+        queue = options.get("queue")
+        if queue is not None and not isinstance(queue, str):
+            raise ConfigurationError(f"step {key!r}: queue must be a string")
+        return Step(fn=func, key=key, scope=scope, custom_key=custom_key,
+                    timeout=_seconds(options.get("timeout"), f"step {key!r} timeout"),
+                    queue=queue, retry=retry)
+
+    if fn is not None:
+        return declare(fn)
+    return declare
+
+
+@dataclass(frozen=True)
+class Child:
+    """A child message produced by a Split: routed to `route` with its own payload."""
+
+    route: str
+    payload: Any
+    object_id: str | None = None
+    funnel: str | None = None
+    entity_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Split:
+    """A step that splits the message into child messages; the parent waits until all are final."""
+
+    fn: Callable[["StepContext"], list[Child]]
+    key: str = ""
+    queue: str | None = None
+    timeout: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ConfigurationError(f"Split needs a callable, got {self.fn!r}")
+        key = self.key or getattr(self.fn, "__name__", "split")
+        if not STEP_KEY.match(key):
+            raise ConfigurationError(f"Split key {key!r} must be an identifier")
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "timeout", _seconds(self.timeout, f"Split {key!r} timeout"))
+
+    scope: Scope = field(default="message", init=False)
+    retry: RetryPolicy | None = field(default=None, init=False)
+
+    @property
+    def name(self) -> str:
+        """The split's name in task names and listings (its key)."""
+        return self.key
+
+
+RouteStep = Union[Step, Split]
+
+_ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exclude_failed", "validate",
+                  "retry", "priority", "queue", "order_timeout"}
+
+
+@dataclass(frozen=True, init=False)
+class Route:
+    """A named chain of steps that messages for `service.operation` go through, top to bottom."""
+
+    name: str
+    steps: tuple[RouteStep, ...]
+    object_id: Callable[[Any], Any] | None = None
+    entity_type: str | None = None
+    funnel: Callable[[Any], Any] | None = None
+    guaranteed_order: bool = False
+    exclude_failed: bool = False
+    validate: Any = None
+    retry: RetryPolicy | None = None
+    priority: int | None = None
+    queue: str | None = None
+    order_timeout: timedelta | None = None
+
+    def __init__(self, name: str, steps: list[RouteStep] | tuple[RouteStep, ...] = (), **options: Any) -> None:
+        unknown = set(options) - _ROUTE_OPTIONS
+        if unknown:
+            raise ConfigurationError(f"route {name!r}: unknown option(s) {', '.join(sorted(unknown))}")
+        if not isinstance(name, str) or not ROUTE_NAME.match(name):
+            raise ConfigurationError(f"route name {name!r} must look like 'service.operation'")
+        steps = tuple(steps)
+        if not steps:
+            raise ConfigurationError(f"route {name!r} has no steps")
+        seen: set[str] = set()
+        for item in steps:
+            if not isinstance(item, (Step, Split)):
+                label = getattr(item, "__name__", repr(item))
+                raise ConfigurationError(f"route {name!r}: {label} is not a @step (decorate it with @step)")
+            if item.key in seen:
+                raise ConfigurationError(f"route {name!r}: duplicate step key {item.key!r}")
+            seen.add(item.key)
+        for opt in ("object_id", "funnel"):
+            if options.get(opt) is not None and not callable(options[opt]):
+                raise ConfigurationError(f"route {name!r}: {opt} must be a callable of the payload")
+        validate = options.get("validate")
+        if validate is not None and not callable(validate):
+            raise ConfigurationError(f"route {name!r}: validate must be a callable or a pydantic model")
+        retry = options.get("retry")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"route {name!r}: retry must be a RetryPolicy")
+        priority = options.get("priority")
+        if priority is not None and (not isinstance(priority, int) or not 0 <= priority <= 9):
+            raise ConfigurationError(f"route {name!r}: priority must be an int 0..9")
+        if options.get("exclude_failed") and not options.get("guaranteed_order"):
+            raise ConfigurationError(f"route {name!r}: exclude_failed needs guaranteed_order=True")
+        if options.get("guaranteed_order") and options.get("funnel") is None:
+            raise ConfigurationError(f"route {name!r}: guaranteed_order needs a funnel")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "steps", steps)
+        for opt in _ROUTE_OPTIONS:
+            default = self.__dataclass_fields__[opt].default
+            object.__setattr__(self, opt, options.get(opt, default))
+        object.__setattr__(self, "order_timeout", _seconds(self.order_timeout, f"route {name!r} order_timeout"))
+
+    @property
+    def service(self) -> str:
+        """The part of the name before the dot."""
+        return self.name.split(".", 1)[0]
+
+    @property
+    def operation(self) -> str:
+        """The part of the name after the dot."""
+        return self.name.split(".", 1)[1]
+
+    def task_name(self, item: RouteStep) -> str:
+        """The Celery task name of one of this route's steps (what Flower shows)."""
+        return f"openhub.{self.name}.{item.name}"
+
+    def index_of(self, key: str) -> int:
+        """Position of the step with `key` in this route."""
+        for i, item in enumerate(self.steps):
+            if item.key == key:
+                return i
+        raise KeyError(key)

@@ -1,0 +1,155 @@
+"""Message states and the pure state machine: (state, event) -> (new state, failed count, actions).
+
+This is DESIGN.md §3 as a function. The engine, the poller and the operator actions all ask it
+before they write a state, so the table in the design and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .errors import StateConflict
+
+
+class State(StrEnum):
+    """The states a message goes through (DESIGN.md §3)."""
+
+    NEW = "NEW"
+    IN_QUEUE = "IN_QUEUE"
+    PROCESSING = "PROCESSING"
+    WAITING = "WAITING"
+    WAITING_FOR_RES = "WAITING_FOR_RES"
+    PARTLY_FAILED = "PARTLY_FAILED"
+    POSTPONED = "POSTPONED"
+    OK = "OK"
+    FAILED = "FAILED"
+    CANCEL = "CANCEL"
+    SKIPPED = "SKIPPED"
+
+
+FINAL = frozenset({State.OK, State.FAILED, State.CANCEL, State.SKIPPED})
+NON_FINAL = frozenset(State) - FINAL
+CONFIRMED = frozenset({State.OK, State.FAILED, State.CANCEL})
+
+
+class Event(StrEnum):
+    """What happened to a message."""
+
+    PUBLISHED = "published"            # its chain reached the broker
+    REDRIVEN = "redriven"              # the poller (or a funnel release) published a new chain
+    CLAIMED = "claimed"                # the first task of the chain took it
+    COMPLETED = "completed"            # the last step succeeded
+    TRANSIENT = "transient"            # a step failed in a way worth retrying
+    NO_EFFECT = "no_effect"            # a step asked to try again later without counting a failure
+    REJECTED = "rejected"              # a step refused the message for good
+    POSTPONED = "postponed"            # a step postponed it, or its funnel is busy
+    HELD_BACK = "held_back"            # a step held it back and paused the route
+    OBSOLETE = "obsolete"              # a newer message for the same entity is already done
+    SPLIT = "split"                    # children were written; the parent waits for them
+    CHILDREN_OK = "children_ok"        # every child is OK: the parent goes on after the split
+    CHILD_FAILED = "child_failed"      # a child ended FAILED
+    WAIT_RESPONSE = "wait_response"    # a step parked the message until a response arrives
+    RESPONDED = "responded"            # the awaited response arrived
+    LEASE_EXPIRED = "lease_expired"    # nobody carries the message any more (worker died, chain lost)
+    ORDER_EXPIRED = "order_expired"    # blocked in its guaranteed-order funnel past the limit
+    RESTARTED = "restarted"            # an operator restarted a final message
+    CANCELLED = "cancelled"            # an operator cancelled a non-final message
+
+
+class Action(StrEnum):
+    """Side effects the caller must carry out after committing the transition."""
+
+    CONFIRM = "confirm"                # queue the confirmation to the source system
+    SCHEDULE_RETRY = "schedule_retry"  # next attempt after the retry policy's delay
+    PAUSE_ROUTE = "pause_route"        # the route stops until an operator resumes it
+    RELEASE_FUNNEL = "release_funnel"  # dispatch the next postponed message of the funnel now
+    NOTIFY_PARENT = "notify_parent"    # a child reached a final state: re-check the parent
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The outcome of applying an event: the new state, failed count and actions to carry out."""
+
+    state: State
+    failed_count: int
+    actions: frozenset[Action] = frozenset()
+
+
+def _failure(failed_count: int, max_fails: int) -> Transition:
+    count = failed_count + 1
+    if count > max_fails:
+        return Transition(State.FAILED, count, frozenset({Action.CONFIRM}))
+    return Transition(State.PARTLY_FAILED, count, frozenset({Action.SCHEDULE_RETRY}))
+
+
+_ALLOWED: dict[Event, frozenset[State]] = {
+    Event.PUBLISHED: frozenset({State.NEW}),
+    Event.REDRIVEN: frozenset({State.NEW, State.PARTLY_FAILED, State.POSTPONED}),
+    Event.CLAIMED: frozenset({State.NEW, State.IN_QUEUE}),
+    Event.COMPLETED: frozenset({State.PROCESSING}),
+    Event.TRANSIENT: frozenset({State.PROCESSING, State.WAITING_FOR_RES}),
+    Event.NO_EFFECT: frozenset({State.PROCESSING}),
+    Event.REJECTED: frozenset({State.PROCESSING}),
+    Event.POSTPONED: frozenset({State.PROCESSING}),
+    Event.HELD_BACK: frozenset({State.PROCESSING}),
+    Event.OBSOLETE: frozenset({State.PROCESSING}),
+    Event.SPLIT: frozenset({State.PROCESSING}),
+    Event.CHILDREN_OK: frozenset({State.WAITING}),
+    Event.CHILD_FAILED: frozenset({State.WAITING}),
+    Event.WAIT_RESPONSE: frozenset({State.PROCESSING}),
+    Event.RESPONDED: frozenset({State.WAITING_FOR_RES}),
+    Event.LEASE_EXPIRED: frozenset({State.IN_QUEUE, State.PROCESSING}),
+    Event.ORDER_EXPIRED: frozenset({State.POSTPONED, State.NEW, State.IN_QUEUE, State.PARTLY_FAILED}),
+    Event.RESTARTED: frozenset({State.OK, State.FAILED, State.CANCEL}),
+    Event.CANCELLED: NON_FINAL,
+}
+
+_FINISHED = frozenset({Action.CONFIRM, Action.RELEASE_FUNNEL, Action.NOTIFY_PARENT})
+
+
+def allowed(state: State, event: Event) -> bool:
+    """Whether `event` may happen to a message in `state`."""
+    return state in _ALLOWED[event]
+
+
+def transition(state: State | str, event: Event, failed_count: int = 0, max_fails: int = 3) -> Transition:
+    """Apply `event` to a message in `state`; raise StateConflict where §3 does not allow it."""
+    state = State(state)
+    if state not in _ALLOWED[event]:
+        raise StateConflict(f"{event.value} is not allowed in state {state.value}")
+    same = failed_count
+    if event in (Event.PUBLISHED, Event.REDRIVEN, Event.RESPONDED):
+        return Transition(State.IN_QUEUE, same)
+    if event is Event.CLAIMED:
+        return Transition(State.PROCESSING, same)
+    if event is Event.COMPLETED:
+        return Transition(State.OK, same, _FINISHED)
+    if event in (Event.TRANSIENT, Event.LEASE_EXPIRED):
+        result = _failure(failed_count, max_fails)
+        if result.state is State.FAILED:
+            return Transition(result.state, result.failed_count, _FINISHED)
+        return Transition(result.state, result.failed_count, result.actions | {Action.RELEASE_FUNNEL})
+    if event is Event.NO_EFFECT:
+        return Transition(State.PARTLY_FAILED, same, frozenset({Action.SCHEDULE_RETRY, Action.RELEASE_FUNNEL}))
+    if event in (Event.REJECTED, Event.CHILD_FAILED):
+        return Transition(State.FAILED, failed_count + (event is Event.REJECTED), _FINISHED)
+    if event is Event.ORDER_EXPIRED:
+        return Transition(State.FAILED, same, _FINISHED)
+    if event is Event.POSTPONED:
+        return Transition(State.POSTPONED, same, frozenset({Action.RELEASE_FUNNEL}))
+    if event is Event.HELD_BACK:
+        return Transition(State.POSTPONED, same, frozenset({Action.PAUSE_ROUTE}))
+    if event is Event.OBSOLETE:
+        return Transition(State.SKIPPED, same, frozenset({Action.RELEASE_FUNNEL, Action.NOTIFY_PARENT}))
+    if event is Event.SPLIT:
+        return Transition(State.WAITING, same)
+    if event is Event.CHILDREN_OK:
+        return Transition(State.IN_QUEUE, same)
+    if event is Event.WAIT_RESPONSE:
+        return Transition(State.WAITING_FOR_RES, same)
+    if event is Event.RESTARTED:
+        return Transition(State.PARTLY_FAILED, 0)
+    if event is Event.CANCELLED:
+        return Transition(State.CANCEL, same, _FINISHED)
+    raise AssertionError(f"unhandled event {event}")  # pragma: no cover
