@@ -137,6 +137,7 @@ class Split:
 
     fn: Callable[["StepContext"], list[Child]]
     key: str = ""
+    route: str | None = None  # the child route, when all children go to one: checked at load
     queue: str | None = None
     timeout: timedelta | None = None
 

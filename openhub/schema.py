@@ -63,9 +63,8 @@ class Message(Base):
     __table_args__ = (
         UniqueConstraint("source_system", "correlation_id", name="uq_messages_source_correlation"),
         Index("ix_messages_due", "due_at", postgresql_where=text(_NON_FINAL_SQL), sqlite_where=text(_NON_FINAL_SQL)),
-        Index("ix_messages_funnel", "funnel", "msg_timestamp",
-              postgresql_where=text(f"funnel IS NOT NULL AND {_NON_FINAL_SQL}"),
-              sqlite_where=text(f"funnel IS NOT NULL AND {_NON_FINAL_SQL}")),
+        Index("ix_messages_funnel", "funnel", "state", "msg_timestamp",
+              postgresql_where=text("funnel IS NOT NULL"), sqlite_where=text("funnel IS NOT NULL")),
         Index("ix_messages_state_received", "state", "received_at"),
         Index("ix_messages_route", "service", "operation", "received_at"),
         Index("ix_messages_entity", "entity_type", "object_id"),

@@ -65,6 +65,7 @@ class Action(StrEnum):
     PAUSE_ROUTE = "pause_route"        # the route stops until an operator resumes it
     RELEASE_FUNNEL = "release_funnel"  # dispatch the next postponed message of the funnel now
     NOTIFY_PARENT = "notify_parent"    # a child reached a final state: re-check the parent
+    DISPATCH_CHILDREN = "dispatch_children"  # publish the chains of the children just written
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ _ALLOWED: dict[Event, frozenset[State]] = {
     Event.TRANSIENT: frozenset({State.PROCESSING, State.WAITING_FOR_RES}),
     Event.NO_EFFECT: frozenset({State.PROCESSING}),
     Event.REJECTED: frozenset({State.PROCESSING}),
-    Event.POSTPONED: frozenset({State.PROCESSING}),
+    Event.POSTPONED: frozenset({State.NEW, State.IN_QUEUE, State.PROCESSING}),  # route paused, funnel busy
     Event.HELD_BACK: frozenset({State.PROCESSING}),
     Event.OBSOLETE: frozenset({State.PROCESSING}),
     Event.SPLIT: frozenset({State.PROCESSING}),

@@ -51,7 +51,7 @@ def upgrade() -> None:
     with op.batch_alter_table('messages', schema=None) as batch_op:
         batch_op.create_index('ix_messages_due', ['due_at'], unique=False, postgresql_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"), sqlite_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"))
         batch_op.create_index('ix_messages_entity', ['entity_type', 'object_id'], unique=False)
-        batch_op.create_index('ix_messages_funnel', ['funnel', 'msg_timestamp'], unique=False, postgresql_where=sa.text("funnel IS NOT NULL AND state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"), sqlite_where=sa.text("funnel IS NOT NULL AND state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"))
+        batch_op.create_index('ix_messages_funnel', ['funnel', 'state', 'msg_timestamp'], unique=False, postgresql_where=sa.text('funnel IS NOT NULL'), sqlite_where=sa.text('funnel IS NOT NULL'))
         batch_op.create_index('ix_messages_parent', ['parent_id'], unique=False)
         batch_op.create_index('ix_messages_received', ['received_at'], unique=False)
         batch_op.create_index('ix_messages_route', ['service', 'operation', 'received_at'], unique=False)
@@ -137,7 +137,7 @@ def downgrade() -> None:
         batch_op.drop_index('ix_messages_route')
         batch_op.drop_index('ix_messages_received')
         batch_op.drop_index('ix_messages_parent')
-        batch_op.drop_index('ix_messages_funnel', postgresql_where=sa.text("funnel IS NOT NULL AND state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"), sqlite_where=sa.text("funnel IS NOT NULL AND state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"))
+        batch_op.drop_index('ix_messages_funnel', postgresql_where=sa.text('funnel IS NOT NULL'), sqlite_where=sa.text('funnel IS NOT NULL'))
         batch_op.drop_index('ix_messages_entity')
         batch_op.drop_index('ix_messages_due', postgresql_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"), sqlite_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"))
 

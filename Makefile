@@ -1,0 +1,42 @@
+# Two commands for a newcomer: `make run` (the hub on the embedded default) and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+PYTEST_ARGS ?=
+
+.PHONY: run test install system-deps check-deploy bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q -e '.[dev,spark]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Debian packages the tests use: JDBC drivers for Spark, promtool for the alert rules,
+# Chromium for the admin page's browser test. Skipped when already there.
+system-deps:
+	@missing=""; \
+	for p in libpostgresql-jdbc-java libxerial-sqlite-jdbc-java prometheus chromium; do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+run: install
+	$(VENV)/bin/openhub db upgrade
+	$(VENV)/bin/openhub dev
+
+test: install system-deps
+	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+check-deploy: install system-deps
+	$(PY) -m pytest $(PYTEST_ARGS) tests/acceptance -k deploy
+
+bench: install
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf var .pytest_cache

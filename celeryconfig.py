@@ -1,0 +1,65 @@
+"""Celery's configuration for openhub: the one configuration file (DESIGN.md §7).
+
+Every value comes from an OPENHUB_* environment variable through `openhub.config`; the
+settings that durability relies on are set here explicitly and not left to Celery's defaults.
+"""
+
+import os
+
+from openhub.config import get_settings
+
+_s = get_settings()
+
+broker_url = _s.broker_url
+broker_connection_retry_on_startup = True
+
+# Durability: a task is acknowledged only after it ran, and a task whose worker died is put back.
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+
+# Only JSON crosses the broker (never pickle).
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+event_serializer = "json"
+
+# The database is the source of truth; results are never stored in Celery.
+task_ignore_result = True
+task_store_errors_even_if_ignored = False
+
+# Flower: task events on, so step tasks show up by name with their arguments.
+worker_send_task_events = True
+task_send_sent_event = True
+
+task_default_queue = "openhub"
+timezone = "UTC"
+enable_utc = True
+
+# Redis re-delivers an unacknowledged task after the visibility timeout: it must exceed the
+# longest step (tasks/ refuses to start a worker whose routes have a longer step timeout).
+visibility_timeout = float(os.environ.get("OPENHUB_VISIBILITY_TIMEOUT", 3600))
+if broker_url.startswith("filesystem"):
+    _broker_dir = os.path.join(str(_s.var_dir), "broker")
+    broker_transport_options = {
+        "data_folder_in": _broker_dir,
+        "data_folder_out": _broker_dir,
+        "processed_folder": os.path.join(str(_s.var_dir), "broker-processed"),
+        "store_processed": False,
+        "polling_interval": float(os.environ.get("OPENHUB_BROKER_POLL", 0.05)),
+    }
+    for _d in (_broker_dir, broker_transport_options["processed_folder"]):
+        os.makedirs(_d, exist_ok=True)
+else:
+    broker_transport_options = {"visibility_timeout": visibility_timeout}
+
+beat_schedule = {
+    "openhub-poll": {
+        "task": "openhub.poll",
+        "schedule": _s.poll_interval.total_seconds(),
+        # A tick nobody ran in time is dropped rather than piled up behind a busy worker.
+        "options": {"expires": max(_s.poll_interval.total_seconds() * 2, 1.0)},
+    },
+}
+beat_schedule_filename = os.path.join(str(_s.var_dir), "celerybeat-schedule")
+os.makedirs(str(_s.var_dir), exist_ok=True)

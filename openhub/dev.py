@@ -1,0 +1,75 @@
+"""`openhub dev`: the whole hub on the embedded default in one command.
+
+It starts the simulated external systems the example routes call, a Celery worker with an
+embedded beat (`celery -A tasks worker -B`, a subprocess: only tasks/ talks to Celery) and,
+when the HTTP face is installed, the ingress on http://127.0.0.1:8000.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from .testing import ExternalSystem
+
+EXAMPLE_PORT = 8765
+
+
+def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, failure_rate: float = 0.2,
+            announce: Any = print) -> int:
+    """Run the simulator, a worker with beat and the ingress until interrupted; returns an exit code."""
+    external = ExternalSystem(failure_rate=failure_rate).start(port=EXAMPLE_PORT)
+    env = dict(os.environ)
+    env.setdefault("OPENHUB_EXAMPLE_URL", external.url)
+    env.setdefault("OPENHUB_RETRY_INTERVAL", "5")
+    env.setdefault("OPENHUB_POLL_INTERVAL", "1")
+    os.environ.update({k: env[k] for k in ("OPENHUB_EXAMPLE_URL", "OPENHUB_RETRY_INTERVAL", "OPENHUB_POLL_INTERVAL")})
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-B", "--loglevel", "INFO",
+                               "--concurrency", str(concurrency)], env=env)
+    announce(f"openhub dev: external systems simulated at {external.url} "
+             f"({int(failure_rate * 100)}% of calls fail with 503, to show retries)")
+    announce("openhub dev: worker + beat started (celery -A tasks worker -B)")
+    server = _start_ingress(host, port, announce)
+    announce("Submit a message from another terminal:\n"
+             "  .venv/bin/openhub submit customer.setCustomer --source-system CRM --correlation-id c-1 \\\n"
+             "      --payload '{\"externalCustomerId\": \"42\", \"name\": \"Ada\"}'\n"
+             "  .venv/bin/openhub messages list\n"
+             "Press Ctrl+C to stop.")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set() and worker.poll() is None:
+            stop.wait(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.should_exit = True
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        external.stop()
+    return worker.returncode or 0
+
+
+def _start_ingress(host: str, port: int, announce: Any) -> Any:
+    try:
+        import uvicorn
+
+        from .api.app import create_app  # the HTTP face
+    except ImportError:
+        announce("openhub dev: HTTP ingress not available; submit from Python or the CLI")
+        return None
+    config = uvicorn.Config(create_app(dev=True), host=host, port=port, log_level="info")
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    threading.Thread(target=server.run, name="ingress", daemon=True).start()
+    announce(f"openhub dev: HTTP API on http://{host}:{port} (admin page: /admin, OpenAPI: /openapi.json)")
+    return server

@@ -1,0 +1,92 @@
+"""The Celery adapter: the one module of the library that talks to Celery.
+
+It builds the Celery application from `celeryconfig.py`, turns a route into a chain of
+signatures (one task per step, named `openhub.<service>.<operation>.<step>`) and publishes it.
+Celery is imported lazily so that the routing model and reading messages need no broker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .config import get_settings
+from .errors import ConfigurationError
+from .model import Route, RouteStep
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger("openhub.dispatch")
+_app: "Celery | None" = None
+POLL_TASK = "openhub.poll"
+CHAIN_FAILED_TASK = "openhub.chain_failed"
+HARD_LIMIT_MARGIN = 10.0  # seconds between the soft time limit (an exception) and the hard kill
+
+
+def _celeryconfig() -> Any:
+    name = os.environ.get("OPENHUB_CELERY_CONFIG", "celeryconfig")
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        raise ConfigurationError(f"Celery configuration module {name!r} not found: run from the project "
+                                 "directory (where celeryconfig.py is) or set OPENHUB_CELERY_CONFIG") from None
+
+
+def celery_app() -> "Celery":
+    """The process's Celery application, configured from celeryconfig.py."""
+    global _app
+    if _app is None:
+        from celery import Celery
+
+        _app = Celery("openhub")
+        _app.config_from_object(_celeryconfig())
+    return _app
+
+
+def step_options(item: RouteStep, route: Route) -> dict[str, Any]:
+    """Celery options of one step's task: queue, priority and time limits."""
+    settings = get_settings()
+    timeout = (item.timeout or settings.step_timeout).total_seconds()
+    options: dict[str, Any] = {"soft_time_limit": timeout, "time_limit": timeout + HARD_LIMIT_MARGIN}
+    queue = item.queue or route.queue
+    if queue:
+        options["queue"] = queue
+    if route.priority is not None:
+        options["priority"] = route.priority
+    return options
+
+
+def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:
+    """The Celery chain that carries one message through `route` from step `start` on."""
+    from celery import chain
+
+    app = celery_app()
+    signatures = [app.signature(route.task_name(item), args=(message_id, token), immutable=True,
+                                options=step_options(item, route))
+                  for item in route.steps[start:]]
+    flow = chain(*signatures) if len(signatures) > 1 else signatures[0]
+    flow.on_error(app.signature(CHAIN_FAILED_TASK, args=(message_id, token), immutable=False))
+    return flow
+
+
+def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
+    """Publish the message's chain; False (and a log line) when the broker refused it.
+
+    A message whose chain was not published stays due in the store, so the poller re-drives it.
+    """
+    try:
+        step_chain(route, message_id, token, start).apply_async()
+        return True
+    except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
+        log.warning("could not publish message %s (%s): %s", message_id, route.name, exc)
+        return False

@@ -1,0 +1,327 @@
+"""Carrying a message through one step of its route (DESIGN.md §3).
+
+A step runs in three parts: `enter` (claim the message or check the chain's fencing token,
+take the step lease, consult the step's external-call record), the step itself outside any
+transaction, and `record` (write the outcome, if the lease is still ours). Every state change
+goes through `states.transition`, so the rules live in one table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from . import dispatch
+from .confirm import queue_confirmation, send_confirmations
+from .config import get_settings
+from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
+from .db import is_postgres, transaction, utcnow
+from .errors import Holdback, Postpone, Reject
+from .funnel import funnel_blocked, release_funnel
+from .model import RetryPolicy, Route, RouteStep, Split
+from .registry import get_registry
+from .schema import ext_calls, messages, route_pauses
+from .split import after_child_final, dispatch_children, write_children
+from .states import Action, Event, State, transition
+from .store import dumps, loads, lock_message, paused_routes, set_state
+
+log = logging.getLogger("openhub.engine")
+X = ext_calls.c
+
+
+@dataclass
+class Entered:
+    """A step that may run: the lease is ours and its context is ready."""
+
+    run_id: str
+    key: str
+    ctx: StepContext
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Verdict:
+    """How a step ended, as the engine records it."""
+
+    event: Event | None  # None: the step succeeded and the route goes on
+    error: str | None = None
+    delay: timedelta | None = None
+    children: list[Any] = field(default_factory=list)
+
+
+def retry_policy(route: Route, item: RouteStep | None) -> RetryPolicy:
+    """The retry policy of a step: its own, else its route's, else the OPENHUB_* defaults."""
+    if item is not None and item.retry is not None:
+        return item.retry
+    if route.retry is not None:
+        return route.retry
+    s = get_settings()
+    return RetryPolicy(max_fails=s.max_fails, interval=s.retry_interval or timedelta(seconds=1))
+
+
+def step_timeout(item: RouteStep) -> timedelta:
+    """How long one run of the step may take before Celery interrupts it."""
+    return item.timeout or get_settings().step_timeout
+
+
+def idempotency_key(row: Row, item: RouteStep) -> str:
+    """Stable per message and step (and per total restart), for external systems' own dedup."""
+    key = f"{row.source_system}/{row.correlation_id}/{item.key}"
+    return f"{key}/{row.generation}" if row.generation else key
+
+
+def call_key(row: Row, item: RouteStep, ctx: StepContext) -> str:
+    """The external-call record a step is guarded by, by its scope."""
+    if item.scope == "entity":
+        if row.object_id is None:
+            raise Reject(f"step {item.key!r} has entity scope but message {row.id} has no object_id")
+        return f"entity:{row.entity_type}:{row.object_id}:{item.key}"
+    if item.scope == "custom":
+        return f"custom:{item.custom_key(ctx)}:{item.key}"  # type: ignore[misc]
+    return f"msg:{row.id}:{item.key}"
+
+
+def _info(row: Row) -> MessageInfo:
+    return MessageInfo(id=row.id, correlation_id=row.correlation_id, source_system=row.source_system,
+                       service=row.service, operation=row.operation, object_id=row.object_id,
+                       entity_type=row.entity_type, process_id=row.process_id, failed_count=row.failed_count,
+                       received_at=aware(row.received_at), msg_timestamp=aware(row.msg_timestamp),
+                       parent_id=row.parent_id)
+
+
+def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False) -> bool:
+    """Run step `index` of the route for the message; True when the chain should go on."""
+    route = get_registry().route(route_name)
+    item = route.steps[index]
+    actions: set[Action] = set()
+    with transaction() as conn:
+        entered = _enter(conn, route, index, message_id, token, redelivered, actions)
+    if not isinstance(entered, Entered):
+        after_commit(route, message_id, actions)
+        return bool(entered)
+    verdict = _run(item, entered.ctx)
+    with transaction() as conn:
+        go_on = _record(conn, route, index, message_id, token, entered, verdict, actions)
+    after_commit(route, message_id, actions)
+    return go_on
+
+
+def _enter(conn: Connection, route: Route, index: int, message_id: int, token: str, redelivered: bool,
+           actions: set[Action]) -> Entered | bool:
+    row = lock_message(conn, message_id)
+    if row is None or row.attempt_id != token:
+        log.info("message %s: stale chain (token changed), stopping without effect", message_id)
+        return False
+    now = utcnow()
+    item = route.steps[index]
+    if row.state in (State.NEW, State.IN_QUEUE):
+        blocked = "route paused" if route.name in paused_routes(conn) else funnel_blocked(conn, row, route)
+        if blocked:
+            apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
+                   due_at=now + get_settings().postpone_interval)
+            return False
+        apply_event(conn, row, Event.CLAIMED, route, item, now, actions, attempts=row.attempts + 1,
+               started_at=row.started_at or now)
+        row = lock_message(conn, message_id)
+    elif row.state != State.PROCESSING:
+        log.info("message %s is %s: chain stops", message_id, row.state)
+        return False
+    elif row.step_run is not None and row.due_at is not None and row.due_at > now:
+        log.info("message %s: another run holds the step lease, this duplicate stops", message_id)
+        return False
+    custom_data = loads(row.custom_data, {})
+    ctx = StepContext(payload=loads(row.payload), message=_info(row), idempotency_key=idempotency_key(row, item),
+                      attempt=1, redelivered=redelivered, custom_data=custom_data, response=loads(row.response))
+    try:
+        key = call_key(row, item, ctx)
+    except Exception as exc:  # a custom key that cannot be computed is the message's fault
+        _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}"), now, actions)
+        return False
+    call = _call_row(conn, key, row, item)
+    if call is not None and call.state == "OK":
+        if call.message_id == row.id:
+            log.debug("message %s: step %s already OK, skipped", message_id, item.key)
+            if index == len(route.steps) - 1:
+                _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
+                return False
+            return True
+        if (call.msg_timestamp, call.message_id) > (row.msg_timestamp, row.id):
+            apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, step_run=None, due_at=None,
+                   finished_at=now, detail=f"newer message {call.message_id} already did {key}")
+            return False
+    if call is not None and call.state == "PROCESSING" and call.message_id != row.id:
+        other = conn.execute(select(messages.c.state, messages.c.step_run, messages.c.due_at)
+                             .where(messages.c.id == call.message_id)).first()
+        if other is not None and other.state == State.PROCESSING and other.step_run and other.due_at > now:
+            # Two versions of one entity must not call the system at once; the older would win.
+            apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None,
+                        detail=f"{key} is being called by message {call.message_id}",
+                        due_at=now + get_settings().postpone_interval)
+            return False
+    run_id = str(uuid.uuid4())
+    conn.execute(update(ext_calls).where(X.key == key).values(
+        state="PROCESSING", message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
+        attempts=(call.attempts + 1) if call is not None and call.message_id == row.id else 1))
+    ctx.attempt = (call.attempts + 1) if call is not None and call.message_id == row.id else 1
+    conn.execute(update(messages).where(messages.c.id == row.id).values(
+        step_run=run_id, due_at=now + step_timeout(item) + get_settings().lease_grace, updated_at=now))
+    return Entered(run_id=run_id, key=key, ctx=ctx)
+
+
+def _call_row(conn: Connection, key: str, row: Row, item: RouteStep) -> Row | None:
+    """The external-call record for `key` (None if never attempted), locked for this transaction."""
+    now = utcnow()
+    dialect = postgresql if is_postgres(conn) else sqlite
+    existing = conn.execute(select(ext_calls).where(X.key == key)).first()
+    if existing is None:
+        conn.execute(dialect.insert(ext_calls).values(
+            key=key, message_id=row.id, step_key=item.key, scope=item.scope, state="NEW",
+            msg_timestamp=row.msg_timestamp, attempts=0, created_at=now, updated_at=now)
+            .on_conflict_do_nothing(index_elements=["key"]))
+    query = select(ext_calls).where(X.key == key)
+    if is_postgres(conn):
+        query = query.with_for_update()
+    row = conn.execute(query).one()
+    return None if row.state == "NEW" else row
+
+
+def _run(item: RouteStep, ctx: StepContext) -> Verdict:
+    try:
+        if isinstance(item, Split):
+            children = item.fn(ctx)
+            return Verdict(Event.SPLIT, children=list(children or []))
+        item.fn(ctx)
+        return Verdict(None)
+    except WaitForResponse as exc:
+        return Verdict(Event.WAIT_RESPONSE, delay=exc.timeout)
+    except NoEffect:
+        return Verdict(Event.NO_EFFECT, error="no effect")
+    except Reject as exc:
+        return Verdict(Event.REJECTED, error=f"Reject: {exc.reason}" + (f" [{exc.code}]" if exc.code else ""))
+    except Postpone as exc:
+        return Verdict(Event.POSTPONED, delay=exc.delay, error=exc.reason)
+    except Holdback as exc:
+        return Verdict(Event.HELD_BACK, error=exc.reason)
+    except Exception:  # every other exception is transient: a fault to retry, not a verdict
+        return Verdict(Event.TRANSIENT, error=traceback.format_exc())
+
+
+def _record(conn: Connection, route: Route, index: int, message_id: int, token: str, entered: Entered,
+            verdict: Verdict, actions: set[Action]) -> bool:
+    row = lock_message(conn, message_id)
+    item = route.steps[index]
+    if row is None or row.attempt_id != token or row.step_run != entered.run_id or row.state != State.PROCESSING:
+        log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
+        return False
+    now = utcnow()
+    ctx = entered.ctx
+    duration = int((time.monotonic() - entered.started) * 1000)
+    errors = loads(row.business_errors, []) + ctx.business_errors
+    common = dict(custom_data=dumps(ctx.custom_data), business_errors=dumps(errors) if errors else None)
+    call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "OK", Event.NO_EFFECT: "NO_EFFECT",
+                  Event.POSTPONED: "POSTPONED", Event.HELD_BACK: "POSTPONED"}.get(verdict.event, "FAILED")
+    conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id)).values(
+        state=call_state, updated_at=now, duration_ms=duration,
+        last_error=verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None))
+    if verdict.event is None:
+        if index == len(route.steps) - 1:
+            _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions, **common)
+            return False
+        conn.execute(update(messages).where(messages.c.id == row.id).values(
+            step_run=None, due_at=now + get_settings().lease_grace, updated_at=now, **common))
+        return True
+    _finish(conn, row, route, item, verdict, now, actions, **common)
+    return False
+
+
+def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: Verdict, now: datetime,
+            actions: set[Action], **values: Any) -> None:
+    """Apply a verdict that ends this chain: final state, retry, postpone, wait or split."""
+    settings = get_settings()
+    event = verdict.event
+    assert event is not None
+    values.update(step_run=None)
+    if event in (Event.TRANSIENT, Event.REJECTED, Event.NO_EFFECT):
+        values.update(failed_step=item.key, failed_error=verdict.error)
+    if event is Event.POSTPONED:
+        values["due_at"] = now + (verdict.delay or settings.postpone_interval)
+    elif event is Event.HELD_BACK:
+        values["due_at"] = now + settings.postpone_interval
+        _pause(conn, route.name, f"held back by message {row.id}: {verdict.error}", now)
+    elif event is Event.WAIT_RESPONSE:
+        values["due_at"] = now + (verdict.delay or settings.step_timeout)
+    elif event is Event.NO_EFFECT:
+        values["due_at"] = now + retry_policy(route, item).interval
+    elif event is Event.SPLIT:
+        values["due_at"] = None
+        write_children(conn, row, route, item, verdict.children, now, actions)
+    apply_event(conn, row, event, route, item, now, actions, detail=_short(verdict.error), **values)
+
+
+def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: RouteStep | None, now: datetime,
+           actions: set[Action], detail: str | None = None, **values: Any) -> None:
+    """Write the transition of `event` with the state machine's verdict and note its actions."""
+    policy = retry_policy(route, item)
+    result = transition(row.state, event, row.failed_count, policy.max_fails)
+    values.setdefault("failed_count", result.failed_count)
+    if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
+        values["due_at"] = now + policy.delay(result.failed_count)
+    if result.state in (State.OK, State.FAILED, State.CANCEL, State.SKIPPED):
+        values.update(due_at=None, finished_at=now, step_run=None)
+    if Action.CONFIRM in result.actions:
+        queue_confirmation(conn, row.id, result.state.value, now)
+    set_state(conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=now,
+              **values)
+    actions.update(result.actions)
+
+
+def _pause(conn: Connection, route_name: str, reason: str, now: datetime) -> None:
+    dialect = postgresql if is_postgres(conn) else sqlite
+    conn.execute(dialect.insert(route_pauses).values(route=route_name, paused_at=now, reason=reason)
+                 .on_conflict_do_nothing(index_elements=["route"]))
+
+
+def _short(text: str | None) -> str | None:
+    if not text:
+        return None
+    lines = text.strip().splitlines()
+    return lines[-1][:500] if lines else None
+
+
+def after_commit(route: Route, message_id: int, actions: set[Action]) -> None:
+    """Carry out what a committed transition asked for: confirm, release the funnel, tell the parent."""
+    if Action.CONFIRM in actions:
+        try:
+            send_confirmations(message_id)
+        except Exception:  # noqa: BLE001 - the poller retries confirmations
+            log.exception("message %s: sending the confirmation failed; the poller retries it", message_id)
+    if Action.DISPATCH_CHILDREN in actions:
+        dispatch_children(message_id)
+    if Action.NOTIFY_PARENT in actions:
+        after_child_final(message_id)
+    if Action.RELEASE_FUNNEL in actions:
+        release_funnel(message_id)
+
+
+def redispatch(conn: Connection, row: Row, event: Event, now: datetime, start: int = 0) -> tuple[Route, str, int]:
+    """Give a message a new fencing token and state IN_QUEUE; publish the returned chain after commit."""
+    route = get_registry().route(f"{row.service}.{row.operation}")
+    token = str(uuid.uuid4())
+    result = transition(row.state, event, row.failed_count)
+    set_state(conn, row, event.value, result.state, now=now, attempt_id=token, step_run=None,
+              due_at=now + get_settings().lease_grace)
+    return route, token, start
+
+
+def publish_all(chains: list[tuple[Route, int, str, int]]) -> None:
+    """Publish chains after their transaction committed (a refused publish is re-driven later)."""
+    for route, message_id, token, start in chains:
+        dispatch.publish(route, message_id, token, start)

@@ -1,0 +1,59 @@
+"""Funnels: one message per funnel value at a time, optionally in msg_timestamp order.
+
+The check runs when a chain claims its message. On PostgreSQL a transaction-scoped advisory
+lock on the funnel value serialises claims of one funnel across workers; SQLite's write lock
+(BEGIN IMMEDIATE) already serialises them. A message finishing releases its funnel by
+dispatching the next postponed message at once instead of waiting for the poller.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, Row, and_, func, or_, select, text, update
+
+from .db import is_postgres, transaction, utcnow
+from .model import Route
+from .schema import messages
+from .states import State
+
+M = messages.c
+ACTIVE = (State.PROCESSING.value, State.WAITING.value, State.WAITING_FOR_RES.value)
+
+
+def funnel_blocked(conn: Connection, row: Row, route: Route) -> str | None:
+    """Why the message may not start now (None: it may), checked under the funnel's lock."""
+    if row.funnel is None:
+        return None
+    if is_postgres(conn):
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:f))"), {"f": row.funnel})
+    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, M.state.in_(ACTIVE), M.id != row.id))
+                        .limit(1)).scalar()
+    if busy is not None:
+        return f"funnel {row.funnel!r} busy with message {busy}"
+    if route.guaranteed_order:
+        blocking = [s.value for s in State if s not in (State.OK, State.CANCEL, State.SKIPPED)]
+        if route.exclude_failed:
+            blocking.remove(State.FAILED.value)
+        earlier = conn.execute(select(M.id).where(and_(
+            M.funnel == row.funnel, M.state.in_(blocking), M.id != row.id,
+            or_(M.msg_timestamp < row.msg_timestamp, and_(M.msg_timestamp == row.msg_timestamp, M.id < row.id))))
+            .limit(1)).scalar()
+        if earlier is not None:
+            return f"guaranteed order: earlier message {earlier} of funnel {row.funnel!r} is not done"
+    return None
+
+
+def release_funnel(message_id: int) -> None:
+    """Make the next postponed message of the finished message's funnel due now, and re-drive it."""
+    from .poller import redrive_due_messages
+
+    with transaction() as conn:
+        funnel = conn.execute(select(M.funnel).where(M.id == message_id)).scalar()
+        if funnel is None:
+            return
+        nxt = conn.execute(select(M.id).where(and_(M.funnel == funnel, M.state == State.POSTPONED.value))
+                           .order_by(M.msg_timestamp, M.id).limit(1)).scalar()
+        if nxt is None:
+            return
+        conn.execute(update(messages).where(M.id == nxt).values(due_at=func.least(M.due_at, utcnow())
+                                                                if is_postgres(conn) else utcnow()))
+    redrive_due_messages(utcnow(), only_ids=[nxt])

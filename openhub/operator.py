@@ -1,0 +1,128 @@
+"""What operators do to messages and routes (the CLI and the HTTP API wrap these functions)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import and_, delete, update
+
+from .context import MessageView
+from .db import is_postgres, transaction, utcnow
+from .engine import after_commit, publish_all, redispatch
+from .errors import InputError, NotFound, StateConflict
+from .registry import get_registry
+from .schema import ext_calls, messages, route_pauses
+from .states import Event, State, allowed, transition
+from .store import dumps, lock_message, message_view, set_state
+from .confirm import queue_confirmation
+
+M = messages.c
+
+
+def _locked(conn, message_id: int):  # noqa: ANN001, ANN202
+    row = lock_message(conn, int(message_id))
+    if row is None:
+        raise NotFound(f"no message with id {message_id}")
+    return row
+
+
+def restart(message_id: int, total: bool = False) -> MessageView:
+    """Restart a final message (OK, FAILED, CANCEL): failed count reset, retried at the next poll.
+
+    `total=True` also forgets its OK external calls, so every call is made again (with new
+    idempotency keys).
+    """
+    with transaction() as conn:
+        row = _locked(conn, message_id)
+        result = transition(row.state, Event.RESTARTED, row.failed_count)
+        now = utcnow()
+        values: dict[str, Any] = dict(failed_count=result.failed_count, due_at=now, finished_at=None,
+                                      failed_error=None, failed_step=None, step_run=None,
+                                      attempt_id=str(uuid.uuid4()))
+        if total:
+            conn.execute(delete(ext_calls).where(ext_calls.c.message_id == row.id))
+            values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
+        set_state(conn, row, Event.RESTARTED.value, result.state, now=now,
+                  detail="total restart" if total else None, **values)
+    from .poller import redrive_due_messages
+
+    redrive_due_messages(utcnow(), only_ids=[int(message_id)])
+    return get_message_view(message_id)
+
+
+def cancel(message_id: int) -> MessageView:
+    """Cancel a message in any non-final state; it is confirmed as CANCEL and its chain stops."""
+    with transaction() as conn:
+        row = _locked(conn, message_id)
+        result = transition(row.state, Event.CANCELLED, row.failed_count)
+        now = utcnow()
+        queue_confirmation(conn, row.id, result.state.value, now)
+        # A new token makes any chain still carrying the message stop without effect.
+        set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
+                  step_run=None, attempt_id=str(uuid.uuid4()))
+        route = get_registry().routes.get(f"{row.service}.{row.operation}")
+    if route is not None:
+        after_commit(route, int(message_id), set(result.actions))
+    return get_message_view(message_id)
+
+
+def respond(message_id: int, payload: Any) -> MessageView:
+    """Deliver the response a WAITING_FOR_RES message waits for; its route resumes with ctx.response."""
+    try:
+        text = dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"response is not JSON-serialisable: {exc}") from None
+    with transaction() as conn:
+        row = _locked(conn, message_id)
+        if not allowed(State(row.state), Event.RESPONDED):
+            raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
+        conn.execute(update(messages).where(M.id == row.id).values(response=text))
+        route, token, start = redispatch(conn, row, Event.RESPONDED, utcnow())
+    publish_all([(route, int(message_id), token, start)])
+    return get_message_view(message_id)
+
+
+def pause(route: str, reason: str = "paused by an operator") -> None:
+    """Pause a route: none of its messages starts until `resume`."""
+    get_registry().route(route)
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    with transaction() as conn:
+        dialect = postgresql if is_postgres(conn) else sqlite
+        conn.execute(dialect.insert(route_pauses).values(route=route, paused_at=utcnow(), reason=reason)
+                     .on_conflict_do_nothing(index_elements=["route"]))
+
+
+def resume(route: str) -> int:
+    """Resume a paused route; its postponed messages are re-driven now. Returns how many."""
+    target = get_registry().route(route)
+    now = utcnow()
+    with transaction() as conn:
+        conn.execute(delete(route_pauses).where(route_pauses.c.route == route))
+        ids = [i for (i,) in conn.execute(
+            messages.select().with_only_columns(M.id).where(and_(
+                M.service == target.service, M.operation == target.operation,
+                M.state.in_((State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)))))]
+        if ids:
+            conn.execute(update(messages).where(M.id.in_(ids)).values(due_at=now))
+    from .poller import redrive_due_messages
+
+    redriven = 0
+    for i in range(0, len(ids), 500):
+        redriven += redrive_due_messages(now, only_ids=ids[i:i + 500])[0]
+    return redriven
+
+
+def paused() -> dict[str, str | None]:
+    """Paused routes and why."""
+    with transaction() as conn:
+        return {r.route: r.reason for r in conn.execute(route_pauses.select())}
+
+
+def get_message_view(message_id: int) -> MessageView:
+    """The message as it stands now."""
+    with transaction() as conn:
+        return message_view(conn, int(message_id))
+
+

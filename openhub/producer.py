@@ -1,0 +1,232 @@
+"""Accepting messages from source systems and reading them back (DESIGN.md §2, producers)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from sqlalchemy import Connection, and_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from . import dispatch
+from .config import get_settings
+from .context import MessageView
+from .db import transaction, utcnow
+from .errors import InputError, PayloadTooLarge
+from .model import Route
+from .registry import get_registry
+from .schema import messages
+from .states import Event, State
+from .store import M, dumps, message_view, message_views, record_transition
+
+MAX_ID_LENGTH = 255
+
+
+def _text(value: Any, what: str, limit: int = MAX_ID_LENGTH, required: bool = True) -> str | None:
+    if value is None or value == "":
+        if required:
+            raise InputError(f"{what} is required")
+        return None
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise InputError(f"{what} must be a string, got {type(value).__name__}")
+    value = str(value)
+    if len(value) > limit:
+        raise InputError(f"{what} is longer than {limit} characters")
+    return value
+
+
+def to_utc(value: datetime | str | None, what: str = "msg_timestamp") -> datetime | None:
+    """A timestamp (datetime or ISO 8601 text) as naive UTC; naive input is taken as UTC."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InputError(f"{what} is not an ISO 8601 timestamp: {value!r}") from None
+    if not isinstance(value, datetime):
+        raise InputError(f"{what} must be a datetime or ISO 8601 text")
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def _validated(route: Route, payload: Any) -> Any:
+    validate = route.validate
+    if validate is None:
+        return payload
+    try:
+        if isinstance(validate, type) and hasattr(validate, "model_validate"):
+            validate.model_validate(payload)
+        elif validate(payload) is False:
+            raise InputError(f"payload refused by the validation of route {route.name}")
+    except InputError:
+        raise
+    except Exception as exc:  # the user's validator speaks in its own exceptions
+        raise InputError(f"payload refused by the validation of route {route.name}: {exc}") from exc
+    return payload
+
+
+def _derived(route: Route, payload: Any, what: str) -> str | None:
+    fn = getattr(route, what)
+    if fn is None:
+        return None
+    try:
+        value = fn(payload)
+    except Exception as exc:
+        raise InputError(f"route {route.name}: cannot compute {what} from the payload: {exc!r}") from exc
+    return _text(value, what, required=False)
+
+
+def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id: Any, process_id: Any = None,
+            msg_timestamp: datetime | str | None = None, parent_id: int | None = None, object_id: Any = None,
+            funnel: Any = None, entity_type: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """Check one message and turn it into the columns of a NEW row; InputError names what is wrong."""
+    route = get_registry().route(route_name)
+    source_system = _text(source_system, "source_system", 100)
+    correlation_id = _text(correlation_id, "correlation_id")
+    try:
+        text = dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"payload is not JSON-serialisable: {exc}") from None
+    if any(isinstance(v, float) and not math.isfinite(v) for v in _floats(payload)):
+        raise InputError("payload is not JSON-serialisable: NaN and infinity have no JSON form")
+    limit = get_settings().max_payload_bytes
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadTooLarge(f"payload is {size} bytes, more than OPENHUB_MAX_PAYLOAD_BYTES={limit}")
+    _validated(route, payload)
+    now = now or utcnow()
+    return dict(
+        source_system=source_system, correlation_id=correlation_id,
+        process_id=_text(process_id, "process_id", required=False),
+        service=route.service, operation=route.operation,
+        object_id=_text(object_id, "object_id", required=False) or _derived(route, payload, "object_id"),
+        entity_type=entity_type or route.entity_type or route.operation,
+        funnel=_text(funnel, "funnel", required=False) or _derived(route, payload, "funnel"),
+        parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
+        attempt_id=str(uuid.uuid4()), due_at=now + get_settings().lease_grace,
+        received_at=now, msg_timestamp=to_utc(msg_timestamp) or now, updated_at=now)
+
+
+def _floats(value: Any) -> Iterable[Any]:
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _floats(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _floats(v)
+
+
+def insert_new(conn: Connection, row: dict[str, Any]) -> int | None:
+    """Insert a NEW message; None when (source system, correlation id) is already stored."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = (dialect.insert(messages).values(**row)
+            .on_conflict_do_nothing(index_elements=["source_system", "correlation_id"]).returning(M.id))
+    message_id = conn.execute(stmt).scalar()
+    if message_id is not None:
+        record_transition(conn, message_id, "accepted", None, State.NEW.value, now=row["received_at"])
+    return message_id
+
+
+def existing_id(conn: Connection, source_system: str, correlation_id: str) -> int:
+    """Id of the message stored under (source system, correlation id)."""
+    return conn.execute(select(M.id).where(and_(M.source_system == source_system,
+                                                 M.correlation_id == correlation_id))).scalar_one()
+
+
+def mark_published(conn: Connection, published: list[tuple[int, str]]) -> None:
+    """NEW -> IN_QUEUE for messages whose chain reached the broker (unless a worker already took them)."""
+    now = utcnow()
+    for message_id, token in published:
+        done = conn.execute(update(messages).where(and_(M.id == message_id, M.attempt_id == token,
+                                                        M.state == State.NEW.value))
+                            .values(state=State.IN_QUEUE.value, updated_at=now)).rowcount
+        if done:
+            record_transition(conn, message_id, Event.PUBLISHED.value, State.NEW.value, State.IN_QUEUE.value, now=now)
+
+
+def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> None:
+    """Publish the chains of freshly committed NEW messages, then record them IN_QUEUE."""
+    registry = get_registry()
+    published = []
+    for message_id, row in fresh:
+        route = registry.route(f"{row['service']}.{row['operation']}")
+        if dispatch.publish(route, message_id, row["attempt_id"]):
+            published.append((message_id, row["attempt_id"]))
+    if published:
+        with transaction() as conn:
+            mark_published(conn, published)
+
+
+def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,
+           msg_timestamp: datetime | str | None = None) -> MessageView:
+    """Accept one message: persisted NEW in one transaction, its chain published after commit.
+
+    The same (source system, correlation id) again returns the stored message with
+    `duplicate=True` and stores nothing.
+    """
+    return submit_many([dict(route=route, payload=payload, source_system=source_system,
+                             correlation_id=correlation_id, process_id=process_id,
+                             msg_timestamp=msg_timestamp)])[0]
+
+
+_SUBMIT_KEYS = {"route", "payload", "source_system", "correlation_id", "process_id", "msg_timestamp"}
+
+
+def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
+    """Accept several messages all-or-nothing: one bad item stores none of them."""
+    if not isinstance(items, (list, tuple)) or not items:
+        raise InputError("submit_many needs a non-empty list of messages")
+    now = utcnow()
+    rows = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InputError(f"message #{i}: expected a dict")
+        unknown = set(item) - _SUBMIT_KEYS
+        if unknown:
+            raise InputError(f"message #{i}: unknown field(s) {', '.join(sorted(unknown))}")
+        if "route" not in item:
+            raise InputError(f"message #{i}: route is required")
+        try:
+            rows.append(prepare(item["route"], item.get("payload"), source_system=item.get("source_system"),
+                                correlation_id=item.get("correlation_id"), process_id=item.get("process_id"),
+                                msg_timestamp=item.get("msg_timestamp"), now=now))
+        except InputError as exc:
+            raise type(exc)(f"message #{i}: {exc}" if len(items) > 1 else str(exc)) from None
+    fresh: list[tuple[int, dict[str, Any]]] = []
+    ids: list[tuple[int, bool]] = []
+    with transaction() as conn:
+        for row in rows:
+            message_id = insert_new(conn, row)
+            if message_id is None:
+                ids.append((existing_id(conn, row["source_system"], row["correlation_id"]), True))
+            else:
+                fresh.append((message_id, row))
+                ids.append((message_id, False))
+    publish_new(fresh)
+    with transaction() as conn:
+        return [message_view(conn, message_id, duplicate) for message_id, duplicate in ids]
+
+
+def get_message(message_id: int) -> MessageView:
+    """The message with its external calls; NotFound if there is none."""
+    with transaction() as conn:
+        return message_view(conn, int(message_id))
+
+
+def list_messages(*, state: str | None = None, service: str | None = None, operation: str | None = None,
+                  source_system: str | None = None, correlation_id: str | None = None,
+                  object_id: str | None = None, parent_id: int | None = None, limit: int = 100,
+                  **more: Any) -> list[MessageView]:
+    """Messages matching every given filter, newest first."""
+    if state is not None and state not in State.__members__:
+        raise InputError(f"unknown state {state!r}")
+    with transaction() as conn:
+        return message_views(conn, state=state, service=service, operation=operation, source_system=source_system,
+                             correlation_id=correlation_id, object_id=object_id, parent_id=parent_id,
+                             limit=max(1, min(int(limit), 1000)), **more)

@@ -1,0 +1,114 @@
+"""Loading routes and confirmers from the modules named by OPENHUB_ROUTES."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable
+
+from .config import get_settings
+from .errors import ConfigurationError, UnknownRouteError
+from .model import Route, Split
+
+if TYPE_CHECKING:
+    from .confirm import Outcome
+
+Confirmer = Callable[["Outcome"], None]
+_confirmers: dict[str, Confirmer] = {}
+
+
+def confirmation(source_system: str) -> Callable[[Confirmer], Confirmer]:
+    """Register the function that confirms final messages to `source_system` (one per system)."""
+    if not isinstance(source_system, str) or not source_system:
+        raise ConfigurationError("@confirmation needs a source system name")
+
+    def register(fn: Confirmer) -> Confirmer:
+        known = _confirmers.get(source_system)
+        if known is not None and (known.__module__, known.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ConfigurationError(f"two confirmers for source system {source_system!r}: "
+                                     f"{known.__module__}.{known.__qualname__} and {fn.__module__}.{fn.__qualname__}")
+        _confirmers[source_system] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class Registry:
+    """The routes and confirmers the hub serves."""
+
+    routes: dict[str, Route] = field(default_factory=dict)
+    confirmers: dict[str, Confirmer] = field(default_factory=dict)
+
+    def route(self, name: str) -> Route:
+        """The route called `name`, or UnknownRouteError."""
+        try:
+            return self.routes[name]
+        except KeyError:
+            raise UnknownRouteError(f"unknown route {name!r} (known: {', '.join(sorted(self.routes)) or 'none'})") from None
+
+    def add(self, route: Route, origin: str) -> None:
+        """Add a route, refusing a second route of the same name."""
+        if not isinstance(route, Route):
+            raise ConfigurationError(f"{origin}: `routes` must hold Route objects, got {route!r}")
+        if route.name in self.routes:
+            raise ConfigurationError(f"duplicate route {route.name!r} (again in {origin})")
+        self.routes[route.name] = route
+
+    def check(self) -> None:
+        """Cross-route checks: every Split's declared child route exists."""
+        for route in self.routes.values():
+            for item in route.steps:
+                if isinstance(item, Split) and item.route is not None and item.route not in self.routes:
+                    raise ConfigurationError(f"route {route.name!r}: Split {item.key!r} sends children to "
+                                             f"unknown route {item.route!r}")
+
+
+def _modules(name: str) -> list[ModuleType]:
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise ConfigurationError(f"OPENHUB_ROUTES names {name!r}, which cannot be imported: {exc}") from exc
+        raise
+    found = [module]
+    if hasattr(module, "__path__"):
+        for info in pkgutil.walk_packages(module.__path__, prefix=name + "."):
+            found.append(importlib.import_module(info.name))
+    return found
+
+
+def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
+    """Import the route modules (packages: every submodule) and collect their `routes` lists."""
+    registry = Registry()
+    for name in module_names:
+        for module in _modules(name):
+            declared = getattr(module, "routes", None)
+            if declared is None:
+                continue
+            if not isinstance(declared, (list, tuple)):
+                raise ConfigurationError(f"{module.__name__}.routes must be a list of Route")
+            for route in declared:
+                registry.add(route, module.__name__)
+    registry.check()
+    registry.confirmers = dict(_confirmers)
+    return registry
+
+
+_registry: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, loaded from OPENHUB_ROUTES on first use."""
+    global _registry
+    if _registry is None:
+        _registry = build_registry(get_settings().routes)
+    return _registry
+
+
+def reset_registry() -> None:
+    """Forget the loaded registry (tests)."""
+    global _registry
+    _registry = None

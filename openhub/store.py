@@ -1,0 +1,111 @@
+"""Reading and writing messages: the SQL the producer, engine, poller and operators share."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Iterable
+
+from sqlalchemy import Connection, Row, func, insert, select, update
+
+from .context import ExtCallView, MessageView, aware
+from .db import is_postgres, utcnow
+from .errors import NotFound
+from .schema import ext_calls, messages, route_pauses, transitions
+from .states import State
+
+M = messages.c
+
+
+def dumps(value: Any) -> str:
+    """JSON text as the store keeps it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def loads(text: str | None, default: Any = None) -> Any:
+    """Parse JSON text from the store (None stays `default`)."""
+    return default if text is None else json.loads(text)
+
+
+def lock_message(conn: Connection, message_id: int) -> Row | None:
+    """Read a message row, locking it for this transaction (SQLite's BEGIN IMMEDIATE already does)."""
+    query = select(messages).where(M.id == message_id)
+    if is_postgres(conn):
+        query = query.with_for_update()
+    return conn.execute(query).first()
+
+
+def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str | None = None,
+              detail: str | None = None, now: datetime | None = None, **values: Any) -> None:
+    """Write a message's new state (and other columns) and append the transition to its history."""
+    now = now or utcnow()
+    values.setdefault("updated_at", now)
+    conn.execute(update(messages).where(M.id == row.id).values(state=state.value, **values))
+    record_transition(conn, row.id, event, row.state, state.value, step=step, detail=detail, now=now)
+
+
+def record_transition(conn: Connection, message_id: int, event: str, from_state: str | None, to_state: str,
+                      *, step: str | None = None, detail: str | None = None, now: datetime | None = None) -> None:
+    """Append one entry to a message's history."""
+    conn.execute(insert(transitions).values(message_id=message_id, at=now or utcnow(), event=event,
+                                            from_state=from_state, to_state=to_state, step_key=step,
+                                            detail=detail[:4000] if detail else None))
+
+
+def paused_routes(conn: Connection) -> set[str]:
+    """Names of the routes an operator (or a Holdback) has paused."""
+    return {r for (r,) in conn.execute(select(route_pauses.c.route))}
+
+
+def _view(row: Row, calls: Iterable[Row] = (), duplicate: bool = False) -> MessageView:
+    return MessageView(
+        id=row.id, correlation_id=row.correlation_id, source_system=row.source_system, service=row.service,
+        operation=row.operation, object_id=row.object_id, entity_type=row.entity_type, process_id=row.process_id,
+        failed_count=row.failed_count, received_at=aware(row.received_at), msg_timestamp=aware(row.msg_timestamp),
+        parent_id=row.parent_id, state=row.state, payload=loads(row.payload), funnel=row.funnel,
+        business_errors=loads(row.business_errors, []), custom_data=loads(row.custom_data, {}),
+        failed_step=row.failed_step, failed_error=row.failed_error, finished_at=aware(row.finished_at),
+        ext_calls=[ExtCallView(key=c.key, step=c.step_key, state=c.state, attempts=c.attempts) for c in calls],
+        duplicate=duplicate)
+
+
+def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> MessageView:
+    """The message with its external calls, or NotFound."""
+    row = conn.execute(select(messages).where(M.id == message_id)).first()
+    if row is None:
+        raise NotFound(f"no message with id {message_id}")
+    calls = conn.execute(select(ext_calls).where(ext_calls.c.message_id == message_id).order_by(ext_calls.c.id))
+    return _view(row, calls, duplicate)
+
+
+def message_views(conn: Connection, *, state: str | None = None, service: str | None = None,
+                  operation: str | None = None, source_system: str | None = None,
+                  correlation_id: str | None = None, object_id: str | None = None, parent_id: int | None = None,
+                  received_from: datetime | None = None, received_to: datetime | None = None,
+                  before_id: int | None = None, limit: int = 100) -> list[MessageView]:
+    """Messages matching every given filter, newest first (`before_id` pages on)."""
+    query = select(messages)
+    for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
+                          (M.source_system, source_system), (M.correlation_id, correlation_id),
+                          (M.object_id, object_id), (M.parent_id, parent_id)):
+        if value is not None:
+            query = query.where(column == value)
+    if received_from is not None:
+        query = query.where(M.received_at >= received_from)
+    if received_to is not None:
+        query = query.where(M.received_at < received_to)
+    if before_id is not None:
+        query = query.where(M.id < before_id)
+    rows = conn.execute(query.order_by(M.id.desc()).limit(limit)).all()
+    calls: dict[int, list[Row]] = {}
+    if rows:
+        ids = [r.id for r in rows]
+        for c in conn.execute(select(ext_calls).where(ext_calls.c.message_id.in_(ids)).order_by(ext_calls.c.id)):
+            calls.setdefault(c.message_id, []).append(c)
+    return [_view(r, calls.get(r.id, ())) for r in rows]
+
+
+def count_by_state(conn: Connection) -> dict[tuple[str, str, str], int]:
+    """Message counts keyed by (service, operation, state)."""
+    query = select(M.service, M.operation, M.state, func.count()).group_by(M.service, M.operation, M.state)
+    return {(s, o, st): n for s, o, st, n in conn.execute(query)}

@@ -1,0 +1,177 @@
+"""Helpers for testing routes: a real HTTP external system with counters and failure injection.
+
+`ExternalSystem` is what `openhub dev` serves as the example routes' billing, network operator
+and CRM, and what openhub's own tests (and users' tests of their routes) call from workers:
+
+    system = ExternalSystem().start()
+    system.fail("/billing/customers", times=2)        # the next two calls answer 503
+    ...
+    assert system.effects("/billing/customers") == 1  # applied once, however often it was called
+
+A request with an `Idempotency-Key` already applied is answered like the first one and not
+applied again, as a well-behaved external API does.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Call:
+    """One request the external system received."""
+
+    path: str
+    key: str | None
+    body: Any
+    status: int
+    started: float
+    ended: float
+    replay: bool
+
+
+class ExternalSystem:
+    """A threaded HTTP server on 127.0.0.1 that records every call and fails on demand."""
+
+    def __init__(self, failure_rate: float = 0.0, seed: int | None = None) -> None:
+        self.failure_rate = failure_rate
+        self.calls: list[Call] = []
+        self._lock = threading.Lock()
+        self._failures: dict[str, list[int]] = defaultdict(list)
+        self._delays: dict[str, float] = {}
+        self._applied: dict[tuple[str, str], dict] = {}
+        self._active: dict[str, int] = defaultdict(int)
+        self.overlaps: list[str] = []
+        self._random = random.Random(seed)
+        self._server: ThreadingHTTPServer | None = None
+        self.started_events: dict[str, threading.Event] = defaultdict(threading.Event)
+
+    # --- control -----------------------------------------------------------------------------
+    def start(self, port: int = 0, host: str = "127.0.0.1") -> "ExternalSystem":
+        """Serve in a daemon thread; `port=0` picks a free port (see `url`)."""
+        system = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                status, answer = system._handle(self.path, self.headers.get("Idempotency-Key"),
+                                                self.headers.get("X-Funnel"), body)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                data = json.dumps(system.stats()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="external-system", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:40123."""
+        assert self._server is not None, "start() first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def fail(self, path: str, times: int = 1, status: int = 503) -> None:
+        """The next `times` calls to `path` answer `status` and have no effect."""
+        with self._lock:
+            self._failures[path].extend([status] * times)
+
+    def delay(self, path: str, seconds: float) -> None:
+        """Calls to `path` take `seconds` before they are applied (0 to stop delaying)."""
+        with self._lock:
+            self._delays[path] = seconds
+
+    # --- observations ------------------------------------------------------------------------
+    def effects(self, path: str | None = None) -> int:
+        """How many distinct (path, idempotency key) calls were applied."""
+        with self._lock:
+            return sum(1 for (p, _k) in self._applied if path is None or p == path)
+
+    def applied_keys(self, path: str) -> set[str]:
+        """The idempotency keys applied on `path`."""
+        with self._lock:
+            return {k for (p, k) in self._applied if p == path}
+
+    def count(self, path: str | None = None, status: int | None = None) -> int:
+        """How many calls arrived (to `path`, with `status`)."""
+        with self._lock:
+            return sum(1 for c in self.calls if (path is None or c.path == path)
+                       and (status is None or c.status == status))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per path, as GET / answers them."""
+        with self._lock:
+            out: dict[str, Any] = {}
+            for c in self.calls:
+                s = out.setdefault(c.path, {"calls": 0, "ok": 0, "failed": 0, "replays": 0})
+                s["calls"] += 1
+                s["ok" if c.status < 400 else "failed"] += 1
+                s["replays"] += c.replay
+            return out
+
+    # --- the server's side -------------------------------------------------------------------
+    def _handle(self, path: str, key: str | None, funnel: str | None, body: Any) -> tuple[int, Any]:
+        started = time.monotonic()
+        with self._lock:
+            self.started_events[path].set()
+            delay = self._delays.get(path, 0.0)
+            planned = self._failures[path].pop(0) if self._failures[path] else None
+            if funnel is not None:
+                self._active[funnel] += 1
+                if self._active[funnel] > 1:
+                    self.overlaps.append(funnel)
+        try:
+            if delay:
+                time.sleep(delay)  # the simulated system is slow; this is its behaviour, not a sync
+            with self._lock:
+                status, replay = 200, False
+                if planned is not None:
+                    status = planned
+                elif self.failure_rate and self._random.random() < self.failure_rate:
+                    status = 503
+                answer: Any = {"error": "injected failure"} if status >= 400 else None
+                if status < 400:
+                    if key is not None and (path, key) in self._applied:
+                        answer, replay = self._applied[(path, key)], True
+                    else:
+                        answer = {"id": f"{path.strip('/').replace('/', '-')}-{len(self._applied) + 1}"}
+                        self._applied[(path, key or f"anonymous-{len(self.calls)}")] = answer
+                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay))
+                return status, answer
+        finally:
+            if funnel is not None:
+                with self._lock:
+                    self._active[funnel] -= 1

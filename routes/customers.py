@@ -1,0 +1,55 @@
+"""A customer update carried to two external systems: billing, then the mobile network operator.
+
+`update_billing` runs once per message; `activate_sim` has entity scope: it runs once per
+customer version, and an older message for the same customer that is retried after a newer
+one succeeded is SKIPPED as obsolete instead of overwriting newer data (seed 003).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import httpx
+
+from openhub import Outcome, Route, RetryPolicy, StepContext, confirmation, step
+
+EXTERNAL = os.environ.get("OPENHUB_EXAMPLE_URL", "http://127.0.0.1:8765")
+
+
+@step
+def update_billing(ctx: StepContext) -> None:
+    """Create or update the customer in billing; 409 is a business error, 5xx is retried."""
+    r = httpx.post(f"{EXTERNAL}/billing/customers", json=ctx.payload,
+                   headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10)
+    if r.status_code == 409:
+        ctx.business_error("E410", "customer already exists in billing")
+        return
+    r.raise_for_status()
+    ctx.custom_data["billing_id"] = r.json().get("id")
+
+
+@step(key="mno", scope="entity", timeout=timedelta(seconds=30))
+def activate_sim(ctx: StepContext) -> None:
+    """Activate the customer's SIM at the network operator, with the billing id from the first step."""
+    body = {"customer": ctx.payload["externalCustomerId"], "billing_id": ctx.custom_data.get("billing_id")}
+    httpx.post(f"{EXTERNAL}/mno/activations", json=body, headers={"Idempotency-Key": ctx.idempotency_key},
+               timeout=10).raise_for_status()
+
+
+def _has_customer_id(payload: dict) -> bool:
+    return isinstance(payload, dict) and bool(payload.get("externalCustomerId"))
+
+
+routes = [
+    Route("customer.setCustomer", steps=[update_billing, activate_sim],
+          object_id=lambda p: p["externalCustomerId"], entity_type="customer", validate=_has_customer_id,
+          retry=RetryPolicy(max_fails=5, interval=timedelta(seconds=5), backoff=2,
+                            max_interval=timedelta(minutes=5))),
+]
+
+
+@confirmation("CRM")
+def confirm_crm(outcome: Outcome) -> None:
+    """Tell the CRM how its message ended."""
+    httpx.post(f"{EXTERNAL}/crm/confirmations", json=outcome.as_dict(), timeout=10).raise_for_status()

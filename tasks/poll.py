@@ -1,0 +1,26 @@
+"""The poller task scheduled by beat, and the chain error callback."""
+
+from __future__ import annotations
+
+import logging
+
+from openhub import poller
+from openhub.dispatch import CHAIN_FAILED_TASK, POLL_TASK, celery_app
+
+log = logging.getLogger("openhub.tasks")
+app = celery_app()
+
+
+@app.task(name=POLL_TASK)
+def poll() -> dict:
+    """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
+    report = poller.tick()
+    return {"redriven": report.redriven, "repaired": report.repaired, "confirmations": report.confirmations,
+            "expired": report.expired, "seconds": round(report.seconds, 4)}
+
+
+@app.task(name=CHAIN_FAILED_TASK)
+def chain_failed(request, exc, traceback, message_id: int, token: str) -> None:  # noqa: ANN001
+    """A step task itself crashed (not the step: the engine records those). The lease repairs it."""
+    log.error("message %s: task %s crashed outside the step (%r); the poller repairs the message when its "
+              "lease expires", message_id, getattr(request, "task", "?"), exc)

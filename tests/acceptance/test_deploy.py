@@ -1,0 +1,588 @@
+"""Checks of deploy/: every artefact is validated by the tool its runtime would use, offline.
+
+- the Procfile is the one process list: compose, Kubernetes and systemd run exactly its commands;
+- compose.yaml against the Compose Specification schema (shipped by check-jsonschema);
+- Kubernetes manifests against the Kubernetes OpenAPI schemas (shipped by kubernetes-validate),
+  with the network switched off so a schema fetched from the internet would fail the test;
+- alert rules with `promtool check rules` and `promtool test rules`, the scrape config with
+  `promtool check config`;
+- every metric named in an alert or a dashboard query is one deploy/metrics.txt promises;
+- systemd units with `systemd-analyze verify` (skipped where systemd is not installed).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+SYSTEMD = DEPLOY / "systemd"
+PROMETHEUS = DEPLOY / "prometheus"
+
+# The oldest Kubernetes the manifests claim to support (preStop `sleep` is on by default from 1.30),
+# and the newest the installed kubernetes-validate knows.
+K8S_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+
+# Where each Procfile process runs elsewhere. None: deliberately absent there.
+PROCESS_TARGETS = {
+    #  Procfile   compose service   k8s (kind, name)                 systemd unit
+    "release": ("migrate", ("Job", "openhub-migrate"), "openhub-migrate.service"),
+    "ingress": ("ingress", ("Deployment", "openhub-ingress"), "openhub-ingress.service"),
+    "worker": ("worker", ("Deployment", "openhub-worker"), "openhub-worker@.service"),
+    "beat": ("beat", ("Deployment", "openhub-beat"), "openhub-beat.service"),
+    "flower": ("flower", ("Deployment", "openhub-flower"), "openhub-flower.service"),
+    "archive": ("archive", ("CronJob", "openhub-archive"), "openhub-archive.service"),
+}
+LONG_RUNNING = ("ingress", "worker", "beat", "flower")
+HEARTBEAT_MAX_AGE = 120  # seconds; the worker touches its heartbeat file at least every 30 s
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def read_procfile(path: Path = DEPLOY / "Procfile") -> dict[str, str]:
+    """The Procfile's processes as {name: command}, parsed the way honcho does."""
+    processes: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_-]+):\s*(.+)$", line)
+        if match:
+            assert match.group(1) not in processes, f"process {match.group(1)} listed twice"
+            processes[match.group(1)] = match.group(2).strip()
+    return processes
+
+
+def normalise_argv(argv: list[str]) -> list[str]:
+    """One spelling for a command line: program without its directory, variables as ${NAME}.
+
+    Compose and the shell write `$NAME` or `${NAME}`, Kubernetes `$(NAME)`, systemd `${NAME}`.
+    """
+    if not argv:
+        return argv
+    argv = [Path(argv[0]).name, *argv[1:]]
+    return [re.sub(r"\$(?:\{(\w+)\}|\((\w+)\)|(\w+))", lambda m: "${%s}" % next(g for g in m.groups() if g), a)
+            for a in argv]
+
+
+def load_yaml_documents(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def k8s_manifests() -> list[tuple[Path, dict]]:
+    """Every Kubernetes resource in deploy/k8s (the kustomization file is not a resource)."""
+    return [(path, doc) for path in sorted(K8S.glob("*.yaml")) if path.name != "kustomization.yaml"
+            for doc in load_yaml_documents(path)]
+
+
+def k8s_resource(kind: str, name: str) -> dict:
+    found = [doc for _, doc in k8s_manifests() if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name} in deploy/k8s, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(resource: dict) -> dict:
+    if resource["kind"] == "CronJob":
+        return resource["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return resource["spec"]["template"]["spec"]
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def systemd_unit(name: str) -> dict[str, list[str]]:
+    """A unit file as {"Section.Key": [values...]}."""
+    values: dict[str, list[str]] = {}
+    section = ""
+    for raw in (SYSTEMD / name).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        values.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
+    return values
+
+
+def step_timeout_seconds() -> float:
+    return float(k8s_resource("ConfigMap", "openhub-config")["data"]["OPENHUB_STEP_TIMEOUT"])
+
+
+def seconds(duration: str) -> float:
+    """Compose durations such as 330s, 5m30s, 1h."""
+    total = 0.0
+    for amount, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|us|s|m|h)", duration):
+        total += float(amount) * {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}[unit]
+    return total
+
+
+# --------------------------------------------------------------------------- one process list
+
+
+def test_deploy_procfile_lists_every_process():
+    processes = read_procfile()
+    assert set(processes) == set(PROCESS_TARGETS)
+    # The commands the contract names (DESIGN.md §6 and issue 6), verbatim.
+    assert processes["release"] == "openhub db upgrade"
+    assert processes["ingress"].startswith("openhub serve ")
+    assert processes["worker"].startswith("celery -A tasks worker")
+    assert processes["beat"].startswith("celery -A tasks beat")
+    assert processes["flower"].startswith("celery -A tasks flower")
+    assert processes["archive"].startswith("openhub archive ")
+
+
+@pytest.mark.parametrize("process", sorted(PROCESS_TARGETS))
+def test_deploy_compose_runs_the_procfile_command(process):
+    service_name = PROCESS_TARGETS[process][0]
+    command = compose()["services"][service_name]["command"]
+    argv = shlex.split(command) if isinstance(command, str) else command
+    assert normalise_argv(argv) == normalise_argv(shlex.split(read_procfile()[process]))
+
+
+@pytest.mark.parametrize("process", sorted(PROCESS_TARGETS))
+def test_deploy_kubernetes_runs_the_procfile_command(process):
+    kind, name = PROCESS_TARGETS[process][1]
+    (container,) = pod_spec(k8s_resource(kind, name))["containers"]
+    argv = container["command"] + container.get("args", [])
+    assert normalise_argv(argv) == normalise_argv(shlex.split(read_procfile()[process]))
+
+
+@pytest.mark.parametrize("process", sorted(PROCESS_TARGETS))
+def test_deploy_systemd_runs_the_procfile_command(process):
+    (exec_start,) = systemd_unit(PROCESS_TARGETS[process][2])["Service.ExecStart"]
+    assert exec_start.startswith("/"), "systemd wants an absolute program path"
+    assert normalise_argv(shlex.split(exec_start)) == normalise_argv(shlex.split(read_procfile()[process]))
+
+
+def test_deploy_runs_no_command_outside_the_procfile():
+    """Nothing in compose, k8s or systemd starts an openhub/celery command the Procfile lacks."""
+    known = {tuple(normalise_argv(shlex.split(c))) for c in read_procfile().values()}
+    found: list[tuple[str, list[str]]] = []
+    for name, service in compose()["services"].items():
+        if "command" in service and "image" in service and "openhub" in service["image"]:
+            command = service["command"]
+            found.append((f"compose {name}", shlex.split(command) if isinstance(command, str) else command))
+    for path, doc in k8s_manifests():
+        if doc["kind"] in ("Deployment", "Job", "CronJob", "StatefulSet", "DaemonSet"):
+            for container in pod_spec(doc)["containers"]:
+                found.append((f"{path.name} {container['name']}", container["command"] + container.get("args", [])))
+    for unit in sorted(SYSTEMD.glob("*.service")):
+        for exec_start in systemd_unit(unit.name).get("Service.ExecStart", []):
+            found.append((unit.name, shlex.split(exec_start)))
+    assert found
+    strays = [(where, argv) for where, argv in found if tuple(normalise_argv(argv)) not in known]
+    assert not strays, f"commands not in deploy/Procfile: {strays}"
+
+
+def test_deploy_normalise_argv_spellings_agree():
+    assert normalise_argv(["/opt/venv/bin/celery", "--basic-auth=${U}:${P}"]) == \
+        normalise_argv(["celery", "--basic-auth=$(U):$(P)"]) == \
+        normalise_argv(["celery", "--basic-auth=$U:$P"])
+    assert normalise_argv(["celery", "--basic-auth=$U"]) != normalise_argv(["celery", "--basic-auth=$V"])
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def compose_schema() -> dict:
+    # check-jsonschema vendors the Compose Specification's JSON schema and keeps it current.
+    vendor = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    return json.loads(vendor.joinpath("compose-spec.json").read_text())
+
+
+def test_deploy_compose_file_matches_the_compose_specification():
+    validator = jsonschema.Draft202012Validator(compose_schema())
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(compose())]
+    assert not errors, "\n".join(errors)
+
+
+def test_deploy_compose_schema_rejects_a_broken_file():
+    """The schema check can fail: a misspelt key and a wrong type are both reported."""
+    broken = compose()
+    broken["services"]["worker"]["stop_grace_periode"] = "330s"
+    broken["services"]["ingress"]["ports"] = 8000  # must be a list
+    errors = list(jsonschema.Draft202012Validator(compose_schema()).iter_errors(broken))
+    assert len(errors) >= 2
+
+
+def test_deploy_compose_services_and_policies():
+    services = compose()["services"]
+    assert {"postgres", "redis", "migrate", "ingress", "worker", "beat", "flower"} <= set(services)
+
+    redis_command = " ".join(services["redis"]["command"])
+    assert "--appendonly yes" in redis_command
+    assert "--maxmemory-policy noeviction" in redis_command
+    assert "redis-data:/data" in services["redis"]["volumes"]
+
+    for name in ("postgres", "redis", "ingress", "worker", "flower"):
+        assert "healthcheck" in services[name], f"{name} has no health check"
+    for name, service in services.items():
+        assert service.get("restart"), f"{name} has no restart policy"
+    assert services["migrate"]["restart"].startswith("on-failure")
+
+    # The migration runs first; nothing that uses the schema starts before it succeeded.
+    for name in ("ingress", "worker", "beat"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+    assert services["beat"]["deploy"]["replicas"] == 1
+    assert "container_name" not in services["worker"], "a fixed container name prevents --scale"
+    assert seconds(services["worker"]["stop_grace_period"]) > step_timeout_seconds()
+    assert str(HEARTBEAT_MAX_AGE) in " ".join(services["worker"]["healthcheck"]["test"])
+    assert "--basic-auth" in services["flower"]["command"]
+
+
+def hub_setting_names() -> set[str]:
+    """Every OPENHUB_* name the hub reads (openhub/config.py), plus the worker's heartbeat file."""
+    names = set(re.findall(r"\"(OPENHUB_[A-Z_]+)\"", (ROOT / "openhub" / "config.py").read_text()))
+    assert "OPENHUB_DATABASE_URL" in names
+    return names | {"OPENHUB_WORKER_HEARTBEAT_FILE"}
+
+
+def test_deploy_compose_configures_the_hub_only_through_openhub_variables():
+    services = compose()["services"]
+    settings = hub_setting_names()
+    for name in ("migrate", "ingress", "worker", "beat", "flower", "archive"):
+        environment = services[name]["environment"]
+        for key in environment:
+            assert key.startswith(("OPENHUB_", "FLOWER_")), f"{name}: {key} is not an OPENHUB_* setting"
+            if key.startswith("OPENHUB_"):
+                assert key in settings, f"{name}: {key} is not a setting openhub reads"
+        assert {"OPENHUB_DATABASE_URL", "OPENHUB_BROKER_URL"} <= set(environment)
+
+
+def env_example_names() -> set[str]:
+    text = (DEPLOY / ".env.example").read_text()
+    return set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]*)=", text, flags=re.MULTILINE))
+
+
+def test_deploy_env_example_documents_every_variable():
+    documented = env_example_names()
+    interpolated = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", (DEPLOY / "compose.yaml").read_text()))
+    assert not interpolated - documented, "compose variables missing from .env.example"
+    assert not hub_setting_names() - documented, "hub settings missing from .env.example"
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail any attempt to reach the network: validation must work offline."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def k8s_errors(doc: dict, version: str) -> str | None:
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        path = ".".join(str(p) for p in error.path)
+        return f"{doc['kind']}/{doc['metadata'].get('name')}: {path}: {error.message}"
+    except kubernetes_validate.SchemaNotFoundError as error:
+        return f"{doc['kind']}/{doc['metadata'].get('name')}: {error.message}"
+    return None
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_deploy_kubernetes_manifests_match_the_schemas_offline(version, no_network):
+    manifests = k8s_manifests()
+    assert len(manifests) >= 12
+    errors = [e for _, doc in manifests if (e := k8s_errors(doc, version))]
+    assert not errors, "\n".join(errors)
+
+
+def test_deploy_kubernetes_validation_rejects_broken_manifests(no_network):
+    """The schema check can fail: unknown field, wrong type, unknown kind."""
+    worker = k8s_resource("Deployment", "openhub-worker")
+    misspelt = json.loads(json.dumps(worker))
+    misspelt["spec"]["template"]["spec"]["terminationGracePeriod"] = 330
+    wrong_type = json.loads(json.dumps(worker))
+    wrong_type["spec"]["replicas"] = "two"
+    unknown_kind = {"apiVersion": "apps/v1", "kind": "Deploymnet", "metadata": {"name": "x"}}
+    for doc in (misspelt, wrong_type, unknown_kind):
+        assert k8s_errors(doc, K8S_VERSIONS[0]) is not None, doc
+
+
+def test_deploy_kustomization_lists_every_manifest():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk
+
+
+def test_deploy_kubernetes_resources_set_everywhere():
+    containers = [(path.name, c) for path, doc in k8s_manifests()
+                  if doc["kind"] in ("Deployment", "Job", "CronJob")
+                  for c in pod_spec(doc)["containers"]]
+    assert len(containers) == 6
+    for where, container in containers:
+        for bound in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
+        sources = {next(iter(s)): next(iter(s.values()))["name"] for s in container["envFrom"]}
+        assert sources == {"configMapRef": "openhub-config", "secretRef": "openhub-secrets"}, where
+
+
+def test_deploy_kubernetes_configuration_is_openhub_variables():
+    settings = hub_setting_names()
+    config = k8s_resource("ConfigMap", "openhub-config")["data"]
+    secret = k8s_resource("Secret", "openhub-secrets")["stringData"]
+    assert set(config) <= settings
+    assert set(secret) - {"FLOWER_USER", "FLOWER_PASSWORD"} <= settings
+    assert {"OPENHUB_DATABASE_URL", "OPENHUB_API_KEYS", "OPENHUB_ADMIN_TOKEN"} <= set(secret)
+    assert not set(config) & set(secret)
+
+
+def test_deploy_kubernetes_probes_and_shutdown():
+    (ingress,) = pod_spec(k8s_resource("Deployment", "openhub-ingress"))["containers"]
+    assert ingress["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert ingress["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+    worker_pod = pod_spec(k8s_resource("Deployment", "openhub-worker"))
+    (worker,) = worker_pod["containers"]
+    probe = " ".join(worker["livenessProbe"]["exec"]["command"])
+    assert "OPENHUB_WORKER_HEARTBEAT_FILE" in probe and f"> {HEARTBEAT_MAX_AGE}" in probe
+    assert worker_pod["terminationGracePeriodSeconds"] > step_timeout_seconds()
+
+    beat = k8s_resource("Deployment", "openhub-beat")
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"]["type"] == "Recreate"
+
+    hpa = k8s_resource("HorizontalPodAutoscaler", "openhub-worker")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "openhub-worker"}
+    assert k8s_resource("CronJob", "openhub-archive")["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_deploy_worker_heartbeat_probe_is_the_same_everywhere(tmp_path):
+    """The probe compose and Kubernetes run passes on a fresh heartbeat and fails on a stale one."""
+    (worker,) = pod_spec(k8s_resource("Deployment", "openhub-worker"))["containers"]
+    k8s_probe = worker["livenessProbe"]["exec"]["command"]
+    compose_probe = compose()["services"]["worker"]["healthcheck"]["test"][1:]  # after "CMD"
+    assert k8s_probe == compose_probe
+    heartbeat = tmp_path / "heartbeat"
+    heartbeat.touch()
+    env = {"OPENHUB_WORKER_HEARTBEAT_FILE": str(heartbeat), "PATH": "/usr/bin:/bin"}
+    probe = [shutil.which("python3") or "python3", *k8s_probe[1:]]
+    assert subprocess.run(probe, env=env).returncode == 0
+    stale = heartbeat.stat().st_mtime - HEARTBEAT_MAX_AGE - 10
+    import os
+
+    os.utime(heartbeat, (stale, stale))
+    assert subprocess.run(probe, env=env).returncode != 0
+    heartbeat.unlink()
+    assert subprocess.run(probe, env=env, stderr=subprocess.DEVNULL).returncode != 0
+
+
+def test_deploy_services_select_their_pods():
+    deployments = {d["metadata"]["name"]: d for _, d in k8s_manifests() if d["kind"] == "Deployment"}
+    services = [d for _, d in k8s_manifests() if d["kind"] == "Service"]
+    assert {s["metadata"]["name"] for s in services} == {"openhub-ingress", "openhub-flower"}
+    for service in services:
+        target = deployments[service["metadata"]["name"]]
+        labels = target["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+        (container,) = pod_spec(target)["containers"]
+        port_names = {p["name"] for p in container["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+
+# --------------------------------------------------------------------------- Prometheus
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.fail("promtool not found: run `make system-deps` (Debian package prometheus)")
+    return subprocess.run([binary, *args], cwd=PROMETHEUS, capture_output=True, text=True, timeout=120)
+
+
+def test_deploy_promtool_checks_the_alert_rules():
+    result = promtool("check", "rules", "alerts.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
+             for r in g["rules"]}
+    assert names == {"OpenhubMessagesStuck", "OpenhubMessagesFailing", "OpenhubConfirmationsParked",
+                     "OpenhubNoWorkerOnline", "OpenhubIngress5xx"}
+
+
+def test_deploy_promtool_checks_the_scrape_config():
+    result = promtool("check", "config", "prometheus.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_deploy_promtool_unit_tests_the_alerts():
+    result = promtool("test", "rules", "alerts.test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    tested = set(re.findall(r"alertname:\s*(\w+)", (PROMETHEUS / "alerts.test.yml").read_text()))
+    assert len(tested) >= 2
+    assert tested == {"OpenhubMessagesStuck", "OpenhubMessagesFailing", "OpenhubConfirmationsParked",
+                      "OpenhubNoWorkerOnline", "OpenhubIngress5xx"}
+
+
+def test_deploy_promtool_catches_a_broken_rule(tmp_path):
+    rules = tmp_path / "broken.yml"
+    rules.write_text("groups:\n- name: x\n  rules:\n  - alert: Broken\n    expr: sum(rate(openhub_messages[5m]) > \n")
+    result = subprocess.run([shutil.which("promtool") or "promtool", "check", "rules", str(rules)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+
+
+# --------------------------------------------------------------------------- metric names
+
+PROMQL_WORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+    "offset", "atan2", "inf", "nan",
+}
+PROMETHEUS_BUILTIN = {"up"}  # synthesised by Prometheus for every target
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def metric_names_in(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (not functions, labels or keywords)."""
+    text = re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers, Grafana ${variables}
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range selectors
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w$.])([a-zA-Z_:][\w:]*)\b(\s*\()?", text):
+        word, call = match.group(1), match.group(2)
+        if call or word.lower() in PROMQL_WORDS or re.fullmatch(r"\d+\w*", word):
+            continue
+        names.add(word)
+    return names
+
+
+def promised_metrics() -> set[str]:
+    lines = (DEPLOY / "metrics.txt").read_text().splitlines()
+    names = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert "# flower" in lines, "metrics.txt lists Flower's metrics after a `# flower` line"
+    return names
+
+
+def unknown_metrics(exprs: list[str]) -> set[str]:
+    promised = promised_metrics()
+    unknown = set()
+    for expr in exprs:
+        for name in metric_names_in(expr):
+            base = next((name[: -len(s)] for s in HISTOGRAM_SUFFIXES if name.endswith(s)), name)
+            if name not in promised and base not in promised and name not in PROMETHEUS_BUILTIN:
+                unknown.add(name)
+    return unknown
+
+
+def alert_exprs() -> list[str]:
+    groups = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
+    return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+def dashboard_exprs() -> list[str]:
+    dashboard = json.loads((DEPLOY / "grafana" / "openhub.json").read_text())
+    exprs = []
+
+    def walk(panels):
+        for panel in panels:
+            exprs.extend(t["expr"] for t in panel.get("targets", []))
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        if isinstance(query, dict) and query.get("query", "").startswith("label_values("):
+            exprs.append(query["query"].removeprefix("label_values(").split(",")[0])
+    return exprs
+
+
+def test_deploy_metric_name_extraction():
+    expr = ('histogram_quantile(0.95, sum by (le, route) (rate(openhub_step_duration_seconds_bucket'
+            '{route=~"$route", step!="x"}[$__rate_interval]))) / on(route) group_left max(up) > 2')
+    assert metric_names_in(expr) == {"openhub_step_duration_seconds_bucket", "up"}
+    assert unknown_metrics([expr]) == set()
+    assert unknown_metrics(["sum(rate(openhub_made_up_total[5m]))", "flower_typo > 0"]) == \
+        {"openhub_made_up_total", "flower_typo"}
+
+
+def test_deploy_alert_rules_use_only_exported_metrics():
+    exprs = alert_exprs()
+    assert len(exprs) == 5
+    assert unknown_metrics(exprs) == set()
+
+
+def test_deploy_dashboard_uses_only_exported_metrics():
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 15
+    assert unknown_metrics(exprs) == set()
+    used = {name for e in exprs for name in metric_names_in(e)}
+    bases = {next((n[: -len(s)] for s in HISTOGRAM_SUFFIXES if n.endswith(s)), n) for n in used}
+    assert promised_metrics() <= bases | used, "a promised metric has no dashboard panel"
+
+
+def test_deploy_dashboard_is_well_formed():
+    dashboard = json.loads((DEPLOY / "grafana" / "openhub.json").read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        if panel["type"] != "row":
+            assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+# --------------------------------------------------------------------------- systemd
+
+
+def test_deploy_systemd_units_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed on this machine")
+    # Verify inside a scratch root that has the programs the units name, so a missing binary
+    # (or a typo in its path) is an error but the real /opt/openhub need not exist here.
+    unit_dir = tmp_path / "etc" / "systemd" / "system"
+    unit_dir.mkdir(parents=True)
+    programs = set()
+    for unit in SYSTEMD.iterdir():
+        shutil.copy(unit, unit_dir / unit.name)
+        for exec_start in systemd_unit(unit.name).get("Service.ExecStart", []) if unit.suffix == ".service" else []:
+            programs.add(shlex.split(exec_start)[0])
+    for program in programs:
+        fake = tmp_path / program.lstrip("/")
+        fake.parent.mkdir(parents=True, exist_ok=True)
+        fake.write_text("#!/bin/sh\n")
+        fake.chmod(0o755)
+    names = sorted(p.name.replace("@.service", "@1.service") for p in SYSTEMD.iterdir())
+    result = subprocess.run([analyze, "verify", f"--root={tmp_path}", "--man=no", "--recursive-errors=no",
+                             *names], cwd=unit_dir, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and not result.stderr.strip(), result.stdout + result.stderr
+
+
+def test_deploy_systemd_worker_shutdown_and_instances():
+    worker = systemd_unit("openhub-worker@.service")
+    assert float(worker["Service.TimeoutStopSec"][0]) > step_timeout_seconds()
+    assert worker["Service.KillMode"] == ["mixed"]
+    # Several instances on one host need distinct Celery node names and heartbeat files.
+    environment = " ".join(worker["Service.Environment"])
+    assert "CELERY_WORKER_HOSTNAME=worker%i@%H" in environment
+    assert "OPENHUB_WORKER_HEARTBEAT_FILE=/run/openhub-worker-%i/" in environment
+    for unit in ("openhub-ingress.service", "openhub-worker@.service", "openhub-beat.service",
+                 "openhub-flower.service"):
+        values = systemd_unit(unit)
+        assert values["Service.Restart"] == ["always"], unit
+        assert values["Service.EnvironmentFile"] == ["/etc/openhub/openhub.env"], unit
