@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import os
 import re
 import shlex
 import shutil
@@ -384,8 +385,6 @@ def test_deploy_worker_heartbeat_probe_is_the_same_everywhere(tmp_path):
     probe = [shutil.which("python3") or "python3", *k8s_probe[1:]]
     assert subprocess.run(probe, env=env).returncode == 0
     stale = heartbeat.stat().st_mtime - HEARTBEAT_MAX_AGE - 10
-    import os
-
     os.utime(heartbeat, (stale, stale))
     assert subprocess.run(probe, env=env).returncode != 0
     heartbeat.unlink()
