@@ -243,14 +243,28 @@ def test_deploy_compose_services_and_policies():
     assert "container_name" not in services["worker"], "a fixed container name prevents --scale"
     assert seconds(services["worker"]["stop_grace_period"]) > step_timeout_seconds()
     assert str(HEARTBEAT_MAX_AGE) in " ".join(services["worker"]["healthcheck"]["test"])
+    env = compose_env_defaults(services["worker"]["environment"])
+    assert float(env["OPENHUB_VISIBILITY_TIMEOUT"]) > float(env["OPENHUB_STEP_TIMEOUT"]), \
+        "Redis would re-deliver a step that is still running"
+    assert env["OPENHUB_VAR_DIR"].startswith("/tmp/"), "the image's /app is not writable"
     assert "--basic-auth" in services["flower"]["command"]
 
 
+def compose_env_defaults(environment: dict) -> dict[str, str]:
+    """The values compose would use with an empty .env: `${X:-default}` becomes default."""
+    return {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v)) for k, v in environment.items()}
+
+
 def hub_setting_names() -> set[str]:
-    """Every OPENHUB_* name the hub reads (openhub/config.py), plus the worker's heartbeat file."""
-    names = set(re.findall(r"\"(OPENHUB_[A-Z_]+)\"", (ROOT / "openhub" / "config.py").read_text()))
-    assert "OPENHUB_DATABASE_URL" in names
-    return names | {"OPENHUB_WORKER_HEARTBEAT_FILE"}
+    """Every OPENHUB_* name the hub's processes read: the library (not its dev/testing helpers),
+    the Celery app and celeryconfig.py. A new setting there must reach .env.example."""
+    sources = [ROOT / "celeryconfig.py", *sorted((ROOT / "tasks").rglob("*.py")),
+               *(p for p in sorted((ROOT / "openhub").rglob("*.py")) if p.name not in ("dev.py", "testing.py"))]
+    names = set()
+    for source in sources:
+        names |= set(re.findall(r"[\"'](OPENHUB_[A-Z][A-Z0-9_]*)[\"']", source.read_text()))
+    assert {"OPENHUB_DATABASE_URL", "OPENHUB_BROKER_URL", "OPENHUB_WORKER_HEARTBEAT_FILE"} <= names
+    return names
 
 
 def test_deploy_compose_configures_the_hub_only_through_openhub_variables():
@@ -340,6 +354,9 @@ def test_deploy_kubernetes_resources_set_everywhere():
             assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
         sources = {next(iter(s)): next(iter(s.values()))["name"] for s in container["envFrom"]}
         assert sources == {"configMapRef": "openhub-config", "secretRef": "openhub-secrets"}, where
+        if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, f"{where}: read-only root needs a writable /tmp"
 
 
 def test_deploy_kubernetes_configuration_is_openhub_variables():
@@ -347,6 +364,10 @@ def test_deploy_kubernetes_configuration_is_openhub_variables():
     config = k8s_resource("ConfigMap", "openhub-config")["data"]
     secret = k8s_resource("Secret", "openhub-secrets")["stringData"]
     assert set(config) <= settings
+    assert float(config["OPENHUB_VISIBILITY_TIMEOUT"]) > float(config["OPENHUB_STEP_TIMEOUT"])
+    # The root filesystem is read-only: scratch files must land on the /tmp emptyDir.
+    assert config["OPENHUB_VAR_DIR"].startswith("/tmp/")
+    assert config["OPENHUB_WORKER_HEARTBEAT_FILE"].startswith("/tmp/")
     assert set(secret) - {"FLOWER_USER", "FLOWER_PASSWORD"} <= settings
     assert {"OPENHUB_DATABASE_URL", "OPENHUB_API_KEYS", "OPENHUB_ADMIN_TOKEN"} <= set(secret)
     assert not set(config) & set(secret)
