@@ -53,6 +53,13 @@ def celery_app() -> "Celery":
     return _app
 
 
+def reset_app() -> None:
+    """Forget the Celery application (tests switching brokers; the next call re-reads celeryconfig)."""
+    global _app
+    _app = None
+    sys.modules.pop(os.environ.get("OPENHUB_CELERY_CONFIG", "celeryconfig"), None)
+
+
 def step_options(item: RouteStep, route: Route) -> dict[str, Any]:
     """Celery options of one step's task: queue, priority and time limits."""
     settings = get_settings()

@@ -1,0 +1,70 @@
+"""Fixtures shared by the suite: backends, real workers, a real external system.
+
+The behaviour suite runs twice, on the embedded default (SQLite + filesystem transport) and on
+Redis + PostgreSQL. Workers are real `celery -A tasks worker` subprocesses; pytest-celery's
+Docker fixtures cannot run here (no Docker engine), so Celery's own in-process fixtures are
+imported to shadow them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from celery.contrib.pytest import celery_app, celery_worker  # noqa: F401 - shadow pytest-celery's Docker ones
+
+from openhub.testing import ExternalSystem
+from tests.support import backends
+from tests.support.workers import Worker
+
+BACKENDS = ["embedded", "redis-pg"]
+
+
+@pytest.fixture(scope="session")
+def external() -> Iterator[ExternalSystem]:
+    """A real HTTP external system on 127.0.0.1 with counters and failure injection."""
+    system = ExternalSystem().start()
+    yield system
+    system.stop()
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest, external: ExternalSystem,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[backends.Backend]:
+    """A fresh, migrated store and broker, activated in this process."""
+    workdir = tmp_path_factory.mktemp(request.param)
+    with backends.backend(request.param, workdir, {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
+        yield b
+        for w in b.workers:
+            w.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(backend: backends.Backend) -> Worker:
+    """A real Celery worker (with embedded beat) serving tests/support/routes.py on the backend."""
+    backend.activate()
+    w = Worker(backend.env, backend.workdir).start()
+    backend.workers.append(w)
+    return w
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique path on the external system for one test."""
+    return f"/t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def hub(backend: backends.Backend, worker: Worker) -> backends.Backend:
+    """The backend with a running worker, activated in this process."""
+    backend.activate()
+    assert worker.process is not None and worker.process.poll() is None, worker.log()[-2000:]
+    return backend
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run unit tests first, then the rest grouped by backend, chaos tests last."""
+    order = {"unit": 0, "integration": 1, "acceptance": 2, "chaos": 3}
+    items.sort(key=lambda item: order.get(Path(str(item.fspath)).parent.name, 1))

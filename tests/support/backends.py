@@ -1,0 +1,181 @@
+"""The two backends the behaviour suite runs on, each a fresh store and broker.
+
+- embedded: SQLite file + Celery's filesystem transport in a temporary folder (no servers);
+- redis-pg: a fresh PostgreSQL database on the machine's server + a private redis-server on a
+  free loopback port (so tests may flush or kill it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import sqlalchemy
+
+PG_SERVER = os.environ.get("OPENHUB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+
+# Short intervals so retries, postpones and lease repairs happen within a test's patience.
+TEST_SETTINGS = {
+    "OPENHUB_RETRY_INTERVAL": "0.3",
+    "OPENHUB_POSTPONE_INTERVAL": "0.3",
+    "OPENHUB_POLL_INTERVAL": "0.3",
+    "OPENHUB_LEASE_GRACE": "4",
+    "OPENHUB_STEP_TIMEOUT": "20",
+    "OPENHUB_CONFIRM_INTERVAL": "0.3",
+    "OPENHUB_ROUTES": "tests.support.routes",
+}
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    """A private redis-server on a free loopback port."""
+
+    port: int
+    process: subprocess.Popen
+    workdir: Path
+
+    @classmethod
+    def start(cls, workdir: Path, port: int | None = None) -> "RedisServer":
+        """Start it and wait until it answers PING."""
+        port = port or free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", str(workdir)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = cls(port, proc, workdir)
+        server.wait_ready()
+        return server
+
+    @property
+    def url(self) -> str:
+        """redis://127.0.0.1:PORT/0"""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self):  # noqa: ANN201
+        """A redis-py client."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        """Wait until the server answers PING."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.client().ping():
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def stop(self) -> None:
+        """Terminate it."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+@contextmanager
+def postgres_database(prefix: str = "openhub_test") -> Iterator[str]:
+    """A fresh PostgreSQL database (dropped afterwards); yields its SQLAlchemy URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        from openhub.db import dispose_engines
+
+        dispose_engines()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@dataclass
+class Backend:
+    """A store and a broker, with the OPENHUB_* environment that points at them."""
+
+    name: str
+    env: dict[str, str]
+    workdir: Path
+    redis: RedisServer | None = None
+    workers: list = field(default_factory=list)
+
+    @property
+    def database_url(self) -> str:
+        """OPENHUB_DATABASE_URL"""
+        return self.env["OPENHUB_DATABASE_URL"]
+
+    def activate(self) -> None:
+        """Point this test process at the backend (settings, registry, engines, Celery app)."""
+        activate(self.env)
+
+
+def activate(env: dict[str, str]) -> None:
+    """Set the OPENHUB_* environment in this process and forget everything cached from the old one."""
+    from openhub import dispatch
+    from openhub.config import reset_settings
+    from openhub.db import dispose_engines
+    from openhub.registry import reset_registry
+
+    for key in [k for k in os.environ if k.startswith("OPENHUB_")]:
+        del os.environ[key]
+    os.environ.update(env)
+    reset_settings()
+    reset_registry()
+    dispose_engines()
+    dispatch.reset_app()
+
+
+@contextmanager
+def backend(name: str, workdir: Path, extra: dict[str, str] | None = None) -> Iterator[Backend]:
+    """Set up the `embedded` or `redis-pg` backend in `workdir`, migrated and activated."""
+    from openhub.migrate import upgrade
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(TEST_SETTINGS, OPENHUB_VAR_DIR=str(workdir / "var"), **(extra or {}))
+    if name == "embedded":
+        env.update(OPENHUB_DATABASE_URL=f"sqlite:///{workdir / 'var' / 'openhub.db'}",
+                   OPENHUB_BROKER_URL="filesystem://")
+        b = Backend(name, env, workdir)
+        b.activate()
+        upgrade(b.database_url)
+        try:
+            yield b
+        finally:
+            shutil.rmtree(workdir / "var", ignore_errors=True)
+        return
+    redis = RedisServer.start(workdir / "redis")
+    try:
+        with postgres_database() as url:
+            env.update(OPENHUB_DATABASE_URL=url, OPENHUB_BROKER_URL=redis.url)
+            b = Backend(name, env, workdir, redis=redis)
+            b.activate()
+            upgrade(url)
+            yield b
+    finally:
+        redis.stop()
+
+
+def python() -> str:
+    """The interpreter running the tests (the project's virtualenv)."""
+    return sys.executable

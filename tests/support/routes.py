@@ -1,0 +1,141 @@
+"""Routes the behaviour suite runs, steered by the payload and by the external system's plans.
+
+Every test passes a unique `prefix`, so its calls land on its own paths of the external
+system (`{prefix}/{step}`), where it can inject failures and count effects in isolation.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import httpx
+
+from openhub import (Child, Holdback, Outcome, Postpone, Reject, RetryPolicy, Route, Split, StepContext,
+                     confirmation, step)
+
+EXTERNAL = os.environ.get("OPENHUB_TEST_EXTERNAL_URL", "http://127.0.0.1:9")
+
+
+def call(ctx: StepContext, name: str) -> dict:
+    """POST the payload to the test's path for this step, with the step's idempotency key."""
+    headers = {"Idempotency-Key": ctx.idempotency_key}
+    funnel = ctx.payload.get("funnel_header")
+    if funnel:
+        headers["X-Funnel"] = funnel
+    r = httpx.post(f"{EXTERNAL}{ctx.payload['prefix']}/{name}", json=ctx.payload, headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.json() or {}
+
+
+def scripted(name: str):  # noqa: ANN201
+    """A step that calls the external system, then does what the payload scripts for it."""
+    def run(ctx: StepContext) -> None:
+        script = ctx.payload.get("script", {}).get(name, {})
+        done = ctx.custom_data.setdefault("done", [])
+        if script.get("no_effect_once") and f"{name}:no_effect" not in done:
+            done.append(f"{name}:no_effect")
+            ctx.custom_data["done"] = done
+            ctx.no_effect()
+        if script.get("postpone_once") and f"{name}:postponed" not in done:
+            done.append(f"{name}:postponed")
+            raise Postpone(timedelta(seconds=0.2))
+        if script.get("holdback"):
+            raise Holdback("downstream asked us to stop")
+        call(ctx, name)
+        if script.get("business_error"):
+            ctx.business_error(script["business_error"], f"{name} refused part of it")
+        if script.get("reject"):
+            raise Reject(f"{name} refuses this message", code="E400")
+        ctx.custom_data[f"{name}_attempt"] = ctx.attempt
+        ctx.custom_data["steps"] = ctx.custom_data.get("steps", 0) + 1
+    run.__name__ = name
+    return step(run)
+
+
+step_a, step_b, step_c = scripted("a"), scripted("b"), scripted("c")
+
+
+@step(key="sync", scope="entity")
+def sync_entity(ctx: StepContext) -> None:
+    """Entity-scope call: once per entity version."""
+    call(ctx, "sync")
+
+
+@step(scope="custom", custom_key=lambda ctx: ctx.payload["account"])
+def charge(ctx: StepContext) -> None:
+    """Custom-scope call keyed by the account."""
+    call(ctx, "charge")
+
+
+@step(retry=RetryPolicy(max_fails=2, interval=timedelta(seconds=0.2)))
+def fragile(ctx: StepContext) -> None:
+    """Fails as the external system says; FAILED after the third failure (max_fails=2)."""
+    call(ctx, "fragile")
+
+
+@step(timeout=timedelta(seconds=2))
+def slow(ctx: StepContext) -> None:
+    """A call the external system may keep waiting past the step's timeout."""
+    call(ctx, "slow")
+
+
+@step
+def wait_answer(ctx: StepContext) -> None:
+    """Send a request and park until the answer is posted back."""
+    call(ctx, "request")
+    ctx.wait_for_response(timedelta(seconds=float(ctx.payload.get("wait", 30))))
+
+
+@step
+def use_answer(ctx: StepContext) -> None:
+    """The step after the wait sees the response."""
+    ctx.custom_data["answer"] = ctx.response
+    call(ctx, "answered")
+
+
+def lines(ctx: StepContext) -> list[Child]:
+    """One child per line of the order."""
+    return [Child("test.line", payload={"prefix": ctx.payload["prefix"], **line},
+                  object_id=str(line["sku"])) for line in ctx.payload["lines"]]
+
+
+@step
+def book_line(ctx: StepContext) -> None:
+    """Child step."""
+    call(ctx, "line")
+
+
+@step
+def after_lines(ctx: StepContext) -> None:
+    """Runs once every child is OK."""
+    call(ctx, "after")
+
+
+@step
+def ordered(ctx: StepContext) -> None:
+    """A funnel member: the external system records overlapping calls of one funnel."""
+    call(ctx, "ordered")
+
+
+routes = [
+    Route("test.flow", steps=[step_a, step_b, step_c]),
+    Route("test.entity", steps=[sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
+    Route("test.custom", steps=[charge]),
+    Route("test.fragile", steps=[step_a, fragile]),
+    Route("test.slow", steps=[step_a, slow, step_c]),
+    Route("test.wait", steps=[wait_answer, use_answer]),
+    Route("test.order", steps=[step_a, Split(lines, route="test.line"), after_lines]),
+    Route("test.line", steps=[book_line]),
+    Route("test.funnel", steps=[ordered], funnel=lambda p: p["group"]),
+    Route("test.ordered", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True),
+    Route("test.held", steps=[step_a]),
+]
+
+
+@confirmation("CONFIRMED")
+def confirm(outcome: Outcome) -> None:
+    """Confirm to the external system (its path from the payload), failing when it fails."""
+    prefix = outcome.message.payload["prefix"]
+    httpx.post(f"{EXTERNAL}{prefix}/confirm", json=outcome.as_dict(),
+               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}"}, timeout=10).raise_for_status()

@@ -1,0 +1,76 @@
+"""Real Celery workers as subprocesses (`celery -A tasks worker`), so tests can SIGKILL them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+class Worker:
+    """One `celery -A tasks worker` process (optionally with an embedded beat)."""
+
+    def __init__(self, env: dict[str, str], workdir: Path, *, beat: bool = True, concurrency: int = 2,
+                 name: str | None = None, queues: str | None = None) -> None:
+        self.name = name or f"w{uuid.uuid4().hex[:6]}"
+        self.workdir = workdir
+        self.heartbeat = workdir / f"{self.name}.heartbeat"
+        self.log_path = workdir / f"{self.name}.log"
+        self.env = dict(os.environ, **env, OPENHUB_WORKER_HEARTBEAT_FILE=str(self.heartbeat),
+                        PYTHONPATH=str(PROJECT))
+        self.args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel", "INFO",
+                     "--concurrency", str(concurrency), "--hostname", f"{self.name}@%h", "--without-gossip",
+                     "--without-mingle"]
+        if beat:
+            self.args += ["-B", "--schedule", str(workdir / f"{self.name}-beat-schedule")]
+        if queues:
+            self.args += ["-Q", queues]
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "Worker":
+        """Start the worker and wait until it is ready to consume."""
+        self.heartbeat.unlink(missing_ok=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self.heartbeat.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def log(self) -> str:
+        """What the worker printed so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def child_pids(self) -> list[int]:
+        """Process ids of the worker's pool processes."""
+        assert self.process is not None
+        out = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool) at once, as a crashed machine would."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 30) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()

@@ -1,0 +1,158 @@
+"""Every malformed declaration fails at load time with ConfigurationError."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from datetime import timedelta
+
+import pytest
+
+from openhub import Child, ConfigurationError, RetryPolicy, Route, Split, step
+from openhub.registry import build_registry
+
+
+@step
+def one(ctx):  # noqa: ANN001, ANN201
+    pass
+
+
+@step(key="two")
+def other(ctx):  # noqa: ANN001, ANN201
+    pass
+
+
+def plain(ctx):  # noqa: ANN001, ANN201
+    pass
+
+
+def test_step_defaults_to_function_name_and_message_scope() -> None:
+    assert one.key == "one" and one.scope == "message" and one.timeout is None
+
+
+def test_step_options_are_kept() -> None:
+    s = step(key="mno", scope="entity", timeout=timedelta(seconds=30), queue="mno")(plain)
+    assert (s.key, s.scope, s.timeout, s.queue) == ("mno", "entity", timedelta(seconds=30), "mno")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"retries": 3}, "unknown @step option"),
+    ({"scope": "global"}, "scope must be one of"),
+    ({"scope": "custom"}, "needs custom_key"),
+    ({"custom_key": lambda c: "x"}, "only allowed with scope='custom'"),
+    ({"key": "bad key"}, "must be an identifier"),
+    ({"timeout": timedelta(0)}, "positive timedelta"),
+    ({"timeout": "soon"}, "positive timedelta"),
+    ({"retry": 3}, "retry must be a RetryPolicy"),
+    ({"queue": 5}, "queue must be a string"),
+])
+def test_malformed_step(options: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        step(**options)(plain)
+
+
+@pytest.mark.parametrize("name, steps, options, message", [
+    ("customer.set", [one], {"retries": 1}, "unknown option"),
+    ("customer", [one], {}, "service.operation"),
+    ("customer.set", [], {}, "has no steps"),
+    ("customer.set", [one, plain], {}, "is not a @step"),
+    ("customer.set", [one, one], {}, "duplicate step key"),
+    ("customer.set", [one], {"object_id": "externalId"}, "object_id must be a callable"),
+    ("customer.set", [one], {"retry": {"max_fails": 1}}, "retry must be a RetryPolicy"),
+    ("customer.set", [one], {"priority": 11}, "priority must be an int"),
+    ("customer.set", [one], {"guaranteed_order": True}, "needs a funnel"),
+    ("customer.set", [one], {"exclude_failed": True}, "needs guaranteed_order"),
+    ("customer.set", [one], {"validate": 3}, "validate must be"),
+])
+def test_malformed_route(name: str, steps: list, options: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Route(name, steps=steps, **options)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_fails": -1}, "max_fails"),
+    ({"interval": timedelta(0)}, "interval"),
+    ({"backoff": 0.5}, "backoff"),
+])
+def test_malformed_retry_policy(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        RetryPolicy(**kwargs)
+
+
+def test_retry_policy_backoff_is_capped() -> None:
+    policy = RetryPolicy(interval=timedelta(seconds=10), backoff=2, max_interval=timedelta(seconds=30))
+    assert [policy.delay(n).total_seconds() for n in (1, 2, 3, 4)] == [10, 20, 30, 30]
+
+
+def test_route_is_printable_and_names_its_tasks() -> None:
+    route = Route("customer.setCustomer", steps=[one, other])
+    assert (route.service, route.operation) == ("customer", "setCustomer")
+    assert [route.task_name(s) for s in route.steps] == ["openhub.customer.setCustomer.one",
+                                                          "openhub.customer.setCustomer.two"]
+    assert "customer.setCustomer" in repr(route)
+
+
+def _module(tmp_path, monkeypatch, name: str, body: str) -> str:  # noqa: ANN001
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)
+    return name
+
+
+def test_duplicate_route_across_modules(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    body = """
+        from openhub import Route, step
+        @step
+        def s(ctx): pass
+        routes = [Route("dup.route", steps=[s])]
+    """
+    a = _module(tmp_path, monkeypatch, "routes_dup_a", body)
+    b = _module(tmp_path, monkeypatch, "routes_dup_b", body)
+    with pytest.raises(ConfigurationError, match="duplicate route 'dup.route'"):
+        build_registry([a, b])
+
+
+def test_split_to_unknown_route(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    name = _module(tmp_path, monkeypatch, "routes_split_bad", """
+        from openhub import Route, Split, Child
+        def kids(ctx): return []
+        routes = [Route("order.create", steps=[Split(kids, route="order.nothere")])]
+    """)
+    with pytest.raises(ConfigurationError, match="unknown route 'order.nothere'"):
+        build_registry([name])
+
+
+def test_routes_must_hold_routes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    name = _module(tmp_path, monkeypatch, "routes_not_routes", "routes = ['customer.set']\n")
+    with pytest.raises(ConfigurationError, match="must hold Route objects"):
+        build_registry([name])
+
+
+def test_unimportable_routes_module() -> None:
+    with pytest.raises(ConfigurationError, match="cannot be imported"):
+        build_registry(["routes_that_do_not_exist"])
+
+
+def test_two_confirmers_for_one_system() -> None:
+    from openhub import confirmation
+
+    @confirmation("UNIT-SYS")
+    def first(outcome):  # noqa: ANN001, ANN202
+        pass
+
+    with pytest.raises(ConfigurationError, match="two confirmers"):
+        @confirmation("UNIT-SYS")
+        def second(outcome):  # noqa: ANN001, ANN202
+            pass
+
+
+def test_split_and_child_are_plain_data() -> None:
+    s = Split(lambda ctx: [Child("order.bookLine", {"sku": 1})], key="lines")
+    assert s.key == "lines" and s.scope == "message"
+    assert Child("a.b", {}).object_id is None
+
+
+def test_example_routes_load() -> None:
+    registry = build_registry(["routes"])
+    assert "customer.setCustomer" in registry.routes
+    assert "CRM" in registry.confirmers

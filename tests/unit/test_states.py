@@ -1,0 +1,85 @@
+"""DESIGN.md §3 as a table: each row is (state, event, failed_count) -> (state, failed_count, actions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from openhub.errors import StateConflict
+from openhub.states import FINAL, Action, Event, State, transition
+
+S, E, A = State, Event, Action
+FIN = {A.CONFIRM, A.RELEASE_FUNNEL, A.NOTIFY_PARENT}
+
+# max_fails is 3 in every row.
+TABLE = [
+    # accepted NEW -> IN_QUEUE once its chain is published
+    (S.NEW, E.PUBLISHED, 0, S.IN_QUEUE, 0, set()),
+    # the chain's first task claims it
+    (S.IN_QUEUE, E.CLAIMED, 0, S.PROCESSING, 0, set()),
+    (S.NEW, E.CLAIMED, 0, S.PROCESSING, 0, set()),
+    # last step ok
+    (S.PROCESSING, E.COMPLETED, 1, S.OK, 1, FIN),
+    # transient error: +1, retried; over max_fails: FAILED
+    (S.PROCESSING, E.TRANSIENT, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
+    (S.PROCESSING, E.TRANSIENT, 2, S.PARTLY_FAILED, 3, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
+    (S.PROCESSING, E.TRANSIENT, 3, S.FAILED, 4, FIN),
+    # no effect: failed count unchanged
+    (S.PROCESSING, E.NO_EFFECT, 2, S.PARTLY_FAILED, 2, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
+    # Reject: FAILED, +1, no retry
+    (S.PROCESSING, E.REJECTED, 0, S.FAILED, 1, FIN),
+    # Postpone / Holdback
+    (S.PROCESSING, E.POSTPONED, 1, S.POSTPONED, 1, {A.RELEASE_FUNNEL}),
+    (S.IN_QUEUE, E.POSTPONED, 0, S.POSTPONED, 0, {A.RELEASE_FUNNEL}),
+    (S.PROCESSING, E.HELD_BACK, 0, S.POSTPONED, 0, {A.PAUSE_ROUTE}),
+    # obsolete entity message
+    (S.PROCESSING, E.OBSOLETE, 1, S.SKIPPED, 1, {A.RELEASE_FUNNEL, A.NOTIFY_PARENT}),
+    # split: parent waits; children done -> goes on, or FAILED
+    (S.PROCESSING, E.SPLIT, 0, S.WAITING, 0, set()),
+    (S.WAITING, E.CHILDREN_OK, 0, S.IN_QUEUE, 0, set()),
+    (S.WAITING, E.CHILD_FAILED, 0, S.FAILED, 0, FIN),
+    # async response
+    (S.PROCESSING, E.WAIT_RESPONSE, 0, S.WAITING_FOR_RES, 0, set()),
+    (S.WAITING_FOR_RES, E.RESPONDED, 0, S.IN_QUEUE, 0, set()),
+    (S.WAITING_FOR_RES, E.TRANSIENT, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
+    # worker died / chain lost
+    (S.PROCESSING, E.LEASE_EXPIRED, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
+    (S.IN_QUEUE, E.LEASE_EXPIRED, 3, S.FAILED, 4, FIN),
+    # the poller re-drives
+    (S.PARTLY_FAILED, E.REDRIVEN, 2, S.IN_QUEUE, 2, set()),
+    (S.POSTPONED, E.REDRIVEN, 0, S.IN_QUEUE, 0, set()),
+    (S.NEW, E.REDRIVEN, 0, S.IN_QUEUE, 0, set()),
+    # guaranteed order blocked too long
+    (S.POSTPONED, E.ORDER_EXPIRED, 0, S.FAILED, 0, FIN),
+    # operator restart: count reset
+    (S.OK, E.RESTARTED, 2, S.PARTLY_FAILED, 0, set()),
+    (S.FAILED, E.RESTARTED, 4, S.PARTLY_FAILED, 0, set()),
+    (S.CANCEL, E.RESTARTED, 1, S.PARTLY_FAILED, 0, set()),
+    # operator cancel from any non-final state
+    *[(s, E.CANCELLED, 1, S.CANCEL, 1, FIN) for s in State if s not in FINAL],
+]
+
+
+@pytest.mark.parametrize("state, event, count, new_state, new_count, actions", TABLE,
+                         ids=[f"{r[0]}-{r[1]}-{r[2]}" for r in TABLE])
+def test_transition(state: State, event: Event, count: int, new_state: State, new_count: int,
+                    actions: set[Action]) -> None:
+    result = transition(state, event, count, max_fails=3)
+    assert (result.state, result.failed_count, set(result.actions)) == (new_state, new_count, actions)
+
+
+REFUSED = [
+    (S.PROCESSING, E.RESTARTED), (S.PARTLY_FAILED, E.RESTARTED), (S.SKIPPED, E.RESTARTED),
+    *[(s, E.CANCELLED) for s in FINAL],
+    (S.OK, E.CLAIMED), (S.PROCESSING, E.CLAIMED), (S.OK, E.COMPLETED), (S.IN_QUEUE, E.RESPONDED),
+    (S.OK, E.REDRIVEN), (S.PROCESSING, E.REDRIVEN), (S.WAITING, E.TRANSIENT),
+]
+
+
+@pytest.mark.parametrize("state, event", REFUSED, ids=[f"{s}-{e}" for s, e in REFUSED])
+def test_refused(state: State, event: Event) -> None:
+    with pytest.raises(StateConflict, match=f"not allowed in state {state.value}"):
+        transition(state, event)
+
+
+def test_every_event_has_a_row() -> None:
+    assert {row[1] for row in TABLE} == set(Event)
