@@ -2,7 +2,10 @@
 
 What moves: a message in a final state (OK, FAILED, CANCEL, SKIPPED) that finished before the
 cutoff and whose confirmation is settled (OK or FAILED_END; one still being retried keeps its
-message), together with its ext_calls, transitions and confirmations. Families (a Split parent
+message), together with its ext_calls, transitions and confirmations. A message that still owns
+an entity- or custom-scope call record stays: that record is the hub's memory of the entity's
+last call (it decides whether a late, older message is obsolete), and it is taken over by the
+entity's next message, after which the old message can go. Families (a Split parent
 and its children, recursively) move together and only as a whole: a parent whose child is still
 running stays, and so does the child of a parent that stays, so the archive never holds half a
 family and the database never holds an orphan. Non-final messages are never read for writing,
@@ -87,14 +90,16 @@ def find_eligible(spark: "SparkSession", source: Source, cutoff: datetime) -> li
     from pyspark.sql import functions as F
 
     m = read_database(spark, source, "messages", columns=["id", "parent_id", "state", "finished_at"]).persist()
-    unsettled = read_database(
-        spark, source, "confirmations", f"state NOT IN ({', '.join(repr(s) for s in SETTLED_CONFIRMATIONS)})",
-        ["message_id"]).distinct().withColumn("unsettled", F.lit(True))
+    settled = ", ".join(f"'{s}'" for s in SETTLED_CONFIRMATIONS)
+    unsettled = read_database(spark, source, "confirmations", f"state NOT IN ({settled})", ["message_id"])
+    # An entity- or custom-scope call record is shared by every message of its entity: the hub
+    # reads it to tell an obsolete message from a new one, so its current owner must stay.
+    shared = read_database(spark, source, "ext_calls", "scope <> 'message'", ["message_id"])
+    held = unsettled.unionByName(shared).distinct().select(F.col("message_id").alias("id"), F.lit(True).alias("held"))
     try:
         ok = (F.col("state").isin(FINAL_STATES) & F.col("finished_at").isNotNull()
-              & (F.col("finished_at") < _ts_literal(cutoff)) & F.col("unsettled").isNull())
-        flags = (m.join(unsettled.withColumnRenamed("message_id", "id"), "id", "left")
-                 .select("id", ok.alias("ok")))
+              & (F.col("finished_at") < _ts_literal(cutoff)) & F.col("held").isNull())
+        flags = m.join(held, "id", "left").select("id", ok.alias("ok"))
         members = _families(m)
         judged = members.join(flags, "id")
         blocked = judged.where(~F.col("ok")).select("root").distinct()
@@ -196,14 +201,23 @@ def _changed_roots(conn: Connection, manifest: Manifest, info: dict[int, list[An
             present.add(row.id)
             if (row.state, row.updated_at.isoformat()) != (info[row.id][4], info[row.id][3]):
                 changed.add(info[row.id][1])
-    # A row the archive lacks (a new call, transition or child) means the family moved on.
+    # A row the archive lacks (a new call, transition or child), or an archived row that now
+    # belongs elsewhere or is gone, means the family moved on since it was archived.
     for table in DEPENDANT_TABLES:
-        known = {r[0] for r in manifest.rows[table]}
+        archived = {r[0]: r[1] for r in manifest.rows[table] if r[1] in present}
+        current: dict[int, int] = {}
         t = getattr(schema, table)
         for chunk in _chunks(present):
-            for row in conn.execute(select(t.c.id, t.c.message_id).where(t.c.message_id.in_(chunk))):
-                if row.id not in known:
-                    changed.add(info[row.message_id][1])
+            query = select(t.c.id, t.c.message_id).where(t.c.message_id.in_(chunk))
+            if is_postgres(conn):
+                query = query.with_for_update()
+            current.update((row.id, row.message_id) for row in conn.execute(query))
+        for row_id, message_id in current.items():
+            if archived.get(row_id) != message_id:
+                changed.add(info[message_id][1])
+        for row_id, message_id in archived.items():
+            if current.get(row_id) != message_id:
+                changed.add(info[message_id][1])
     for chunk in _chunks(present):
         query = select(m.c.id, m.c.parent_id).where(m.c.parent_id.in_(chunk))
         for row in conn.execute(query):

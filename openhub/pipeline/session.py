@@ -98,6 +98,7 @@ def spark_session(master: str = "local[*]", jars: tuple[str, ...] | list[str] = 
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # the commands show their own progress
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", utc)
         .config("spark.executor.extraJavaOptions", utc)
