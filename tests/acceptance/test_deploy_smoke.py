@@ -109,10 +109,10 @@ def smoke_procfile(path: Path, ingress_port: int, flower_port: int) -> dict[str,
     """deploy/Procfile with the two listen ports moved; asserts nothing else changed."""
     original = read_procfile()
     moved = {name: command.replace("--port 8000", f"--port {ingress_port}")
-             .replace("--port 5555", f"--port {flower_port}") for name, command in original.items()}
+             .replace("--port=5555", f"--port={flower_port}") for name, command in original.items()}
     assert moved["ingress"] != original["ingress"] and moved["flower"] != original["flower"]
     for name in original:
-        assert re.sub(r"--port \d+", "--port N", moved[name]) == re.sub(r"--port \d+", "--port N", original[name])
+        assert re.sub(r"--port[ =]\d+", "--port N", moved[name]) == re.sub(r"--port[ =]\d+", "--port N", original[name])
     path.write_text("".join(f"{name}: {command}\n" for name, command in moved.items()))
     return moved
 
