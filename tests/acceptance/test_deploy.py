@@ -1,6 +1,7 @@
 """Checks of deploy/: every artefact is validated by the tool its runtime would use, offline.
 
-- the Procfile is the one process list: compose, Kubernetes and systemd run exactly its commands;
+- the Procfile is the one process list: compose, Kubernetes, systemd and the image's defaults run
+  exactly its commands, and each command is accepted by its program;
 - compose.yaml against the Compose Specification schema (shipped by check-jsonschema);
 - Kubernetes manifests against the Kubernetes OpenAPI schemas (shipped by kubernetes-validate),
   with the network switched off so a schema fetched from the internet would fail the test;
@@ -27,6 +28,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from honcho.environ import parse_procfile
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -38,7 +40,7 @@ PROMETHEUS = DEPLOY / "prometheus"
 # and the newest the installed kubernetes-validate knows.
 K8S_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 
-# Where each Procfile process runs elsewhere. None: deliberately absent there.
+# Where each Procfile process runs in compose, Kubernetes and systemd.
 PROCESS_TARGETS = {
     #  Procfile   compose service   k8s (kind, name)                 systemd unit
     "release": ("migrate", ("Job", "openhub-migrate"), "openhub-migrate.service"),
@@ -56,14 +58,8 @@ HEARTBEAT_MAX_AGE = 120  # seconds; the worker touches its heartbeat file at lea
 
 
 def read_procfile(path: Path = DEPLOY / "Procfile") -> dict[str, str]:
-    """The Procfile's processes as {name: command}, parsed the way honcho does."""
-    processes: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9_-]+):\s*(.+)$", line)
-        if match:
-            assert match.group(1) not in processes, f"process {match.group(1)} listed twice"
-            processes[match.group(1)] = match.group(2).strip()
-    return processes
+    """The Procfile's processes as {name: command}, parsed by honcho itself."""
+    return {name: command.strip() for name, command in parse_procfile(path.read_text()).processes.items()}
 
 
 def normalise_argv(argv: list[str]) -> list[str]:
@@ -208,6 +204,40 @@ def test_deploy_normalise_argv_spellings_agree():
         normalise_argv(["celery", "--basic-auth=$(U):$(P)"]) == \
         normalise_argv(["celery", "--basic-auth=$U:$P"])
     assert normalise_argv(["celery", "--basic-auth=$U"]) != normalise_argv(["celery", "--basic-auth=$V"])
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n(\s*#[^\n]*\n)*", " ", (DEPLOY / "Dockerfile").read_text())
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            instruction, _, arguments = line.partition(" ")
+            result.append((instruction.upper(), arguments.strip()))
+    return result
+
+
+def test_deploy_dockerfile_copies_what_exists_and_runs_procfile_commands():
+    """The image is never built here (no Docker engine); check what can be checked without one."""
+    instructions = dockerfile_instructions()
+    sources = [a.split()[:-1] for i, a in instructions if i == "COPY" and not a.startswith("--from")]
+    missing = [src for args in sources for src in args if not (ROOT / src).exists()]
+    assert not missing, f"the Dockerfile copies files the build context lacks: {missing}"
+    ignored = {line.strip() for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert not {src for args in sources for src in args} & ignored, "copying an ignored path"
+    # Both CMDs (runtime: ingress, archive target: archive) are Procfile commands.
+    commands = [normalise_argv(json.loads(a)) for i, a in instructions if i == "CMD"]
+    procfile = read_procfile()
+    assert commands == [normalise_argv(shlex.split(procfile["ingress"])),
+                        normalise_argv(shlex.split(procfile["archive"]))]
+    stages = [a.split()[-1] for i, a in instructions if i == "FROM"]
+    assert stages == ["build", "runtime", "archive"]
+    assert compose()["services"]["ingress"]["build"]["target"] == "runtime"
+    assert compose()["services"]["archive"]["build"]["target"] == "archive"
+    users = [a for i, a in instructions if i == "USER"]
+    assert users[-1] != "root" and users[-1] != "0", "the image must not run as root"
 
 
 # --------------------------------------------------------------------------- compose
