@@ -584,6 +584,18 @@ def test_deploy_metric_name_extraction():
         {"openhub_made_up_total", "flower_typo"}
 
 
+def test_deploy_flower_exports_the_flower_metrics_listed():
+    """The installed Flower registers every metric listed under `# flower` in metrics.txt."""
+    lines = (DEPLOY / "metrics.txt").read_text().splitlines()
+    listed = [n for n in lines[lines.index("# flower") + 1:] if n.strip() and not n.startswith("#")]
+    program = ("from flower.events import get_prometheus_metrics; get_prometheus_metrics(); "
+               "from prometheus_client import generate_latest; print(generate_latest().decode())")
+    exposition = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                                check=True, timeout=60).stdout
+    missing = [name for name in listed if f"# TYPE {name} " not in exposition]
+    assert listed and not missing, f"Flower does not export {missing}"
+
+
 def test_deploy_alert_rules_use_only_exported_metrics():
     exprs = alert_exprs()
     assert len(exprs) == 5
