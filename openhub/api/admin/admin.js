@@ -1,0 +1,234 @@
+// openhub admin page: plain JS over the HTTP API, no build step.
+// The admin token lives in sessionStorage (this tab only) and goes out as a Bearer token.
+"use strict";
+
+const TOKEN_KEY = "openhub.adminToken";
+const $ = (sel) => document.querySelector(sel);
+let cursor = null;
+let current = null; // id of the message shown in the detail pane
+
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+function showError(text) {
+  const el = $("#error");
+  el.textContent = text || "";
+  el.hidden = !text;
+}
+
+async function api(method, path, body) {
+  const headers = { "Authorization": "Bearer " + token() };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let data = null;
+  try { data = await r.json(); } catch (e) { data = null; }
+  if (r.status === 401 || r.status === 403) {
+    logout();
+    throw new Error("The admin token was refused (" + r.status + "): " + ((data && data.detail) || ""));
+  }
+  if (!r.ok) throw new Error(r.status + ": " + ((data && data.detail) || r.statusText));
+  return data;
+}
+
+function cell(tr, text) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "" : String(text);
+  tr.appendChild(td);
+  return td;
+}
+
+function stateCell(tr, state) {
+  const td = cell(tr, "");
+  const span = document.createElement("span");
+  span.className = "state " + state;
+  span.textContent = state;
+  td.appendChild(span);
+}
+
+function fmt(ts) { return ts ? ts.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "Z") : ""; }
+
+function messageRow(tbody, m, failed) {
+  const tr = document.createElement("tr");
+  tr.className = "clickable";
+  tr.dataset.id = m.id;
+  cell(tr, m.id); cell(tr, m.route); stateCell(tr, m.state); cell(tr, m.source_system); cell(tr, m.correlation_id);
+  if (failed) {
+    cell(tr, m.failed_step);
+    cell(tr, (m.failed_error || "").trim().split("\n").pop());
+  } else {
+    cell(tr, m.object_id); cell(tr, m.failed_count);
+  }
+  cell(tr, fmt(m.received_at));
+  tr.addEventListener("click", () => showMessage(m.id));
+  tbody.appendChild(tr);
+}
+
+function searchQuery() {
+  const form = new FormData($("#search-form"));
+  const q = new URLSearchParams();
+  for (const [k, v] of form.entries()) {
+    if (!v) continue;
+    // datetime-local has no zone: the operator types UTC, as the table shows.
+    q.set(k, (k === "received_from" || k === "received_to") ? v + "Z" : v);
+  }
+  return q;
+}
+
+async function search(more) {
+  showError("");
+  const q = searchQuery();
+  if (more && cursor) q.set("cursor", cursor);
+  try {
+    const page = await api("GET", "/api/v1/messages?" + q.toString());
+    const tbody = $("#results tbody");
+    if (!more) tbody.textContent = "";
+    page.items.forEach((m) => messageRow(tbody, m, false));
+    cursor = page.next_cursor;
+    $("#more").hidden = !cursor;
+  } catch (e) { showError(e.message); }
+}
+
+async function loadFailed() {
+  showError("");
+  try {
+    const page = await api("GET", "/api/v1/messages?state=FAILED&limit=200");
+    const tbody = $("#failed tbody");
+    tbody.textContent = "";
+    page.items.forEach((m) => messageRow(tbody, m, true));
+  } catch (e) { showError(e.message); }
+}
+
+async function loadRoutes() {
+  showError("");
+  try {
+    const routes = await api("GET", "/api/v1/routes");
+    const tbody = $("#routes tbody");
+    tbody.textContent = "";
+    routes.forEach((r) => {
+      const tr = document.createElement("tr");
+      tr.dataset.route = r.route;
+      cell(tr, r.route);
+      cell(tr, r.steps.map((s) => s.key).join(" → "));
+      cell(tr, r.paused ? "paused" : "");
+      cell(tr, r.paused_reason);
+      const td = cell(tr, "");
+      const b = document.createElement("button");
+      b.textContent = r.paused ? "Resume" : "Pause";
+      b.className = r.paused ? "resume" : "pause";
+      b.addEventListener("click", async () => {
+        const [service, ...rest] = r.route.split(".");
+        try {
+          await api("POST", `/api/v1/routes/${encodeURIComponent(service)}/${encodeURIComponent(rest.join("."))}/${r.paused ? "resume" : "pause"}`);
+          await loadRoutes();
+        } catch (e) { showError(e.message); }
+      });
+      td.appendChild(b);
+      tbody.appendChild(tr);
+    });
+  } catch (e) { showError(e.message); }
+}
+
+function fillTable(sel, rows, columns) {
+  const tbody = $(sel + " tbody");
+  tbody.textContent = "";
+  rows.forEach((row) => {
+    const tr = document.createElement("tr");
+    columns.forEach((c) => (c === "state" || c === "to_state") ? stateCell(tr, row[c]) :
+      cell(tr, /(_at|^at)$/.test(c) ? fmt(row[c]) : row[c]));
+    tbody.appendChild(tr);
+  });
+  return tbody;
+}
+
+async function showMessage(id) {
+  showError("");
+  try {
+    const m = await api("GET", "/api/v1/messages/" + encodeURIComponent(id));
+    current = m.id;
+    $("#detail").hidden = false;
+    $("#d-id").textContent = m.id;
+    const st = $("#d-state");
+    st.textContent = m.state;
+    st.className = "state " + m.state;
+    const fields = [["route", m.route], ["correlation id", m.correlation_id], ["source system", m.source_system],
+      ["object id", m.object_id], ["entity type", m.entity_type], ["process id", m.process_id],
+      ["parent", m.parent_id], ["failed count", m.failed_count], ["failed step", m.failed_step],
+      ["received", fmt(m.received_at)], ["message timestamp", fmt(m.msg_timestamp)], ["finished", fmt(m.finished_at)],
+      ["funnel", m.funnel]];
+    const ftbody = $("#d-fields tbody");
+    ftbody.textContent = "";
+    fields.forEach(([k, v]) => {
+      const tr = document.createElement("tr");
+      const th = document.createElement("th"); th.textContent = k; tr.appendChild(th);
+      cell(tr, v);
+      ftbody.appendChild(tr);
+    });
+    $("#d-error").textContent = m.failed_error || "—";
+    $("#d-payload").textContent = JSON.stringify(m.payload, null, 2);
+    $("#d-business").textContent = m.business_errors.length ? JSON.stringify(m.business_errors, null, 2) : "—";
+    fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "duration_ms", "updated_at", "last_error"]);
+    fillTable("#d-history", m.history, ["at", "event", "from_state", "to_state", "step", "detail"]);
+    const children = fillTable("#d-children", m.children, ["id", "route", "state", "object_id"]);
+    Array.from(children.rows).forEach((tr, i) => {
+      tr.className = "clickable";
+      tr.addEventListener("click", () => showMessage(m.children[i].id));
+    });
+    fillTable("#d-confirmation", m.confirmation, ["outcome", "state", "attempts", "updated_at", "last_error"]);
+    const final = ["OK", "FAILED", "CANCEL"].includes(m.state);
+    $("#d-restart").disabled = !final;
+    $("#d-restart-total").disabled = !final;
+    $("#d-cancel").disabled = ["OK", "FAILED", "CANCEL", "SKIPPED"].includes(m.state);
+    $("#detail").scrollIntoView();
+  } catch (e) { showError(e.message); }
+}
+
+async function act(path, body, confirmText) {
+  if (current === null) return;
+  if (confirmText && !window.confirm(confirmText)) return;
+  try {
+    await api("POST", `/api/v1/messages/${current}/${path}`, body);
+    await showMessage(current);
+  } catch (e) { showError(e.message); }
+}
+
+function selectTab(name) {
+  document.querySelectorAll("#tabs button").forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
+  document.querySelectorAll(".tab").forEach((s) => { s.hidden = s.id !== "tab-" + name; });
+  if (name === "failed") loadFailed();
+  if (name === "routes") loadRoutes();
+}
+
+function logout() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("#main").hidden = true; $("#tabs").hidden = true; $("#logout").hidden = true; $("#login").hidden = false;
+}
+
+async function openMain() {
+  $("#login").hidden = true; $("#main").hidden = false; $("#tabs").hidden = false; $("#logout").hidden = false;
+  selectTab("search");
+  await search(false);
+}
+
+$("#login-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("#token").value.trim());
+  $("#token").value = "";
+  try {
+    await api("GET", "/api/v1/routes");
+    showError("");
+    await openMain();
+  } catch (e) { showError(e.message); }
+});
+$("#search-form").addEventListener("submit", (ev) => { ev.preventDefault(); search(false); });
+$("#more").addEventListener("click", () => search(true));
+$("#failed-refresh").addEventListener("click", loadFailed);
+$("#routes-refresh").addEventListener("click", loadRoutes);
+$("#logout").addEventListener("click", logout);
+document.querySelectorAll("#tabs button").forEach((b) => b.addEventListener("click", () => selectTab(b.dataset.tab)));
+$("#d-refresh").addEventListener("click", () => showMessage(current));
+$("#d-close").addEventListener("click", () => { $("#detail").hidden = true; current = null; });
+$("#d-restart").addEventListener("click", () => act("restart", { total: false }));
+$("#d-restart-total").addEventListener("click", () => act("restart", { total: true },
+  "Total restart makes every external call of this message again. Continue?"));
+$("#d-cancel").addEventListener("click", () => act("cancel", undefined, "Cancel this message?"));
+
+if (token()) openMain();

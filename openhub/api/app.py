@@ -1,0 +1,119 @@
+"""The ingress application: `create_app()` is what `openhub serve` and `openhub dev` run.
+
+    uvicorn --factory openhub.api.app:create_app
+
+Routers are listed in `ROUTERS`; errors become HTTP statuses in `problems.py`; every request is
+counted for /metrics and logged with its correlation id and message id (never its credentials).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from ..config import Settings, get_settings
+from . import health, messages, metrics, problems, routes
+from .auth import Credentials
+from .throttle import Throttle
+
+log = logging.getLogger("openhub.api")
+access_log = logging.getLogger("openhub.api.access")
+ADMIN_DIR = Path(__file__).with_name("admin")
+ROUTERS = [messages.router, routes.router, health.router]
+
+
+class RequestLog:
+    """ASGI middleware: count each request for /metrics and log it with its correlation and message ids."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_note(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or ("/admin" if scope["path"].startswith("/admin") else "unmatched")
+            metrics.http_request(scope["method"], template, status)
+            state = scope.get("state") or {}
+            correlation_id = state.get("correlation_id") or _header(scope, b"x-correlation-id")
+            access_log.info("%s %s %s %.1fms correlation_id=%s message_id=%s", scope["method"], scope["path"], status,
+                            (time.perf_counter() - started) * 1000, correlation_id or "-",
+                            state.get("message_id") or "-")
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def create_app(dev: bool = False, *, settings: Settings | None = None, credentials: Credentials | None = None,
+               throttle: Throttle | None = None, announce: Any = print) -> FastAPI:
+    """The ingress app. In `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed."""
+    settings = settings or get_settings()
+    if credentials is None:
+        credentials = Credentials(dict(settings.api_keys), settings.admin_token)
+        if dev and not credentials.api_keys:
+            generated = Credentials.for_development()
+            credentials = Credentials(generated.api_keys, settings.admin_token or generated.admin_token)
+            announce("openhub dev: no OPENHUB_API_KEYS set, generated development credentials:\n"
+                     f"  API key for source system CRM: {credentials.api_keys['CRM']}\n"
+                     f"  admin token (for /admin):      {credentials.admin_token}\n"
+                     "  curl -X POST http://127.0.0.1:8000/api/v1/messages/customer/setCustomer \\\n"
+                     f"    -H 'Authorization: Bearer {credentials.api_keys['CRM']}' -H 'X-Correlation-Id: c-1' \\\n"
+                     "    -H 'Content-Type: application/json' -d '{\"externalCustomerId\": \"42\"}'")
+    if not credentials.api_keys:
+        log.warning("no OPENHUB_API_KEYS configured: every submission will be refused (401)")
+    if not credentials.admin_token:
+        log.warning("no OPENHUB_ADMIN_TOKEN configured: the operator endpoints and /admin are closed")
+    app = FastAPI(title="openhub", version="1", description=(
+        "Asynchronous integration hub: source systems submit messages, which are persisted and carried "
+        "through their route by Celery workers. Authenticate with `Authorization: Bearer <key>`: a source "
+        "system's API key (OPENHUB_API_KEYS) to submit and read its own messages, the admin token "
+        "(OPENHUB_ADMIN_TOKEN) for everything else."))
+    app.state.settings = settings
+    app.state.credentials = credentials
+    app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
+    problems.install(app)
+    for router in ROUTERS:
+        app.include_router(router)
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
+    def prometheus_metrics() -> Response:
+        """Every openhub metric in the Prometheus text format."""
+        data, content_type = metrics.render()
+        return Response(data, media_type=content_type)
+
+    @app.get("/admin", include_in_schema=False)
+    def admin_page() -> RedirectResponse:
+        return RedirectResponse("/admin/")
+
+    app.mount("/admin/", StaticFiles(directory=ADMIN_DIR, html=True), name="admin")
+    app.add_middleware(RequestLog)
+    return app
+
+
+def with_settings(**changes: Any) -> Settings:
+    """The current settings with some values replaced (tests, the benchmark)."""
+    return dataclasses.replace(get_settings(), **changes)

@@ -1,0 +1,87 @@
+"""Who is calling: a source system's API key or the operators' admin token (Bearer).
+
+A source system's key (OPENHUB_API_KEYS) lets it submit messages as itself and read its own
+messages; the admin token (OPENHUB_ADMIN_TOKEN) opens the operator endpoints and /admin's data.
+Secrets are compared with `hmac.compare_digest` and never logged: a refusal names the reason,
+never the key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .problems import ApiError
+
+bearer = HTTPBearer(auto_error=False, description="A source system's API key, or the admin token.")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The secrets the ingress accepts."""
+
+    api_keys: dict[str, str] = field(default_factory=dict)  # source system -> key
+    admin_token: str | None = None
+
+    @classmethod
+    def for_development(cls) -> "Credentials":
+        """Fresh random secrets for `openhub dev`: a key for the example source system CRM and an admin token."""
+        return cls({"CRM": "dev-" + secrets.token_urlsafe(18)}, "admin-" + secrets.token_urlsafe(18))
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated caller: a source system, or an operator (admin)."""
+
+    source_system: str | None = None
+    admin: bool = False
+
+
+def _match(secret: str, credentials: Credentials) -> Caller | None:
+    given = secret.encode()
+    found: Caller | None = None
+    # Compare against every secret so the time taken does not tell which one nearly matched.
+    if credentials.admin_token and hmac.compare_digest(given, credentials.admin_token.encode()):
+        found = Caller(admin=True)
+    for system, key in credentials.api_keys.items():
+        if key and hmac.compare_digest(given, key.encode()) and found is None:
+            found = Caller(source_system=system)
+    return found
+
+
+async def authenticate(request: Request) -> Caller:
+    """The caller behind the request's Bearer token; 401 without a valid one."""
+    creds: HTTPAuthorizationCredentials | None = await bearer(request)
+    if creds is None or not creds.credentials:
+        raise ApiError(401, "missing credentials: send Authorization: Bearer <API key or admin token>",
+                       {"WWW-Authenticate": "Bearer"})
+    caller = _match(creds.credentials, request.app.state.credentials)
+    if caller is None:
+        raise ApiError(401, "invalid API key or admin token", {"WWW-Authenticate": "Bearer"})
+    request.state.caller = caller
+    return caller
+
+
+async def source_system(request: Request) -> str:
+    """Dependency of the submit endpoints: the source system whose key was presented."""
+    caller = await authenticate(request)
+    if caller.source_system is None:
+        raise ApiError(403, "messages are submitted with a source system's API key, not the admin token")
+    return caller.source_system
+
+
+async def admin(request: Request) -> Caller:
+    """Dependency of the operator endpoints: the admin token, 403 for a source system's key."""
+    caller = await authenticate(request)
+    if not caller.admin:
+        raise ApiError(403, "this endpoint needs the admin token (OPENHUB_ADMIN_TOKEN)")
+    return caller
+
+
+async def reader(request: Request) -> Caller:
+    """Dependency of the read endpoints: the admin token, or a source system reading its own messages."""
+    return await authenticate(request)

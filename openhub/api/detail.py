@@ -1,0 +1,45 @@
+"""What an operator sees of one message: the view plus children, confirmations and history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from ..context import aware
+from ..db import transaction
+from ..schema import confirmations, ext_calls, messages, transitions
+from ..store import message_view
+
+
+def _iso(value: datetime | None) -> str | None:
+    value = aware(value)
+    return value.isoformat() if value is not None else None
+
+
+def message_detail(message_id: int) -> dict[str, Any]:
+    """The message as `MessageView.as_dict()` with detailed ext calls, children, confirmation and history."""
+    with transaction() as conn:
+        out = message_view(conn, message_id).as_dict()
+        X = ext_calls.c
+        out["ext_calls"] = [
+            {"key": c.key, "step": c.step_key, "scope": c.scope, "state": c.state, "attempts": c.attempts,
+             "duration_ms": c.duration_ms, "updated_at": _iso(c.updated_at), "last_error": c.last_error}
+            for c in conn.execute(select(ext_calls).where(X.message_id == message_id).order_by(X.id))]
+        M = messages.c
+        out["children"] = [
+            {"id": r.id, "route": f"{r.service}.{r.operation}", "state": r.state, "object_id": r.object_id}
+            for r in conn.execute(select(M.id, M.service, M.operation, M.state, M.object_id)
+                                  .where(M.parent_id == message_id).order_by(M.id))]
+        C = confirmations.c
+        out["confirmation"] = [
+            {"id": r.id, "outcome": r.outcome, "state": r.state, "attempts": r.attempts,
+             "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at), "last_error": r.last_error}
+            for r in conn.execute(select(confirmations).where(C.message_id == message_id).order_by(C.id))]
+        T = transitions.c
+        out["history"] = [
+            {"at": _iso(r.at), "event": r.event, "from_state": r.from_state, "to_state": r.to_state,
+             "step": r.step_key, "detail": r.detail}
+            for r in conn.execute(select(transitions).where(T.message_id == message_id).order_by(T.id))]
+    return out

@@ -1,0 +1,52 @@
+"""/healthz (the process answers) and /readyz (the message store and the broker answer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from ..db import transaction
+
+router = APIRouter(tags=["health"])
+
+
+def check_database() -> str | None:
+    """None when `SELECT 1` succeeds, else the reason."""
+    try:
+        with transaction() as conn:
+            conn.execute(text("SELECT 1"))
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def check_broker() -> str | None:
+    """None when a broker connection can be opened (one retry), else the reason."""
+    from ..dispatch import celery_app
+
+    try:
+        with celery_app().connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, timeout=2)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+@router.get("/healthz", summary="Liveness: the process answers")
+def healthz() -> dict[str, str]:
+    """Always 200 while the process serves requests."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: database and broker reachable",
+            responses={503: {"description": "The database or the broker is unreachable"}})
+def readyz() -> JSONResponse:
+    """200 when both the message store and the broker answer, 503 (with the reasons) otherwise."""
+    checks: dict[str, Any] = {"database": check_database(), "broker": check_broker()}
+    ready = all(v is None for v in checks.values())
+    body = {"status": "ready" if ready else "unavailable",
+            "checks": {k: ("ok" if v is None else v) for k, v in checks.items()}}
+    return JSONResponse(body, status_code=200 if ready else 503)

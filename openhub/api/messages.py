@@ -1,0 +1,284 @@
+"""/api/v1/messages: source systems submit messages; operators search, inspect, restart and cancel.
+
+Accepting is `openhub.submit` behind HTTP: the message is committed before the 202 leaves, a
+repeated (source system, correlation id) answers 200 with the first message and
+`"duplicate": true`, and a batch is one transaction (all or nothing).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .. import operator, producer
+from ..context import MessageView
+from ..errors import InputError
+from ..registry import get_registry
+from ..states import State
+from . import body, metrics
+from .auth import Caller, admin, reader, source_system
+from .detail import message_detail
+from .problems import ApiError
+
+MAX_ID = 2**63 - 1
+BATCH_MAX_MESSAGES = 1000
+BATCH_BODY_FACTOR = 10  # a batch body may be this many times OPENHUB_MAX_PAYLOAD_BYTES
+
+MessageId = Annotated[int, Path(ge=1, le=MAX_ID, description="The message's id.")]
+
+
+class Accepted(BaseModel):
+    """The answer to a submission: the stored message's id and state."""
+
+    id: int
+    correlation_id: str
+    route: str
+    state: str
+    duplicate: bool = Field(description="True when (source system, correlation id) was already stored; "
+                                        "nothing new was stored and this is the first message.")
+
+
+class BatchItem(BaseModel):
+    """One message of a batch: the route (or service and operation), payload and correlation id."""
+
+    model_config = ConfigDict(extra="forbid")
+    route: str | None = Field(None, description="`service.operation`; or give `service` and `operation`.",
+                              examples=["customer.setCustomer"])
+    service: str | None = None
+    operation: str | None = None
+    payload: Any = Field(..., description="The message payload (any JSON value).")
+    correlation_id: str = Field(..., min_length=1, max_length=255)
+    process_id: str | None = Field(None, max_length=255)
+    msg_timestamp: str | None = Field(None, description="ISO 8601; orders versions of one entity.")
+    source_system: str | None = Field(None, description="If given, must be the API key's own source system.")
+
+
+class Batch(BaseModel):
+    """A batch of messages accepted all-or-nothing in one transaction."""
+
+    model_config = ConfigDict(extra="forbid")
+    messages: list[BatchItem] = Field(..., min_length=1, max_length=BATCH_MAX_MESSAGES)
+
+
+class BatchAccepted(BaseModel):
+    """The answer to a batch, in the order of the request."""
+
+    messages: list[Accepted]
+
+
+class RestartRequest(BaseModel):
+    """Options of a restart."""
+
+    model_config = ConfigDict(extra="forbid")
+    total: bool = Field(False, description="Also forget OK external calls, so every call is made again.")
+
+
+class MessagePage(BaseModel):
+    """One page of messages, newest first; pass `next_cursor` as `cursor` for the next page."""
+
+    items: list[dict[str, Any]]
+    next_cursor: int | None
+
+
+ERRORS = {s: {"description": d} for s, d in {
+    400: "Malformed request, bad payload or payload refused by the route's validation",
+    401: "Missing or invalid API key", 403: "The key may not do this", 404: "Unknown route or message",
+    409: "The message's state does not allow this", 413: "Body over OPENHUB_MAX_PAYLOAD_BYTES",
+    415: "Unsupported media type", 429: "Throttled; see Retry-After", 503: "Message store unavailable; nothing stored",
+}.items()}
+
+_PAYLOAD_BODY = {"requestBody": {"required": True, "description": "The payload: JSON, or text/XML stored as a JSON string.",
+                                 "content": {"application/json": {"schema": {}},
+                                             "text/plain": {"schema": {"type": "string"}},
+                                             "application/xml": {"schema": {"type": "string"}}}}}
+
+router = APIRouter(prefix="/api/v1", tags=["messages"])
+
+
+def _accepted(view: MessageView) -> dict[str, Any]:
+    return {"id": view.id, "correlation_id": view.correlation_id, "route": view.route, "state": view.state,
+            "duplicate": view.duplicate}
+
+
+def _throttled(request: Request, system: str, counts: dict[str, int]) -> None:
+    throttle = request.app.state.throttle
+    for operation, hits in counts.items():
+        verdict = throttle.check(system, operation, hits)
+        if not verdict.allowed:
+            raise ApiError(429, f"{system}.{operation} is over its throttling limit; retry later",
+                           {"Retry-After": str(verdict.retry_after)})
+
+
+def _no_nul(**values: str | None) -> None:
+    for name, value in values.items():
+        if value is not None and "\x00" in value:
+            raise ApiError(400, f"{name} must not contain NUL characters")
+
+
+@router.post("/messages/{service}/{operation}", status_code=202, response_model=Accepted, openapi_extra=_PAYLOAD_BODY,
+             responses={200: {"description": "Duplicate: the first message with this correlation id",
+                              "model": Accepted}, **{s: e for s, e in ERRORS.items() if s != 409}},
+             summary="Submit a message")
+async def submit_message(
+    request: Request,
+    service: Annotated[str, Path(max_length=100)],
+    operation: Annotated[str, Path(max_length=100)],
+    system: Annotated[str, Depends(source_system)],
+    x_correlation_id: Annotated[str, Header(min_length=1, max_length=255,
+                                            description="Unique per source system; a repeat is a duplicate.")],
+    x_process_id: Annotated[str | None, Header(max_length=255)] = None,
+    x_message_timestamp: Annotated[str | None, Header(description="ISO 8601 timestamp of the message.")] = None,
+    x_source_system: Annotated[str | None, Header(description="Optional; must match the API key.")] = None,
+) -> JSONResponse:
+    """Accept one message for route `service.operation`; it is stored before the answer leaves."""
+    request.state.correlation_id = x_correlation_id
+    if x_source_system is not None and x_source_system != system:
+        raise ApiError(403, f"this API key belongs to {system}, not {x_source_system}")
+    route = get_registry().route(f"{service}.{operation}")
+    mime, charset = body.media_type(request)
+    if not (body.is_json(mime) or body.is_text(mime)):
+        raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
+    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
+    payload = body.decode_payload(data, mime, charset)
+
+    def accept() -> MessageView:
+        _throttled(request, system, {route.operation: 1})
+        return producer.submit(route.name, payload, source_system=system, correlation_id=x_correlation_id,
+                               process_id=x_process_id, msg_timestamp=x_message_timestamp)
+
+    view = await run_in_threadpool(accept)
+    request.state.message_id = view.id
+    if not view.duplicate:
+        metrics.accepted(route.name, system)
+    return JSONResponse(_accepted(view), status_code=200 if view.duplicate else 202)
+
+
+@router.post("/messages:batch", status_code=202, response_model=BatchAccepted,
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/Batch"}}}}},
+             responses={200: {"description": "Every message was a duplicate", "model": BatchAccepted},
+                        **{s: e for s, e in ERRORS.items() if s != 409}},
+             summary="Submit several messages, all or nothing")
+async def submit_batch(request: Request, system: Annotated[str, Depends(source_system)]) -> JSONResponse:
+    """Accept a batch in one transaction: one bad message and none is stored (the error names it)."""
+    mime, charset = body.media_type(request)
+    if not body.is_json(mime):
+        raise ApiError(415, "a batch is application/json")
+    limit = request.app.state.settings.max_payload_bytes * BATCH_BODY_FACTOR
+    raw = body.decode_json(await body.read_limited(request, limit), charset)
+    try:
+        batch = Batch.model_validate(raw)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ApiError(400, detail) from None
+    items = []
+    counts: dict[str, int] = {}
+    for i, item in enumerate(batch.messages):
+        if item.source_system is not None and item.source_system != system:
+            raise ApiError(403, f"message #{i}: this API key belongs to {system}, not {item.source_system}")
+        if item.route is not None and (item.service or item.operation):
+            if item.route != f"{item.service}.{item.operation}":
+                raise InputError(f"message #{i}: give either route or service and operation")
+        name = item.route or (f"{item.service}.{item.operation}" if item.service and item.operation else None)
+        if name is None:
+            raise InputError(f"message #{i}: route (or service and operation) is required")
+        route = get_registry().route(name)
+        counts[route.operation] = counts.get(route.operation, 0) + 1
+        items.append(dict(route=route.name, payload=item.payload, source_system=system,
+                          correlation_id=item.correlation_id, process_id=item.process_id,
+                          msg_timestamp=item.msg_timestamp))
+
+    def accept() -> list[MessageView]:
+        _throttled(request, system, counts)
+        return producer.submit_many(items)
+
+    views = await run_in_threadpool(accept)
+    for view in views:
+        if not view.duplicate:
+            metrics.accepted(view.route, system)
+    status = 200 if all(v.duplicate for v in views) else 202
+    return JSONResponse({"messages": [_accepted(v) for v in views]}, status_code=status)
+
+
+@router.get("/messages", response_model=MessagePage, responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
+            summary="Search messages")
+def search_messages(
+    caller: Annotated[Caller, Depends(reader)],
+    state: State | None = None,
+    service: Annotated[str | None, Query(max_length=100)] = None,
+    operation: Annotated[str | None, Query(max_length=100)] = None,
+    source_system: Annotated[str | None, Query(max_length=100)] = None,
+    correlation_id: Annotated[str | None, Query(max_length=255)] = None,
+    object_id: Annotated[str | None, Query(max_length=255)] = None,
+    parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    received_from: datetime | None = None,
+    received_to: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
+) -> dict[str, Any]:
+    """Messages matching every filter, newest first. A source system's key sees only its own messages."""
+    _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
+            object_id=object_id)
+    if not caller.admin:
+        if source_system is not None and source_system != caller.source_system:
+            raise ApiError(403, f"this API key may read only {caller.source_system}'s messages")
+        source_system = caller.source_system
+    views = producer.list_messages(
+        state=state.value if state else None, service=service, operation=operation, source_system=source_system,
+        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, limit=limit,
+        received_from=producer.to_utc(received_from), received_to=producer.to_utc(received_to), before_id=cursor)
+    return {"items": [v.as_dict() for v in views],
+            "next_cursor": views[-1].id if len(views) == limit else None}
+
+
+@router.get("/messages/{message_id}", responses={s: ERRORS[s] for s in (400, 401, 404, 503)},
+            summary="One message with ext calls, children, confirmation and history")
+def get_message(request: Request, message_id: MessageId, caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+    """The message with its external calls, children, confirmation rows and transition history."""
+    request.state.message_id = message_id
+    detail = message_detail(message_id)
+    if not caller.admin and detail["source_system"] != caller.source_system:
+        raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
+    request.state.correlation_id = detail["correlation_id"]
+    return detail
+
+
+@router.post("/messages/{message_id}/restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+             summary="Restart a final message")
+def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)],
+                    options: RestartRequest | None = None) -> dict[str, Any]:
+    """Restart an OK, FAILED or CANCEL message (`total`: make every external call again)."""
+    request.state.message_id = message_id
+    return operator.restart(message_id, total=bool(options and options.total)).as_dict()
+
+
+@router.post("/messages/{message_id}/cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+             summary="Cancel a message that is not final yet")
+def cancel_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    """Cancel a non-final message; it is confirmed as CANCEL."""
+    request.state.message_id = message_id
+    return operator.cancel(message_id).as_dict()
+
+
+@router.post("/messages/{message_id}/response", openapi_extra=_PAYLOAD_BODY,
+             responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)},
+             summary="Deliver the response a WAITING_FOR_RES message waits for")
+async def respond_message(request: Request, message_id: MessageId,
+                          caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+    """Resume a message parked by `ctx.wait_for_response`; the admin token or the message's own source system."""
+    request.state.message_id = message_id
+    mime, charset = body.media_type(request)
+    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
+    payload = body.decode_payload(data, mime, charset)
+
+    def deliver() -> dict[str, Any]:
+        if not caller.admin and operator.get_message_view(message_id).source_system != caller.source_system:
+            raise ApiError(404, f"no message with id {message_id}")
+        return operator.respond(message_id, payload).as_dict()
+
+    return await run_in_threadpool(deliver)

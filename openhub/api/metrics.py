@@ -1,0 +1,226 @@
+"""GET /metrics: Prometheus metrics, named exactly as `deploy/metrics.txt` promises.
+
+Two kinds of series:
+
+- counted in this process: `openhub_http_requests_total{method,route,status}` and
+  `openhub_messages_accepted_total{route,source_system}` (with several uvicorn workers,
+  `openhub serve` sets PROMETHEUS_MULTIPROC_DIR so the workers' counts are added up);
+- read from the message store when Prometheus scrapes (`StoreCollector`), because the
+  workers that do the work export nothing themselves:
+  * `openhub_messages{route,state}` and `openhub_oldest_message_age_seconds{route}`: one
+    GROUP BY over non-final rows only (the state index and the partial index over non-final
+    rows keep it independent of how many OK/FAILED messages the table holds). Final states are
+    not counted here; how many messages finish is `openhub_messages_finished_total`.
+  * `openhub_confirmations{state}`: confirmations not (yet) OK, by state.
+  * `openhub_messages_finished_total{route,state}`: final-state entries of the transition
+    history, read incrementally by id (a primary-key range per scrape); it counts from the
+    moment this process first served /metrics, like any counter.
+  * `openhub_step_duration_seconds{route,step}` and `openhub_ext_call_failures_total{route,step}`:
+    external-call records finished (OK or FAILED) since the previous scrape, by `updated_at`,
+    observed once per (call, attempt).
+  Every ingress process computes the database series from the same tables, so across replicas
+  take `max`, not `sum`, of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Iterator
+
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, disable_created_metrics,
+                               generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from sqlalchemy import and_, func, select
+
+from ..config import get_settings
+from ..db import transaction, utcnow
+from ..registry import get_registry
+from ..schema import confirmations, ext_calls, messages, transitions
+from ..states import FINAL, NON_FINAL
+
+log = logging.getLogger("openhub.api.metrics")
+disable_created_metrics()  # the _created series double the output and no dashboard reads them
+
+HTTP_REQUESTS = Counter("openhub_http_requests", "HTTP requests served by the ingress.",
+                        ["method", "route", "status"])
+ACCEPTED = Counter("openhub_messages_accepted", "Messages accepted (stored) through the HTTP ingress.",
+                   ["route", "source_system"])
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
+CONFIRMATION_STATES = ("PENDING", "SENDING", "FAILED", "FAILED_END")
+TRANSITION_LAG = 1000  # ids re-read each scrape: history rows committed out of id order are still counted
+CALL_LAG = timedelta(seconds=10)  # likewise for ext-call rows committed after the scrape's clock
+
+
+def accepted(route: str, source_system: str) -> None:
+    """Count one accepted message."""
+    ACCEPTED.labels(route=route, source_system=source_system).inc()
+
+
+def http_request(method: str, route: str, status: int) -> None:
+    """Count one served request."""
+    HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
+
+
+class StoreCollector:
+    """Series read from the message store at scrape time (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._database: str | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._transition_mark: int | None = None
+        self._transition_born = 0
+        self._seen_transitions: set[int] = set()
+        self._finished: dict[tuple[str, str], int] = defaultdict(int)
+        self._call_mark: datetime | None = None
+        self._call_born = datetime.min
+        self._seen_calls: dict[tuple[int, int, str], object] = {}
+        self._buckets: dict[tuple[str, str], list[int]] = {}
+        self._duration_sum: dict[tuple[str, str], float] = defaultdict(float)
+        self._failures: dict[tuple[str, str], int] = defaultdict(int)
+
+    def describe(self) -> Iterator[Metric]:
+        """Nothing at registration time: collecting queries the database."""
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        """Query the store and yield every database-derived family."""
+        with self._lock:
+            database = get_settings().database_url
+            if database != self._database:  # another store (tests switching backends): start over
+                self._database = database
+                self._reset()
+            routes = sorted(get_registry().routes)
+            gauges: list[Metric] = []
+            try:
+                with transaction() as conn:
+                    gauges = self._gauges(conn, routes)
+                    self._tail_transitions(conn)
+                    self._tail_calls(conn)
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail because the store is down
+                log.warning("metrics: message store not readable: %s", type(exc).__name__)
+            yield from gauges
+            yield from self._counters(routes)
+
+    # --- gauges: current non-final rows -------------------------------------------------------
+    def _gauges(self, conn, routes: list[str]) -> list[Metric]:  # noqa: ANN001
+        M = messages.c
+        now = utcnow()
+        by_state = GaugeMetricFamily("openhub_messages", "Messages in each non-final state, by route.",
+                                     labels=["route", "state"])
+        oldest = GaugeMetricFamily("openhub_oldest_message_age_seconds",
+                                   "Age of the oldest non-final message of each route (0 when none).", labels=["route"])
+        counts: dict[tuple[str, str], int] = {(r, s.value): 0 for r in routes for s in NON_FINAL}
+        first: dict[str, object] = {}
+        query = (select(M.service, M.operation, M.state, func.count(), func.min(M.received_at))
+                 .where(M.state.in_([s.value for s in NON_FINAL])).group_by(M.service, M.operation, M.state))
+        for service, operation, state, n, received in conn.execute(query):
+            route = f"{service}.{operation}"
+            counts[(route, state)] = n
+            if received is not None and (route not in first or received < first[route]):
+                first[route] = received
+        for (route, state), n in sorted(counts.items()):
+            by_state.add_metric([route, state], n)
+        for route in sorted(set(routes) | set(first)):
+            received = first.get(route)
+            oldest.add_metric([route], max(0.0, (now - received).total_seconds()) if received else 0.0)
+        C = confirmations.c
+        pending = GaugeMetricFamily("openhub_confirmations", "Confirmations not (yet) delivered, by state.",
+                                    labels=["state"])
+        found = dict(conn.execute(select(C.state, func.count()).where(C.state.in_(CONFIRMATION_STATES))
+                                  .group_by(C.state)).all())
+        for state in CONFIRMATION_STATES:
+            pending.add_metric([state], found.get(state, 0))
+        return [by_state, oldest, pending]
+
+    # --- counters: tails of append-only history and of finished ext calls ----------------------
+    def _tail_transitions(self, conn) -> None:  # noqa: ANN001
+        T, M = transitions.c, messages.c
+        mark = conn.execute(select(func.max(T.id))).scalar() or 0
+        if self._transition_mark is None:  # first scrape: the counter starts now, like one born with the process
+            self._transition_mark = self._transition_born = mark
+            return
+        low = max(self._transition_born, self._transition_mark - TRANSITION_LAG)
+        query = (select(T.id, M.service, M.operation, T.to_state)
+                 .join(messages, M.id == T.message_id)
+                 .where(and_(T.id > low, T.id <= mark, T.to_state.in_([s.value for s in FINAL]))))
+        for tid, service, operation, state in conn.execute(query):
+            if tid not in self._seen_transitions:
+                self._seen_transitions.add(tid)
+                self._finished[(f"{service}.{operation}", state)] += 1
+        self._transition_mark = mark
+        self._seen_transitions = {t for t in self._seen_transitions if t > mark - TRANSITION_LAG}
+
+    def _tail_calls(self, conn) -> None:  # noqa: ANN001
+        X, M = ext_calls.c, messages.c
+        now = utcnow()
+        if self._call_mark is None:
+            self._call_mark = self._call_born = now
+            return
+        since = max(self._call_born, self._call_mark - CALL_LAG)
+        query = (select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)
+                 .join(messages, M.id == X.message_id)
+                 .where(and_(X.updated_at > since, X.state.in_(("OK", "FAILED")))))
+        for cid, attempts, state, duration_ms, step_key, updated_at, service, operation in conn.execute(query):
+            key = (cid, attempts, state)
+            if key in self._seen_calls:
+                continue
+            self._seen_calls[key] = updated_at
+            label = (f"{service}.{operation}", step_key)
+            if duration_ms is not None:
+                seconds = duration_ms / 1000
+                buckets = self._buckets.setdefault(label, [0] * len(BUCKETS))
+                for i, bound in enumerate(BUCKETS):
+                    if seconds <= bound:
+                        buckets[i] += 1
+                self._duration_sum[label] += seconds
+            if state == "FAILED":
+                self._failures[label] += 1
+        self._call_mark = now
+        self._seen_calls = {k: v for k, v in self._seen_calls.items() if v > now - 2 * CALL_LAG}
+
+    def _counters(self, routes: list[str]) -> list[Metric]:
+        finished = CounterMetricFamily("openhub_messages_finished", "Messages that reached a final state, by route.",
+                                       labels=["route", "state"])
+        keys = {(r, s.value) for r in routes for s in FINAL} | set(self._finished)
+        for route, state in sorted(keys):
+            finished.add_metric([route, state], self._finished.get((route, state), 0))
+        duration = HistogramMetricFamily("openhub_step_duration_seconds",
+                                         "Duration of external-call steps (each attempt, OK or FAILED).",
+                                         labels=["route", "step"])
+        failures = CounterMetricFamily("openhub_ext_call_failures", "Failed attempts of external-call steps.",
+                                       labels=["route", "step"])
+        for label in sorted(self._buckets):
+            buckets = self._buckets[label]
+            bounds = ["+Inf" if b == float("inf") else repr(b) for b in BUCKETS]
+            duration.add_metric(list(label), list(zip(bounds, buckets)), self._duration_sum[label])
+        for label in sorted(set(self._failures) | set(self._buckets)):
+            failures.add_metric(list(label), self._failures.get(label, 0))
+        return [finished, duration, failures]
+
+
+STORE = StoreCollector()
+_registered = False
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text of every openhub metric (added up over uvicorn workers when multiprocess)."""
+    global _registered
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(STORE)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    if not _registered:
+        REGISTRY.register(STORE)
+        _registered = True
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

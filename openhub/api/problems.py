@@ -1,0 +1,77 @@
+"""The one boundary where openhub errors become HTTP answers.
+
+Each OpenHubError subclass the API can meet maps to one status code; the most specific class
+wins (UnknownRouteError is an InputError but answers 404). `tests/integration/api` checks
+that every error class in `openhub.errors` has an entry, so a new error cannot fall through
+to a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from .. import errors
+
+log = logging.getLogger("openhub.api")
+
+STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
+    errors.UnknownRouteError: 404,
+    errors.PayloadTooLarge: 413,
+    errors.InputError: 400,
+    errors.NotFound: 404,
+    errors.StateConflict: 409,
+    errors.StoreUnavailable: 503,
+    errors.ConfigurationError: 500,  # a broken route module: the operator's problem, not the caller's
+}
+
+
+class ApiError(Exception):
+    """An HTTP-level refusal raised by the API itself (auth, media type, throttling)."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
+
+
+def status_for(exc: errors.OpenHubError) -> int:
+    """The HTTP status of an openhub error: the entry of its closest class in the mapping."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return 500
+
+
+def problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A JSON error body `{"status", "detail"}`."""
+    return JSONResponse({"status": status, "detail": detail}, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Register the exception handlers on `app`."""
+
+    @app.exception_handler(errors.OpenHubError)
+    async def _openhub_error(request: Request, exc: errors.OpenHubError) -> JSONResponse:
+        status = status_for(exc)
+        if status >= 500:
+            log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        headers = {"Retry-After": "5"} if isinstance(exc, errors.StoreUnavailable) else None
+        return problem(status, str(exc), headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return problem(exc.status, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # DESIGN.md §5 promises 400 for a malformed request, not FastAPI's 422.
+        parts = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e.get("loc", ()))
+            parts.append(f"{where}: {e.get('msg')}")
+        return problem(400, "; ".join(parts) or "invalid request")
