@@ -186,18 +186,18 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
     rows = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise InputError(f"message #{i}: expected a dict")
+            raise InputError(f"message #{i + 1}: expected a dict")
         unknown = set(item) - _SUBMIT_KEYS
         if unknown:
-            raise InputError(f"message #{i}: unknown field(s) {', '.join(sorted(unknown))}")
+            raise InputError(f"message #{i + 1}: unknown field(s) {', '.join(sorted(unknown))}")
         if "route" not in item:
-            raise InputError(f"message #{i}: route is required")
+            raise InputError(f"message #{i + 1}: route is required")
         try:
             rows.append(prepare(item["route"], item.get("payload"), source_system=item.get("source_system"),
                                 correlation_id=item.get("correlation_id"), process_id=item.get("process_id"),
                                 msg_timestamp=item.get("msg_timestamp"), now=now))
         except InputError as exc:
-            raise type(exc)(f"message #{i}: {exc}" if len(items) > 1 else str(exc)) from None
+            raise type(exc)(f"message #{i + 1}: {exc}" if len(items) > 1 else str(exc)) from None
     fresh: list[tuple[int, dict[str, Any]]] = []
     ids: list[tuple[int, bool]] = []
     with transaction() as conn:

@@ -166,7 +166,7 @@ def _read_columns(paths: list[Path], columns: list[str]) -> dict[str, list[Any]]
 
     if not paths:
         return {c: [] for c in columns}
-    data = pa.concat_tables([pq.read_table(p, columns=columns) for p in paths])
+    data = pa.concat_tables([pq.ParquetFile(p).read(columns=columns) for p in paths])
     return {c: data.column(c).to_pylist() for c in columns}
 
 

@@ -181,7 +181,9 @@ class ArchiveDir:
         for table in ARCHIVED_TABLES:
             key = "id" if table == "messages" else "message_id"
             for path in self.published_files(table, batch):
-                data = pq.read_table(path)
+                # ParquetFile, not read_table: the latter would add the date/route directory
+                # names as columns, and writing those back would clash with Spark's partitions.
+                data = pq.ParquetFile(path).read()
                 kept = data.filter(pc.invert(pc.is_in(data[key], value_set=ids)))
                 if kept.num_rows == data.num_rows:
                     continue

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import sqlalchemy
 
+KEEP = bool(os.environ.get("OPENHUB_TEST_KEEP"))  # keep the embedded store after the run, to look at
 PG_SERVER = os.environ.get("OPENHUB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 
 # Short intervals so retries, postpones and lease repairs happen within a test's patience.
@@ -162,7 +163,8 @@ def backend(name: str, workdir: Path, extra: dict[str, str] | None = None) -> It
         try:
             yield b
         finally:
-            shutil.rmtree(workdir / "var", ignore_errors=True)
+            if not KEEP:
+                shutil.rmtree(workdir / "var", ignore_errors=True)
         return
     redis = RedisServer.start(workdir / "redis")
     try:
