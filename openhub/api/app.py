@@ -96,6 +96,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     app.state.credentials = credentials
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
     problems.install(app)
+    _document_extra_schemas(app)
     for router in ROUTERS:
         app.include_router(router)
 
@@ -112,6 +113,19 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     app.mount("/admin/", StaticFiles(directory=ADMIN_DIR, html=True), name="admin")
     app.add_middleware(RequestLog)
     return app
+
+
+def _document_extra_schemas(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(messages.extra_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def with_settings(**changes: Any) -> Settings:

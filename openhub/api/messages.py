@@ -65,6 +65,14 @@ class Batch(BaseModel):
     messages: list[BatchItem] = Field(..., min_length=1, max_length=BATCH_MAX_MESSAGES)
 
 
+def extra_schemas() -> dict[str, Any]:
+    """Component schemas of request bodies the endpoints read themselves (to enforce the size limit first)."""
+    schema = Batch.model_json_schema(ref_template="#/components/schemas/{model}")
+    found = dict(schema.pop("$defs", {}))
+    found["Batch"] = schema
+    return found
+
+
 class BatchAccepted(BaseModel):
     """The answer to a batch, in the order of the request."""
 
@@ -120,6 +128,86 @@ def _no_nul(**values: str | None) -> None:
             raise ApiError(400, f"{name} must not contain NUL characters")
 
 
+@router.get("/messages", response_model=MessagePage, responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
+            summary="Search messages")
+def search_messages(
+    caller: Annotated[Caller, Depends(reader)],
+    state: State | None = None,
+    service: Annotated[str | None, Query(max_length=100)] = None,
+    operation: Annotated[str | None, Query(max_length=100)] = None,
+    source_system: Annotated[str | None, Query(max_length=100)] = None,
+    correlation_id: Annotated[str | None, Query(max_length=255)] = None,
+    object_id: Annotated[str | None, Query(max_length=255)] = None,
+    parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    received_from: datetime | None = None,
+    received_to: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
+) -> dict[str, Any]:
+    """Messages matching every filter, newest first. A source system's key sees only its own messages."""
+    _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
+            object_id=object_id)
+    if not caller.admin:
+        if source_system is not None and source_system != caller.source_system:
+            raise ApiError(403, f"this API key may read only {caller.source_system}'s messages")
+        source_system = caller.source_system
+    views = producer.list_messages(
+        state=state.value if state else None, service=service, operation=operation, source_system=source_system,
+        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, limit=limit,
+        received_from=producer.to_utc(received_from), received_to=producer.to_utc(received_to), before_id=cursor)
+    return {"items": [v.as_dict() for v in views],
+            "next_cursor": views[-1].id if len(views) == limit else None}
+
+
+@router.get("/messages/{message_id}", responses={s: ERRORS[s] for s in (400, 401, 404, 503)},
+            summary="One message with ext calls, children, confirmation and history")
+def get_message(request: Request, message_id: MessageId, caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+    """The message with its external calls, children, confirmation rows and transition history."""
+    request.state.message_id = message_id
+    detail = message_detail(message_id)
+    if not caller.admin and detail["source_system"] != caller.source_system:
+        raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
+    request.state.correlation_id = detail["correlation_id"]
+    return detail
+
+
+@router.post("/messages/{message_id}/restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+             summary="Restart a final message")
+def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)],
+                    options: RestartRequest | None = None) -> dict[str, Any]:
+    """Restart an OK, FAILED or CANCEL message (`total`: make every external call again)."""
+    request.state.message_id = message_id
+    return operator.restart(message_id, total=bool(options and options.total)).as_dict()
+
+
+@router.post("/messages/{message_id}/cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+             summary="Cancel a message that is not final yet")
+def cancel_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    """Cancel a non-final message; it is confirmed as CANCEL."""
+    request.state.message_id = message_id
+    return operator.cancel(message_id).as_dict()
+
+
+@router.post("/messages/{message_id}/response", openapi_extra=_PAYLOAD_BODY,
+             responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)},
+             summary="Deliver the response a WAITING_FOR_RES message waits for")
+async def respond_message(request: Request, message_id: MessageId,
+                          caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+    """Resume a message parked by `ctx.wait_for_response`; the admin token or the message's own source system."""
+    request.state.message_id = message_id
+    mime, charset = body.media_type(request)
+    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
+    payload = body.decode_payload(data, mime, charset)
+
+    def deliver() -> dict[str, Any]:
+        if not caller.admin and operator.get_message_view(message_id).source_system != caller.source_system:
+            raise ApiError(404, f"no message with id {message_id}")
+        return operator.respond(message_id, payload).as_dict()
+
+    return await run_in_threadpool(deliver)
+
+
+# Registered after the /messages/{id}/restart|cancel|response routes, which its pattern would swallow.
 @router.post("/messages/{service}/{operation}", status_code=202, response_model=Accepted, openapi_extra=_PAYLOAD_BODY,
              responses={200: {"description": "Duplicate: the first message with this correlation id",
                               "model": Accepted}, **{s: e for s, e in ERRORS.items() if s != 409}},
@@ -203,82 +291,3 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
             metrics.accepted(view.route, system)
     status = 200 if all(v.duplicate for v in views) else 202
     return JSONResponse({"messages": [_accepted(v) for v in views]}, status_code=status)
-
-
-@router.get("/messages", response_model=MessagePage, responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
-            summary="Search messages")
-def search_messages(
-    caller: Annotated[Caller, Depends(reader)],
-    state: State | None = None,
-    service: Annotated[str | None, Query(max_length=100)] = None,
-    operation: Annotated[str | None, Query(max_length=100)] = None,
-    source_system: Annotated[str | None, Query(max_length=100)] = None,
-    correlation_id: Annotated[str | None, Query(max_length=255)] = None,
-    object_id: Annotated[str | None, Query(max_length=255)] = None,
-    parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-    received_from: datetime | None = None,
-    received_to: datetime | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
-) -> dict[str, Any]:
-    """Messages matching every filter, newest first. A source system's key sees only its own messages."""
-    _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
-            object_id=object_id)
-    if not caller.admin:
-        if source_system is not None and source_system != caller.source_system:
-            raise ApiError(403, f"this API key may read only {caller.source_system}'s messages")
-        source_system = caller.source_system
-    views = producer.list_messages(
-        state=state.value if state else None, service=service, operation=operation, source_system=source_system,
-        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, limit=limit,
-        received_from=producer.to_utc(received_from), received_to=producer.to_utc(received_to), before_id=cursor)
-    return {"items": [v.as_dict() for v in views],
-            "next_cursor": views[-1].id if len(views) == limit else None}
-
-
-@router.get("/messages/{message_id}", responses={s: ERRORS[s] for s in (400, 401, 404, 503)},
-            summary="One message with ext calls, children, confirmation and history")
-def get_message(request: Request, message_id: MessageId, caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
-    """The message with its external calls, children, confirmation rows and transition history."""
-    request.state.message_id = message_id
-    detail = message_detail(message_id)
-    if not caller.admin and detail["source_system"] != caller.source_system:
-        raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
-    request.state.correlation_id = detail["correlation_id"]
-    return detail
-
-
-@router.post("/messages/{message_id}/restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
-             summary="Restart a final message")
-def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)],
-                    options: RestartRequest | None = None) -> dict[str, Any]:
-    """Restart an OK, FAILED or CANCEL message (`total`: make every external call again)."""
-    request.state.message_id = message_id
-    return operator.restart(message_id, total=bool(options and options.total)).as_dict()
-
-
-@router.post("/messages/{message_id}/cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
-             summary="Cancel a message that is not final yet")
-def cancel_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
-    """Cancel a non-final message; it is confirmed as CANCEL."""
-    request.state.message_id = message_id
-    return operator.cancel(message_id).as_dict()
-
-
-@router.post("/messages/{message_id}/response", openapi_extra=_PAYLOAD_BODY,
-             responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)},
-             summary="Deliver the response a WAITING_FOR_RES message waits for")
-async def respond_message(request: Request, message_id: MessageId,
-                          caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
-    """Resume a message parked by `ctx.wait_for_response`; the admin token or the message's own source system."""
-    request.state.message_id = message_id
-    mime, charset = body.media_type(request)
-    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
-    payload = body.decode_payload(data, mime, charset)
-
-    def deliver() -> dict[str, Any]:
-        if not caller.admin and operator.get_message_view(message_id).source_system != caller.source_system:
-            raise ApiError(404, f"no message with id {message_id}")
-        return operator.respond(message_id, payload).as_dict()
-
-    return await run_in_threadpool(deliver)

@@ -1,0 +1,85 @@
+"""Authentication and authorisation: API keys per source system, the admin token."""
+
+from __future__ import annotations
+
+import pytest
+
+from openhub.api.auth import Credentials
+from tests.integration.api.conftest import ADMIN, CRM, SHOP, bearer, make_client
+
+
+@pytest.fixture
+def message_id(client, cid, flow_payload) -> int:  # noqa: ANN001
+    r = client.post("/api/v1/messages/test/flow", json=flow_payload, headers={**CRM, "X-Correlation-Id": cid})
+    assert r.status_code == 202
+    return r.json()["id"]
+
+
+@pytest.mark.parametrize("headers", [{}, bearer("not-a-key"), {"Authorization": "Basic Zm9vOmJhcg=="},
+                                     {"Authorization": "Bearer"}, bearer(CRM["Authorization"][7:] + "x")])
+def test_submit_without_a_valid_key_is_401(client, cid, flow_payload, headers):
+    r = client.post("/api/v1/messages/test/flow", json=flow_payload, headers={**headers, "X-Correlation-Id": cid})
+    assert r.status_code == 401
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_a_key_submits_only_as_its_own_system(client, cid, flow_payload):
+    r = client.post("/api/v1/messages/test/flow", json=flow_payload,
+                    headers={**SHOP, "X-Correlation-Id": cid, "X-Source-System": "CRM"})
+    assert r.status_code == 403
+    r = client.post("/api/v1/messages:batch", headers=SHOP, json={"messages": [
+        {"route": "test.flow", "payload": flow_payload, "correlation_id": cid, "source_system": "CRM"}]})
+    assert r.status_code == 403
+    ok = client.post("/api/v1/messages/test/flow", json=flow_payload,
+                     headers={**SHOP, "X-Correlation-Id": cid, "X-Source-System": "SHOP"})
+    assert ok.status_code == 202
+    assert client.get(f"/api/v1/messages/{ok.json()['id']}", headers=ADMIN).json()["source_system"] == "SHOP"
+
+
+def test_the_admin_token_cannot_submit(client, cid, flow_payload):
+    r = client.post("/api/v1/messages/test/flow", json=flow_payload, headers={**ADMIN, "X-Correlation-Id": cid})
+    assert r.status_code == 403
+
+
+def test_admin_endpoints_need_the_admin_token(client, message_id):
+    for method, path in [("POST", f"/api/v1/messages/{message_id}/restart"),
+                         ("POST", f"/api/v1/messages/{message_id}/cancel"),
+                         ("POST", "/api/v1/routes/test/held/pause"), ("POST", "/api/v1/routes/test/held/resume")]:
+        assert client.request(method, path).status_code == 401, path
+        assert client.request(method, path, headers=bearer("wrong")).status_code == 401, path
+        assert client.request(method, path, headers=CRM).status_code == 403, path
+    for path in ("/api/v1/messages", f"/api/v1/messages/{message_id}", "/api/v1/routes"):
+        assert client.get(path).status_code == 401, path
+        assert client.get(path, headers=ADMIN).status_code == 200, path
+
+
+def test_a_source_system_reads_only_its_own_messages(client, message_id):
+    assert client.get(f"/api/v1/messages/{message_id}", headers=CRM).status_code == 200
+    assert client.get(f"/api/v1/messages/{message_id}", headers=SHOP).status_code == 404
+    mine = client.get("/api/v1/messages", headers=SHOP).json()["items"]
+    assert all(m["source_system"] == "SHOP" for m in mine)
+    assert client.get("/api/v1/messages", params={"source_system": "CRM"}, headers=SHOP).status_code == 403
+    assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=SHOP).status_code == 404
+
+
+def test_no_admin_token_configured_closes_the_admin_endpoints(api_env, message_id):
+    with make_client(credentials=Credentials({"CRM": "k"}, None)) as c:
+        assert c.post(f"/api/v1/messages/{message_id}/restart", headers=bearer("")).status_code == 401
+        assert c.get("/api/v1/routes", headers=bearer("None")).status_code == 401
+
+
+def test_dev_mode_generates_and_prints_credentials(api_env):
+    from openhub.api.app import create_app, with_settings
+
+    printed: list[str] = []
+    app = create_app(dev=True, settings=with_settings(api_keys={}, admin_token=None), announce=printed.append)
+    creds = app.state.credentials
+    assert creds.api_keys["CRM"] in printed[0] and creds.admin_token in printed[0]
+    configured = create_app(dev=True, settings=with_settings(api_keys={"CRM": "fixed"}), announce=printed.append)
+    assert configured.state.credentials.api_keys == {"CRM": "fixed"} and len(printed) == 1
+
+
+def test_admin_page_is_served(client):
+    r = client.get("/admin", follow_redirects=True)
+    assert r.status_code == 200 and "admin token" in r.text.lower()
+    assert client.get("/admin/admin.js").status_code == 200

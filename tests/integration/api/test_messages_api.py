@@ -1,0 +1,315 @@
+"""The HTTP API's status codes (DESIGN.md §5) on both backends, against the real store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+import openhub
+from openhub import errors
+from openhub.api.problems import STATUS_BY_ERROR, status_for
+from openhub.db import transaction
+from openhub.schema import messages
+from tests.integration.api.conftest import ADMIN, CRM, SHOP, bearer, make_client
+from tests.support import backends
+
+
+def stored(correlation_id: str, source_system: str | None = None) -> int:
+    """How many messages carry this correlation id."""
+    query = select(func.count()).select_from(messages).where(messages.c.correlation_id == correlation_id)
+    if source_system:
+        query = query.where(messages.c.source_system == source_system)
+    with transaction() as conn:
+        return conn.execute(query).scalar_one()
+
+
+def post(client, cid, payload, route="test/flow", headers=CRM, **extra):  # noqa: ANN001, ANN201
+    return client.post(f"/api/v1/messages/{route}", json=payload, headers={**headers, "X-Correlation-Id": cid, **extra})
+
+
+# --- the translation boundary --------------------------------------------------------------------
+def test_every_openhub_error_has_a_status():
+    def subclasses(cls):  # noqa: ANN001, ANN202
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    missing = [c.__name__ for c in subclasses(errors.OpenHubError) if c not in STATUS_BY_ERROR]
+    assert missing == []
+    assert status_for(errors.UnknownRouteError("x")) == 404
+    assert status_for(errors.PayloadTooLarge("x")) == 413
+    assert status_for(errors.InputError("x")) == 400
+    assert status_for(errors.StoreUnavailable("x")) == 503
+
+
+# --- accept ----------------------------------------------------------------------------------------
+def test_submit_is_stored_before_202(client, cid, flow_payload):
+    r = post(client, cid, flow_payload, **{"X-Process-Id": "p-1", "X-Message-Timestamp": "2026-01-02T03:04:05Z"})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["correlation_id"] == cid and body["duplicate"] is False and body["route"] == "test.flow"
+    view = openhub.get_message(body["id"])
+    assert view.source_system == "CRM" and view.process_id == "p-1" and view.payload == flow_payload
+    assert view.msg_timestamp.isoformat().startswith("2026-01-02T03:04:05")
+
+
+def test_duplicate_correlation_id_answers_the_first_message(client, cid, flow_payload):
+    first = post(client, cid, flow_payload)
+    again = post(client, cid, {**flow_payload, "changed": True})
+    assert first.status_code == 202 and again.status_code == 200
+    assert again.json()["duplicate"] is True and again.json()["id"] == first.json()["id"]
+    assert stored(cid) == 1
+    assert openhub.get_message(first.json()["id"]).payload == flow_payload
+    # the same correlation id from another source system is another message
+    assert post(client, cid, flow_payload, headers=SHOP).status_code == 202
+    assert stored(cid) == 2
+
+
+def test_text_and_xml_bodies_are_stored_as_a_string(client, cid):
+    r = client.post("/api/v1/messages/test/flow", content="<a>1</a>",
+                    headers={**CRM, "X-Correlation-Id": cid, "Content-Type": "application/xml"})
+    assert r.status_code == 202, r.text
+    assert openhub.get_message(r.json()["id"]).payload == "<a>1</a>"
+    r = client.post("/api/v1/messages/test/flow", content="hello",
+                    headers={**CRM, "X-Correlation-Id": cid + "t", "Content-Type": "text/plain; charset=utf-8"})
+    assert r.status_code == 202 and openhub.get_message(r.json()["id"]).payload == "hello"
+
+
+@pytest.mark.parametrize("body, headers, why", [
+    (b"{not json", {"Content-Type": "application/json"}, "not JSON"),
+    (b"", {"Content-Type": "application/json"}, "empty"),
+    (b'{"a": NaN}', {"Content-Type": "application/json"}, "NaN"),
+    (b'"\\ud800"', {"Content-Type": "application/json"}, "lone surrogate"),
+    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "yesterday"}, "timestamp"),
+])
+def test_bad_payloads_are_400_and_nothing_is_stored(client, cid, body, headers, why):
+    r = client.post("/api/v1/messages/test/flow", content=body, headers={**CRM, "X-Correlation-Id": cid, **headers})
+    assert r.status_code == 400, (why, r.text)
+    assert r.json()["status"] == 400 and r.json()["detail"]
+    assert stored(cid) == 0
+
+
+def test_missing_correlation_id_is_400(client, flow_payload):
+    r = client.post("/api/v1/messages/test/flow", json=flow_payload, headers=CRM)
+    assert r.status_code == 400 and "x-correlation-id" in r.text.lower()
+
+
+def test_payload_refused_by_route_validation_is_400(client, cid):
+    r = post(client, cid, {"nope": 1}, route="api/validated")
+    assert r.status_code == 400 and "validation" in r.json()["detail"]
+    assert stored(cid) == 0
+
+
+def test_unknown_route_is_404(client, cid, flow_payload):
+    assert post(client, cid, flow_payload, route="no/such").status_code == 404
+    assert stored(cid) == 0
+
+
+def test_payload_over_the_limit_is_413_before_it_is_read(api_env, cid):
+    from openhub.api.app import with_settings
+
+    with make_client(settings=with_settings(max_payload_bytes=1000)) as small:
+        r = post(small, cid, {"prefix": "/x", "blob": "x" * 2000})
+        assert r.status_code == 413
+        # no Content-Length (chunked): counted while streaming
+
+        def body():  # noqa: ANN202
+            yield b'{"prefix": "/x", "blob": "'
+            for _ in range(10):
+                yield b"x" * 200
+            yield b'"}'
+
+        r = small.post("/api/v1/messages/test/flow", content=body(),
+                       headers={**CRM, "X-Correlation-Id": cid, "Content-Type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert post(small, cid, {"prefix": "/x"}).status_code == 202
+    assert stored(cid) == 1
+
+
+@pytest.mark.parametrize("content_type", [None, "text/html", "application/x-www-form-urlencoded", "image/png"])
+def test_unsupported_media_type_is_415(client, cid, content_type):
+    headers = {**CRM, "X-Correlation-Id": cid}
+    if content_type:
+        headers["Content-Type"] = content_type
+    r = client.post("/api/v1/messages/test/flow", content=b"a=1", headers=headers)
+    assert r.status_code == 415, r.text
+    assert stored(cid) == 0
+
+
+# --- batch -----------------------------------------------------------------------------------------
+def test_batch_is_accepted_whole(client, cid, prefix):
+    body = {"messages": [
+        {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-1"},
+        {"service": "test", "operation": "flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-2",
+         "process_id": "p", "msg_timestamp": "2026-01-01T00:00:00+01:00"},
+    ]}
+    r = client.post("/api/v1/messages:batch", json=body, headers=CRM)
+    assert r.status_code == 202, r.text
+    assert [m["correlation_id"] for m in r.json()["messages"]] == [cid + "-1", cid + "-2"]
+    assert stored(cid + "-1") == stored(cid + "-2") == 1
+    again = client.post("/api/v1/messages:batch", json=body, headers=CRM)
+    assert again.status_code == 200 and all(m["duplicate"] for m in again.json()["messages"])
+    assert stored(cid + "-1") == 1
+
+
+@pytest.mark.parametrize("bad, status", [
+    ({"route": "no.such", "payload": {}, "correlation_id": "X"}, 404),
+    ({"route": "test.flow", "payload": {}}, 400),
+    ({"route": "api.validated", "payload": {"nope": 1}, "correlation_id": "X"}, 400),
+    ({"payload": {}, "correlation_id": "X"}, 400),
+    ({"route": "test.flow", "payload": {}, "correlation_id": "X", "source_system": "SHOP"}, 403),
+])
+def test_batch_is_all_or_nothing(api_env, client, cid, prefix, bad, status):
+    bad = {**bad, "correlation_id": cid + "-bad"} if "correlation_id" in bad else bad
+    body = {"messages": [{"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-ok1"},
+                         {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-ok2"}, bad]}
+    r = client.post("/api/v1/messages:batch", json=body, headers=CRM)
+    assert r.status_code == status, r.text
+    assert stored(cid + "-ok1") == stored(cid + "-ok2") == stored(cid + "-bad") == 0
+
+
+def test_batch_shape_errors_are_400(client):
+    for body in ({"messages": []}, {"messages": "x"}, [], {"other": 1}):
+        assert client.post("/api/v1/messages:batch", json=body, headers=CRM).status_code == 400
+    assert client.post("/api/v1/messages:batch", content=b"x", headers={**CRM, "Content-Type": "text/plain"}).status_code == 415
+
+
+# --- reading ---------------------------------------------------------------------------------------
+def test_detail_has_calls_children_confirmation_and_history(client, cid, flow_payload):
+    message_id = post(client, cid, flow_payload).json()["id"]
+    r = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN)
+    assert r.status_code == 200
+    m = r.json()
+    for key in ("ext_calls", "children", "confirmation", "history", "payload", "state", "failed_error"):
+        assert key in m
+    assert m["history"][0]["event"] == "accepted"
+    assert client.get("/api/v1/messages/999999999", headers=ADMIN).status_code == 404
+    assert client.get("/api/v1/messages/abc", headers=ADMIN).status_code == 400
+    assert client.get(f"/api/v1/messages/{2**63}", headers=ADMIN).status_code == 400
+
+
+def test_search_filters_and_cursor(client, cid, prefix):
+    ids = [post(client, f"{cid}-{i}", {"prefix": prefix}, headers=SHOP, **{"X-Process-Id": cid}).json()["id"]
+           for i in range(3)]
+    page = client.get("/api/v1/messages", params={"source_system": "SHOP", "limit": 2}, headers=ADMIN).json()
+    assert [m["id"] for m in page["items"]] == ids[::-1][:2] and page["next_cursor"] == ids[1]
+    rest = client.get("/api/v1/messages", params={"source_system": "SHOP", "limit": 2, "cursor": page["next_cursor"]},
+                      headers=ADMIN).json()
+    assert rest["items"][0]["id"] == ids[0]
+    one = client.get("/api/v1/messages", params={"correlation_id": f"{cid}-1", "service": "test", "operation": "flow"},
+                     headers=ADMIN).json()
+    assert [m["id"] for m in one["items"]] == [ids[1]] and one["next_cursor"] is None
+    received = openhub.get_message(ids[1]).received_at.isoformat()
+    window = client.get("/api/v1/messages", params={"received_from": received, "source_system": "SHOP"},
+                        headers=ADMIN).json()
+    assert {m["id"] for m in window["items"]} >= {ids[1], ids[2]} and ids[0] not in {m["id"] for m in window["items"]}
+    for bad in ({"state": "BOGUS"}, {"limit": 0}, {"limit": 5000}, {"received_from": "then"}, {"service": "a\x00b"},
+                {"cursor": -1}):
+        assert client.get("/api/v1/messages", params=bad, headers=ADMIN).status_code == 400, bad
+
+
+# --- operator actions ------------------------------------------------------------------------------
+def test_restart_cancel_respond_conflicts(client, cid, flow_payload):
+    message_id = post(client, cid, flow_payload).json()["id"]
+    # not final yet: restart is a conflict
+    assert client.post(f"/api/v1/messages/{message_id}/restart", headers=ADMIN).status_code in (409, 200)
+    view = openhub.get_message(message_id)
+    if view.state not in ("OK", "FAILED", "CANCEL", "SKIPPED"):
+        r = client.post(f"/api/v1/messages/{message_id}/cancel", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["state"] == "CANCEL"
+    assert client.post(f"/api/v1/messages/{message_id}/cancel", headers=ADMIN).status_code == 409
+    r = client.post(f"/api/v1/messages/{message_id}/response", json={"answer": 1}, headers=ADMIN)
+    assert r.status_code == 409
+    assert client.post("/api/v1/messages/999999999/restart", headers=ADMIN).status_code == 404
+    assert client.post("/api/v1/messages/999999999/cancel", headers=ADMIN).status_code == 404
+    assert client.post(f"/api/v1/messages/{message_id}/restart", json={"total": "maybe"}, headers=ADMIN).status_code == 400
+
+
+def test_restart_of_a_cancelled_message(client, cid, flow_payload):
+    message_id = post(client, cid, flow_payload).json()["id"]
+    openhub.cancel(message_id) if openhub.get_message(message_id).state not in ("OK", "CANCEL") else None
+    r = client.post(f"/api/v1/messages/{message_id}/restart", json={"total": True}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.json()["failed_count"] == 0
+
+
+def test_routes_pause_and_resume(client):
+    listed = client.get("/api/v1/routes", headers=ADMIN).json()
+    assert "test.held" in {r["route"] for r in listed}
+    assert client.post("/api/v1/routes/test/held/pause", headers=ADMIN).json() == {"route": "test.held", "paused": True}
+    assert openhub.paused().get("test.held")
+    assert [r for r in client.get("/api/v1/routes", headers=ADMIN).json() if r["route"] == "test.held"][0]["paused"]
+    r = client.post("/api/v1/routes/test/held/resume", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["paused"] is False
+    assert "test.held" not in openhub.paused()
+    assert client.post("/api/v1/routes/no/such/pause", headers=ADMIN).status_code == 404
+
+
+# --- health, store down ----------------------------------------------------------------------------
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    r = client.get("/readyz")
+    assert r.status_code == 200 and r.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_store_down_is_503_and_nothing_is_accepted(api_env, cid, flow_payload):
+    closed = backends.free_port()
+    down = dict(api_env.env, OPENHUB_DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:{closed}/nowhere")
+    backends.activate(down)
+    try:
+        with make_client() as c:
+            r = post(c, cid, flow_payload)
+            assert r.status_code == 503, r.text
+            assert r.headers.get("Retry-After")
+            batch = {"messages": [{"route": "test.flow", "payload": flow_payload, "correlation_id": cid + "b"}]}
+            assert c.post("/api/v1/messages:batch", json=batch, headers=CRM).status_code == 503
+            assert c.get("/api/v1/messages", headers=ADMIN).status_code == 503
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["checks"]["database"] != "ok"
+            assert c.get("/metrics").status_code == 200  # a scrape survives the store being down
+    finally:
+        api_env.activate()
+    assert stored(cid) == 0 and stored(cid + "b") == 0
+
+
+def test_broker_down_makes_readyz_503(api_env):
+    backends.activate(dict(api_env.env, OPENHUB_BROKER_URL=f"redis://127.0.0.1:{backends.free_port()}/0"))
+    try:
+        with make_client() as c:
+            r = c.get("/readyz")
+            assert r.status_code == 503 and r.json()["checks"]["broker"] != "ok"
+            assert r.json()["checks"]["database"] == "ok"
+    finally:
+        api_env.activate()
+
+
+def test_openapi_documents_every_endpoint(client):
+    doc = client.get("/openapi.json").json()
+    paths = doc["paths"]
+    for path, method in [("/api/v1/messages/{service}/{operation}", "post"), ("/api/v1/messages:batch", "post"),
+                         ("/api/v1/messages", "get"), ("/api/v1/messages/{message_id}", "get"),
+                         ("/api/v1/messages/{message_id}/restart", "post"),
+                         ("/api/v1/messages/{message_id}/cancel", "post"),
+                         ("/api/v1/messages/{message_id}/response", "post"), ("/api/v1/routes", "get"),
+                         ("/api/v1/routes/{service}/{operation}/pause", "post"),
+                         ("/api/v1/routes/{service}/{operation}/resume", "post"), ("/healthz", "get"),
+                         ("/readyz", "get"), ("/metrics", "get")]:
+        assert method in paths[path], path
+    submit = paths["/api/v1/messages/{service}/{operation}"]["post"]
+    assert {"202", "200", "400", "401", "403", "404", "413", "415", "429", "503"} <= set(submit["responses"])
+    assert set(submit["requestBody"]["content"]) == {"application/json", "text/plain", "application/xml"}
+    assert "Batch" in doc["components"]["schemas"]
+    assert json.dumps(doc)  # serialisable
+
+
+def test_access_log_has_ids_and_no_keys(client, cid, flow_payload, caplog):
+    caplog.set_level("INFO", logger="openhub")
+    message_id = post(client, cid, flow_payload).json()["id"]
+    client.get(f"/api/v1/messages/{message_id}", headers=ADMIN)
+    client.get("/api/v1/messages", headers=bearer("wrong-key-123"))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"correlation_id={cid} message_id={message_id}" in text
+    for secret in (CRM["Authorization"].split()[1], ADMIN["Authorization"].split()[1], "wrong-key-123"):
+        assert secret not in text
