@@ -31,7 +31,7 @@ from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
 from .split import after_child_final, dispatch_children, write_children
 from .states import Action, Event, State, transition
-from .store import dumps, loads, lock_message, paused_routes, set_state
+from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
@@ -231,6 +231,8 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id)).values(
         state=call_state, updated_at=now, duration_ms=duration,
         last_error=verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None))
+    if verdict.event in (None, Event.SPLIT, Event.WAIT_RESPONSE):
+        record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None:
         if index == len(route.steps) - 1:
             _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions, **common)

@@ -1,0 +1,82 @@
+"""Faults on Redis + PostgreSQL: a worker SIGKILLed mid-step, the broker flushed mid-run.
+
+Both end with every message final, none lost, each step recorded OK once per message and each
+external effect applied once per idempotency key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterator
+
+import pytest
+
+import openhub
+from openhub.testing import ExternalSystem
+from tests.support import backends
+from tests.support.checks import assert_each_step_ok_once
+from tests.support.waiting import wait_final, wait_for
+from tests.support.workers import Worker
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture
+def chaos(tmp_path) -> Iterator[tuple[backends.Backend, ExternalSystem]]:  # noqa: ANN001
+    external = ExternalSystem().start()
+    with backends.backend("redis-pg", tmp_path, {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
+        yield b, external
+        for w in b.workers:
+            w.stop()
+    external.stop()
+
+
+def _submit(route: str, prefix: str, n: int) -> list[int]:
+    return [v.id for v in openhub.submit_many([
+        {"route": route, "payload": {"prefix": prefix}, "source_system": "CRM",
+         "correlation_id": f"chaos-{uuid.uuid4().hex}"} for _ in range(n)])]
+
+
+def _assert_all_done_once(ids: list[int], prefix: str, steps: list[str], external: ExternalSystem) -> None:
+    views = [wait_final(i, timeout=120) for i in ids]
+    assert [v.state for v in views] == ["OK"] * len(ids), [(v.id, v.state, v.failed_error) for v in views]
+    assert len(openhub.list_messages(limit=1000)) == len(ids)  # none lost, none invented
+    assert_each_step_ok_once(ids, steps)
+    for s in steps:
+        assert external.effects(f"{prefix}/{s}") == len(ids), s
+
+
+def test_worker_killed_mid_step(chaos, tmp_path) -> None:  # noqa: ANN001
+    backend, external = chaos
+    prefix = "/kill"
+    external.delay(f"{prefix}/slow", 1.0)  # under the step's 2 s timeout: the kill lands mid-call
+    first = Worker(backend.env, tmp_path / "w1", beat=True).start()
+    backend.workers.append(first)
+    ids = _submit("test.slow", prefix, 12)
+    wait_for(lambda: external.started_events[f"{prefix}/slow"].is_set(), 60, "a slow call in flight")
+    first.kill()
+    in_flight = [v for v in openhub.list_messages(limit=100) if v.state == "PROCESSING"]
+    assert in_flight, "the kill should leave a message mid-step"
+    second = Worker(backend.env, tmp_path / "w2", beat=True).start()
+    backend.workers.append(second)
+    _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+    # The killed messages were repaired through their expired lease, counted as one failure.
+    repaired = [openhub.get_message(v.id) for v in in_flight]
+    assert all(v.failed_count >= 1 and "lease expired" in (v.failed_error or "") or v.failed_count == 0
+               for v in repaired)
+    assert any(v.failed_count >= 1 for v in repaired)
+
+
+def test_broker_flushed_mid_run(chaos, tmp_path) -> None:  # noqa: ANN001
+    backend, external = chaos
+    prefix = "/flush"
+    external.delay(f"{prefix}/b", 0.2)
+    worker = Worker(backend.env, tmp_path / "w", beat=True).start()
+    backend.workers.append(worker)
+    ids = _submit("test.flow", prefix, 30)
+    wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
+    assert backend.redis is not None
+    backend.redis.client().flushall()
+    unfinished = [v for v in openhub.list_messages(limit=100) if v.state not in ("OK",)]
+    assert unfinished, "the flush should catch messages in flight"
+    _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
