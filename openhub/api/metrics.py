@@ -12,12 +12,16 @@ Two kinds of series:
     rows keep it independent of how many OK/FAILED messages the table holds). Final states are
     not counted here; how many messages finish is `openhub_messages_finished_total`.
   * `openhub_confirmations{state}`: confirmations not (yet) OK, by state.
-  * `openhub_messages_finished_total{route,state}`: final-state entries of the transition
-    history, read incrementally by id (a primary-key range per scrape); it counts from the
-    moment this process first served /metrics, like any counter.
-  * `openhub_step_duration_seconds{route,step}` and `openhub_ext_call_failures_total{route,step}`:
-    external-call records finished (OK or FAILED) since the previous scrape, by `updated_at`,
-    observed once per (call, attempt).
+  * `openhub_messages_finished_total{route,state}` and `openhub_ext_call_failures_total{route,step}`:
+    entries of the transition history (final states; `transient` step failures), read
+    incrementally by id (a primary-key range per scrape, re-reading the last 1000 ids for rows
+    committed out of order). The history is append-only, so no event is missed between scrapes.
+    They count from the moment this process first served /metrics, like any counter.
+  * `openhub_step_duration_seconds{route,step}`: `duration_ms` of external-call records that
+    turned OK since the previous scrape (by `updated_at`, once per call and attempt). Only
+    successful attempts: a failed attempt's duration is overwritten by its retry, so it cannot
+    be observed reliably. `ext_calls.updated_at` has no index; on a big table this is a scan
+    per scrape (an index on it would make it a range read).
   Every ingress process computes the database series from the same tables, so across replicas
   take `max`, not `sum`, of them.
 """
@@ -34,13 +38,13 @@ from typing import Iterator
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, disable_created_metrics,
                                generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, or_, select
 
 from ..config import get_settings
 from ..db import transaction, utcnow
 from ..registry import get_registry
 from ..schema import confirmations, ext_calls, messages, transitions
-from ..states import FINAL, NON_FINAL
+from ..states import FINAL, NON_FINAL, Event
 
 log = logging.getLogger("openhub.api.metrics")
 disable_created_metrics()  # the _created series double the output and no dashboard reads them
@@ -148,13 +152,19 @@ class StoreCollector:
             self._transition_mark = self._transition_born = mark
             return
         low = max(self._transition_born, self._transition_mark - TRANSITION_LAG)
-        query = (select(T.id, M.service, M.operation, T.to_state)
+        query = (select(T.id, M.service, M.operation, T.to_state, T.event, T.step_key)
                  .join(messages, M.id == T.message_id)
-                 .where(and_(T.id > low, T.id <= mark, T.to_state.in_([s.value for s in FINAL]))))
-        for tid, service, operation, state in conn.execute(query):
-            if tid not in self._seen_transitions:
-                self._seen_transitions.add(tid)
-                self._finished[(f"{service}.{operation}", state)] += 1
+                 .where(and_(T.id > low, T.id <= mark,
+                             or_(T.to_state.in_([s.value for s in FINAL]), T.event == Event.TRANSIENT.value))))
+        for tid, service, operation, state, event, step_key in conn.execute(query):
+            if tid in self._seen_transitions:
+                continue
+            self._seen_transitions.add(tid)
+            route = f"{service}.{operation}"
+            if state in FINAL:
+                self._finished[(route, state)] += 1
+            if event == Event.TRANSIENT.value and step_key:
+                self._failures[(route, step_key)] += 1
         self._transition_mark = mark
         self._seen_transitions = {t for t in self._seen_transitions if t > mark - TRANSITION_LAG}
 
@@ -167,7 +177,7 @@ class StoreCollector:
         since = max(self._call_born, self._call_mark - CALL_LAG)
         query = (select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)
                  .join(messages, M.id == X.message_id)
-                 .where(and_(X.updated_at > since, X.state.in_(("OK", "FAILED")))))
+                 .where(and_(X.updated_at > since, X.state == "OK")))
         for cid, attempts, state, duration_ms, step_key, updated_at, service, operation in conn.execute(query):
             key = (cid, attempts, state)
             if key in self._seen_calls:
@@ -181,8 +191,6 @@ class StoreCollector:
                     if seconds <= bound:
                         buckets[i] += 1
                 self._duration_sum[label] += seconds
-            if state == "FAILED":
-                self._failures[label] += 1
         self._call_mark = now
         self._seen_calls = {k: v for k, v in self._seen_calls.items() if v > now - 2 * CALL_LAG}
 
@@ -193,9 +201,9 @@ class StoreCollector:
         for route, state in sorted(keys):
             finished.add_metric([route, state], self._finished.get((route, state), 0))
         duration = HistogramMetricFamily("openhub_step_duration_seconds",
-                                         "Duration of external-call steps (each attempt, OK or FAILED).",
+                                         "Duration of successful external-call steps.",
                                          labels=["route", "step"])
-        failures = CounterMetricFamily("openhub_ext_call_failures", "Failed attempts of external-call steps.",
+        failures = CounterMetricFamily("openhub_ext_call_failures", "Transient failures of steps (each is retried).",
                                        labels=["route", "step"])
         for label in sorted(self._buckets):
             buckets = self._buckets[label]

@@ -1,0 +1,69 @@
+"""/metrics exports every name deploy/metrics.txt promises, with values read from the store."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from openhub.testing import ExternalSystem
+from tests.integration.api.conftest import CRM, make_client
+from tests.support.waiting import wait_final, wait_for
+
+PROMISED = Path(__file__).resolve().parents[3] / "deploy" / "metrics.txt"
+
+
+def promised_names() -> set[str]:
+    names = set()
+    for line in PROMISED.read_text().splitlines():
+        if line.strip() == "# flower":
+            break
+        if line.strip() and not line.startswith("#"):
+            names.add(line.strip())
+    return names
+
+
+def exported(text: str) -> set[str]:
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_exports_every_promised_name(client, cid, flow_payload):
+    client.post("/api/v1/messages/test/flow", json=flow_payload, headers={**CRM, "X-Correlation-Id": cid})
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert promised_names() and promised_names() <= exported(r.text), promised_names() - exported(r.text)
+    assert sample(r.text, "openhub_messages_accepted_total", route="test.flow", source_system="CRM") >= 1
+    assert sample(r.text, "openhub_http_requests_total", status="202") >= 1
+    assert sample(r.text, "openhub_confirmations", state="FAILED_END") == 0
+
+
+def test_database_series_follow_the_work_of_workers(api_env, hub, external: ExternalSystem, prefix):
+    with make_client() as client:
+        before = client.get("/metrics").text  # the first scrape starts the database-derived counters
+        external.fail(f"{prefix}/b", times=1)
+        r = client.post("/api/v1/messages/test/flow", json={"prefix": prefix},
+                        headers={**CRM, "X-Correlation-Id": uuid.uuid4().hex})
+        assert r.status_code == 202
+        assert wait_final(r.json()["id"]).state == "OK"
+
+        def scraped() -> str | None:
+            text = client.get("/metrics").text
+            done = sample(text, "openhub_messages_finished_total", route="test.flow", state="OK")
+            return text if done > sample(before, "openhub_messages_finished_total", route="test.flow", state="OK") \
+                else None
+
+        text = wait_for(scraped, 20, "the finished counter to count the message")
+        assert sample(text, "openhub_step_duration_seconds_count", route="test.flow", step="c") >= 1
+        assert sample(text, "openhub_step_duration_seconds_count", route="test.flow", step="b") >= 1
+        assert sample(text, "openhub_ext_call_failures_total", route="test.flow", step="b") >= 1
+        assert sample(text, "openhub_messages", route="test.flow", state="PROCESSING") >= 0
