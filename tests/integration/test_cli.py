@@ -1,0 +1,151 @@
+"""The `openhub` command line (DESIGN.md §6): JSON for scripts, tables for people, clean errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+import openhub
+from openhub.cli import main
+from openhub.testing import ExternalSystem
+from tests.support import backends
+from tests.support.waiting import wait_for
+from tests.support.workers import PROJECT, Worker
+
+OPENHUB = str(Path(sys.executable).with_name("openhub"))
+
+
+@pytest.fixture
+def cli(backend: backends.Backend):  # noqa: ANN201
+    """Run `openhub ...` in-process against the active backend; returns the click Result."""
+    backend.activate()
+    runner = CliRunner()
+
+    def run(*args: str):  # noqa: ANN202
+        return runner.invoke(main, list(args), catch_exceptions=False)
+
+    return run
+
+
+def test_submit_then_duplicate(cli, prefix, tmp_path):
+    cid = uuid.uuid4().hex
+    payload = json.dumps({"prefix": prefix})
+    first = cli("submit", "test.flow", "--source-system", "CRM", "--correlation-id", cid, "--payload", payload,
+                "--json")
+    assert first.exit_code == 0, first.output
+    accepted = json.loads(first.output)
+    assert accepted["duplicate"] is False and openhub.get_message(accepted["id"]).correlation_id == cid
+    path = tmp_path / "payload.json"
+    path.write_text(payload)
+    again = cli("submit", "test.flow", "-s", "CRM", "-c", cid, "--file", str(path))
+    assert again.exit_code == 0 and f"duplicate: message {accepted['id']}" in again.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["submit", "no.such", "-s", "CRM", "-c", "x", "--payload", "{}"], "unknown route"),
+    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{nope"], "not JSON"),
+    (["submit", "test.flow", "-s", "CRM", "-c", "x"], "exactly one of --payload and --file"),
+    (["messages", "show", "987654321"], "no message with id 987654321"),
+    (["messages", "restart", "987654321"], "no message"),
+    (["pause", "no.such"], "unknown route"),
+])
+def test_errors_exit_1_with_a_message_and_no_traceback(backend, args, message):
+    backend.activate()
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code in (1, 2), result.output
+    assert message in result.output or message in (result.stderr or "")
+    assert "Traceback" not in result.output
+
+
+def test_messages_list_show_cancel_restart(cli, prefix):
+    cid = uuid.uuid4().hex
+    view = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=cid)
+    listed = cli("messages", "list", "--source-system", "CLI", "--correlation-id", cid, "--json")
+    assert [m["id"] for m in json.loads(listed.output)] == [view.id]
+    table = cli("messages", "list", "--route", "test.held", "--limit", "5")
+    assert table.exit_code == 0 and "test.held" in table.output and "correlation id" in table.output
+    shown = json.loads(cli("messages", "show", str(view.id), "--json").output)
+    assert shown["id"] == view.id and shown["history"][0]["event"] == "accepted" and "children" in shown
+    assert "payload" in cli("messages", "show", str(view.id)).output
+    state = openhub.get_message(view.id).state
+    if state not in ("OK", "FAILED", "CANCEL", "SKIPPED"):
+        conflict = CliRunner().invoke(main, ["messages", "restart", str(view.id)])
+        assert conflict.exit_code == 1 and "not allowed" in conflict.output
+        cancelled = cli("messages", "cancel", str(view.id), "--json")
+        assert json.loads(cancelled.output)["state"] == "CANCEL"
+    restarted = cli("messages", "restart", str(view.id), "--total")
+    assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
+
+
+def test_pause_resume_and_routes(cli):
+    assert json.loads(cli("pause", "test.held", "--json").output) == {"route": "test.held", "paused": True}
+    assert "test.held" in openhub.paused()
+    resumed = json.loads(cli("resume", "test.held", "--json").output)
+    assert resumed["paused"] is False and "test.held" not in openhub.paused()
+    routes = json.loads(cli("routes", "--json").output)
+    assert "test.flow" in {r["route"] for r in routes}
+
+
+def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
+    port = backends.free_port()
+    env = dict(os.environ, **backend.env, OPENHUB_API_KEYS="CRM=cli-key", OPENHUB_ADMIN_TOKEN="cli-admin",
+               PYTHONPATH=str(PROJECT))
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    server = subprocess.Popen([OPENHUB, "serve", "--port", str(port), "--workers", "2"], env=env, cwd=PROJECT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                assert server.poll() is None, server.stdout.read().decode()  # type: ignore[union-attr]
+                return False
+
+        wait_for(up, 60, "openhub serve to answer /healthz")
+        with httpx.Client(base_url=base, timeout=10) as http:
+            for _ in range(6):  # connections spread over both workers
+                r = http.post("/api/v1/messages/test/flow", json={"prefix": prefix},
+                              headers={"Authorization": "Bearer cli-key", "X-Correlation-Id": uuid.uuid4().hex})
+                assert r.status_code == 202, r.text
+            text = http.get("/metrics").text
+        accepted = [line for line in text.splitlines()
+                    if line.startswith('openhub_messages_accepted_total{route="test.flow",source_system="CRM"}')]
+        assert accepted and float(accepted[0].rsplit(" ", 1)[1]) == 6.0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        out, _ = server.communicate(timeout=30)
+    log = out.decode(errors="replace")
+    assert "cli-key" not in log and "correlation_id=" in log
+
+
+def test_demo_runs_the_example_routes_to_final_states(tmp_path, external: ExternalSystem):
+    """`openhub demo` on a fresh embedded hub with the example routes and a real worker."""
+    env = dict(backends.TEST_SETTINGS, OPENHUB_ROUTES="routes", OPENHUB_VAR_DIR=str(tmp_path / "var"),
+               OPENHUB_DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'openhub.db'}",
+               OPENHUB_BROKER_URL="filesystem://", OPENHUB_EXAMPLE_URL=external.url)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("OPENHUB_")}
+    full.update(env, PYTHONPATH=str(PROJECT))
+    subprocess.run([OPENHUB, "db", "upgrade"], env=full, cwd=PROJECT, check=True, capture_output=True)
+    worker = Worker(env, tmp_path).start()
+    try:
+        done = subprocess.run([OPENHUB, "demo", "--count", "6", "--timeout", "120", "--json"], env=full, cwd=PROJECT,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr + worker.log()[-3000:]
+        summary = json.loads(done.stdout)
+        assert summary["submitted"] == summary["final"] == 6
+        assert sum(row["count"] for row in summary["by_route_and_state"]) == 6
+        table = subprocess.run([OPENHUB, "demo", "--count", "2", "--timeout", "120"], env=full, cwd=PROJECT,
+                               capture_output=True, text=True, timeout=180)
+        assert table.returncode == 0 and "customer.setCustomer" in table.stdout and "2/2 final" in table.stdout
+    finally:
+        worker.stop()
