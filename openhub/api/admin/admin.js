@@ -6,6 +6,8 @@ const TOKEN_KEY = "openhub.adminToken";
 const $ = (sel) => document.querySelector(sel);
 let cursor = null;
 let current = null; // id of the message shown in the detail pane
+let refreshTimer = null;
+const FINAL = ["OK", "FAILED", "CANCEL", "SKIPPED"];
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
@@ -139,8 +141,8 @@ function fillTable(sel, rows, columns) {
   return tbody;
 }
 
-async function showMessage(id) {
-  showError("");
+async function showMessage(id, quiet) {
+  if (!quiet) showError("");
   try {
     const m = await api("GET", "/api/v1/messages/" + encodeURIComponent(id));
     current = m.id;
@@ -176,8 +178,13 @@ async function showMessage(id) {
     const final = ["OK", "FAILED", "CANCEL"].includes(m.state);
     $("#d-restart").disabled = !final;
     $("#d-restart-total").disabled = !final;
-    $("#d-cancel").disabled = ["OK", "FAILED", "CANCEL", "SKIPPED"].includes(m.state);
-    $("#detail").scrollIntoView();
+    $("#d-cancel").disabled = FINAL.includes(m.state);
+    // A message on its way is followed live until it reaches a final state.
+    clearTimeout(refreshTimer);
+    if (!FINAL.includes(m.state)) {
+      refreshTimer = setTimeout(() => { if (current === m.id) showMessage(m.id, true); }, 1000);
+    }
+    if (!quiet) $("#detail").scrollIntoView();
   } catch (e) { showError(e.message); }
 }
 
@@ -225,7 +232,7 @@ $("#routes-refresh").addEventListener("click", loadRoutes);
 $("#logout").addEventListener("click", logout);
 document.querySelectorAll("#tabs button").forEach((b) => b.addEventListener("click", () => selectTab(b.dataset.tab)));
 $("#d-refresh").addEventListener("click", () => showMessage(current));
-$("#d-close").addEventListener("click", () => { $("#detail").hidden = true; current = null; });
+$("#d-close").addEventListener("click", () => { $("#detail").hidden = true; current = null; clearTimeout(refreshTimer); });
 $("#d-restart").addEventListener("click", () => act("restart", { total: false }));
 $("#d-restart-total").addEventListener("click", () => act("restart", { total: true },
   "Total restart makes every external call of this message again. Continue?"));
