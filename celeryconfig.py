@@ -40,6 +40,9 @@ enable_utc = True
 # longest step (tasks/ refuses to start a worker whose routes have a longer step timeout).
 visibility_timeout = float(os.environ.get("OPENHUB_VISIBILITY_TIMEOUT", 3600))
 if broker_url.startswith("filesystem"):
+    from openhub.fsbroker import register
+
+    broker_url = register()  # the filesystem transport with atomic writes
     _broker_dir = os.path.join(str(_s.var_dir), "broker")
     broker_transport_options = {
         "data_folder_in": _broker_dir,

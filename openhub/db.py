@@ -59,7 +59,9 @@ def get_engine(url: str | None = None) -> Engine:
         if url.startswith("sqlite"):
             engine = _sqlite_engine(url)
         else:
-            engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            # No pre-ping round trip per checkout: a restarted server shows up as one
+            # StoreUnavailable per process, after which SQLAlchemy recycles the whole pool.
+            engine = create_engine(url, pool_size=5, max_overflow=5)
         _engines[key] = engine
     return engine
 

@@ -13,6 +13,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,6 +45,7 @@ class Entered:
     run_id: str
     key: str
     ctx: StepContext
+    row: SimpleNamespace
     started: float = field(default_factory=time.monotonic)
 
 
@@ -103,6 +105,10 @@ def run_step(route_name: str, index: int, message_id: int, token: str, redeliver
     item = route.steps[index]
     actions: set[Action] = set()
     with transaction() as conn:
+        if is_postgres(conn):
+            # Safe: if this commit is lost in a crash, so is everything after it (WAL order),
+            # and the record of the step's outcome below is a synchronous commit.
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
         entered = _enter(conn, route, index, message_id, token, redelivered, actions)
     if not isinstance(entered, Entered):
         after_commit(route, message_id, actions)
@@ -128,9 +134,9 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
             apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
                    due_at=now + get_settings().postpone_interval)
             return False
-        apply_event(conn, row, Event.CLAIMED, route, item, now, actions, attempts=row.attempts + 1,
-               started_at=row.started_at or now)
-        row = lock_message(conn, message_id)
+        claimed = dict(attempts=row.attempts + 1, started_at=row.started_at or now)
+        apply_event(conn, row, Event.CLAIMED, route, item, now, actions, **claimed)
+        row = _with(row, state=State.PROCESSING.value, updated_at=now, **claimed)
     elif row.state != State.PROCESSING:
         log.info("message %s is %s: chain stops", message_id, row.state)
         return False
@@ -145,7 +151,7 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
     except Exception as exc:  # a custom key that cannot be computed is the message's fault
         _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}"), now, actions)
         return False
-    call = _call_row(conn, key, row, item)
+    call = _take_call(conn, key, row, item, now)
     if call is not None and call.state == "OK":
         if call.message_id == row.id:
             log.debug("message %s: step %s already OK, skipped", message_id, item.key)
@@ -167,30 +173,39 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
                         due_at=now + get_settings().postpone_interval)
             return False
     run_id = str(uuid.uuid4())
-    conn.execute(update(ext_calls).where(X.key == key).values(
-        state="PROCESSING", message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
-        attempts=(call.attempts + 1) if call is not None and call.message_id == row.id else 1))
-    ctx.attempt = (call.attempts + 1) if call is not None and call.message_id == row.id else 1
+    if call is not None:
+        ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
+        conn.execute(update(ext_calls).where(X.key == key).values(
+            state="PROCESSING", message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
+            attempts=ctx.attempt))
     conn.execute(update(messages).where(messages.c.id == row.id).values(
         step_run=run_id, due_at=now + step_timeout(item) + get_settings().lease_grace, updated_at=now))
-    return Entered(run_id=run_id, key=key, ctx=ctx)
+    return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row, step_run=run_id))
 
 
-def _call_row(conn: Connection, key: str, row: Row, item: RouteStep) -> Row | None:
-    """The external-call record for `key` (None if never attempted), locked for this transaction."""
-    now = utcnow()
+def _with(row: Any, **values: Any) -> SimpleNamespace:
+    """A copy of a message row with some columns changed (what this transaction wrote)."""
+    data = dict(row._mapping) if hasattr(row, "_mapping") else dict(vars(row))
+    data.update(values)
+    return SimpleNamespace(**data)
+
+
+def _take_call(conn: Connection, key: str, row: Any, item: RouteStep, now: datetime) -> Row | None:
+    """The earlier external-call record for `key`, locked; None when this is the first call.
+
+    A first call inserts its record (PROCESSING, attempt 1) in the same statement.
+    """
     dialect = postgresql if is_postgres(conn) else sqlite
-    existing = conn.execute(select(ext_calls).where(X.key == key)).first()
-    if existing is None:
-        conn.execute(dialect.insert(ext_calls).values(
-            key=key, message_id=row.id, step_key=item.key, scope=item.scope, state="NEW",
-            msg_timestamp=row.msg_timestamp, attempts=0, created_at=now, updated_at=now)
-            .on_conflict_do_nothing(index_elements=["key"]))
+    inserted = conn.execute(dialect.insert(ext_calls).values(
+        key=key, message_id=row.id, step_key=item.key, scope=item.scope, state="PROCESSING",
+        msg_timestamp=row.msg_timestamp, attempts=1, created_at=now, updated_at=now)
+        .on_conflict_do_nothing(index_elements=["key"]).returning(X.id)).first()
+    if inserted is not None:
+        return None
     query = select(ext_calls).where(X.key == key)
     if is_postgres(conn):
         query = query.with_for_update()
-    row = conn.execute(query).one()
-    return None if row.state == "NEW" else row
+    return conn.execute(query).one()
 
 
 def _run(item: RouteStep, ctx: StepContext) -> Verdict:
@@ -216,31 +231,35 @@ def _run(item: RouteStep, ctx: StepContext) -> Verdict:
 
 def _record(conn: Connection, route: Route, index: int, message_id: int, token: str, entered: Entered,
             verdict: Verdict, actions: set[Action]) -> bool:
-    row = lock_message(conn, message_id)
     item = route.steps[index]
-    if row is None or row.attempt_id != token or row.step_run != entered.run_id or row.state != State.PROCESSING:
-        log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
-        return False
     now = utcnow()
     ctx = entered.ctx
+    row = entered.row  # still accurate: the step lease kept everyone else off the message
     duration = int((time.monotonic() - entered.started) * 1000)
     errors = loads(row.business_errors, []) + ctx.business_errors
-    common = dict(custom_data=dumps(ctx.custom_data), business_errors=dumps(errors) if errors else None)
+    common = dict(custom_data=dumps(ctx.custom_data), business_errors=dumps(errors) if errors else None,
+                  step_run=None, updated_at=now)
+    last = index == len(route.steps) - 1
+    if verdict.event is None and not last:
+        common["due_at"] = now + get_settings().lease_grace  # the next step's task must arrive by then
+    # Compare-and-set: the outcome counts only if the lease is still ours (no cancel, no repair).
+    kept = conn.execute(update(messages).where(and_(
+        messages.c.id == message_id, messages.c.attempt_id == token, messages.c.step_run == entered.run_id,
+        messages.c.state == State.PROCESSING.value)).values(**common)).rowcount
+    if not kept:
+        log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
+        return False
     call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "OK", Event.NO_EFFECT: "NO_EFFECT",
                   Event.POSTPONED: "POSTPONED", Event.HELD_BACK: "POSTPONED"}.get(verdict.event, "FAILED")
     conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id)).values(
         state=call_state, updated_at=now, duration_ms=duration,
         last_error=verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None))
-    if verdict.event in (None, Event.SPLIT, Event.WAIT_RESPONSE):
+    if call_state == "OK":
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
-    if verdict.event is None:
-        if index == len(route.steps) - 1:
-            _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions, **common)
-            return False
-        conn.execute(update(messages).where(messages.c.id == row.id).values(
-            step_run=None, due_at=now + get_settings().lease_grace, updated_at=now, **common))
+    if verdict.event is None and not last:
         return True
-    _finish(conn, row, route, item, verdict, now, actions, **common)
+    row = _with(row, **common)
+    _finish(conn, row, route, item, verdict if verdict.event else Verdict(Event.COMPLETED), now, actions)
     return False
 
 
@@ -279,10 +298,20 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: Ro
     if result.state in (State.OK, State.FAILED, State.CANCEL, State.SKIPPED):
         values.update(due_at=None, finished_at=now, step_run=None)
     if Action.CONFIRM in result.actions:
-        queue_confirmation(conn, row.id, result.state.value, now)
+        if row.source_system in get_registry().confirmers:
+            queue_confirmation(conn, row.id, result.state.value, now)
+        else:
+            log.info("message %s (%s) ended %s; no confirmer for source system %s", row.id, row.correlation_id,
+                     result.state.value, row.source_system)
     set_state(conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=now,
               **values)
     actions.update(result.actions)
+    if row.source_system not in get_registry().confirmers:
+        actions.discard(Action.CONFIRM)
+    if row.funnel is None:
+        actions.discard(Action.RELEASE_FUNNEL)
+    if row.parent_id is None:
+        actions.discard(Action.NOTIFY_PARENT)
 
 
 def _pause(conn: Connection, route_name: str, reason: str, now: datetime) -> None:

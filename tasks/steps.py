@@ -6,15 +6,24 @@ from celery import Celery, Task
 from kombu import Queue
 
 from openhub import engine
-from openhub.errors import ConfigurationError
+from openhub.errors import ConfigurationError, StoreUnavailable
 from openhub.model import Route
 from openhub.registry import get_registry
+
+
+STORE_RETRY_SECONDS = 2
+STORE_RETRIES = 30
 
 
 def _step_task(app: Celery, route: Route, index: int) -> Task:
     def run(self: Task, message_id: int, token: str) -> None:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-        if not engine.run_step(route.name, index, message_id, token, redelivered=redelivered):
+        try:
+            go_on = engine.run_step(route.name, index, message_id, token, redelivered=redelivered)
+        except StoreUnavailable as exc:
+            # The database restarted or is briefly away: try the same task again, same token.
+            raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+        if not go_on:
             self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
 
     run.__name__ = route.steps[index].key

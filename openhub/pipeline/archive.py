@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 FINAL_STATES = sorted(s.value for s in FINAL)
 SETTLED_CONFIRMATIONS = ("OK", "FAILED_END")
 MAX_FAMILY_DEPTH = 64  # Splits nest a few levels; more means a parent_id cycle, never archived.
+_UNKNOWN: Any = object()
 _CHUNK = 5000  # ids per SQL statement: below SQLite's variable limit, and short enough to parse fast
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -86,43 +87,60 @@ def _ts_literal(moment: datetime) -> Any:
 
 
 def find_eligible(spark: "SparkSession", source: Source, cutoff: datetime) -> list[Member]:
-    """Every message that may be archived now, whole families only, ordered by family."""
+    """Every message that may be archived now, whole families only, ordered by family.
+
+    Spark judges each message (one pass over messages, confirmations and call records); the
+    family closure then runs on the driver over the rows that matter to it, the eligible ones
+    and those linked by a parent, because the batch plan is made there anyway and walking parent
+    links in Python is one pass where Spark would need a join per family level.
+    """
     from pyspark.sql import functions as F
 
-    m = read_database(spark, source, "messages", columns=["id", "parent_id", "state", "finished_at"]).persist()
+    m = read_database(spark, source, "messages", columns=["id", "parent_id", "state", "finished_at"])
     settled = ", ".join(f"'{s}'" for s in SETTLED_CONFIRMATIONS)
     unsettled = read_database(spark, source, "confirmations", f"state NOT IN ({settled})", ["message_id"])
     # An entity- or custom-scope call record is shared by every message of its entity: the hub
     # reads it to tell an obsolete message from a new one, so its current owner must stay.
     shared = read_database(spark, source, "ext_calls", "scope <> 'message'", ["message_id"])
     held = unsettled.unionByName(shared).distinct().select(F.col("message_id").alias("id"), F.lit(True).alias("held"))
-    try:
-        ok = (F.col("state").isin(FINAL_STATES) & F.col("finished_at").isNotNull()
-              & (F.col("finished_at") < _ts_literal(cutoff)) & F.col("held").isNull())
-        flags = m.join(held, "id", "left").select("id", ok.alias("ok"))
-        members = _families(m)
-        judged = members.join(flags, "id")
-        blocked = judged.where(~F.col("ok")).select("root").distinct()
-        eligible = judged.join(blocked, "root", "left_anti").select("id", "root", "depth")
-        table = eligible.orderBy("root", "depth", "id").toArrow()
-    finally:
-        m.unpersist()
-    return [Member(*values) for values in zip(*(table.column(c).to_pylist() for c in ("id", "root", "depth")))]
+    parents = m.where(F.col("parent_id").isNotNull()).select(F.col("parent_id").alias("id")).distinct() \
+        .withColumn("is_parent", F.lit(True))
+    ok = (F.col("state").isin(FINAL_STATES) & F.col("finished_at").isNotNull()
+          & (F.col("finished_at") < _ts_literal(cutoff)) & F.col("held").isNull())
+    judged = (m.join(held, "id", "left").join(parents, "id", "left")
+              .select("id", "parent_id", ok.alias("ok"), F.col("is_parent").isNotNull().alias("is_parent")))
+    relevant = judged.where(F.col("ok") | F.col("parent_id").isNotNull() | F.col("is_parent"))
+    table = relevant.select("id", "parent_id", "ok").toArrow()
+    ids, parent_ids, oks = (table.column(c).to_pylist() for c in ("id", "parent_id", "ok"))
+    return _whole_families(dict(zip(ids, parent_ids)), dict(zip(ids, oks)))
 
 
-def _families(m: "DataFrame") -> "DataFrame":
-    """(id, root, depth) for every message reachable from a root, walking parent links top down."""
-    from pyspark.sql import functions as F
+def _whole_families(parent_of: dict[int, int | None], ok: dict[int, bool]) -> list[Member]:
+    """Members of the families whose every message is eligible, ordered by (root, depth, id)."""
+    place: dict[int, tuple[int, int] | None] = {}  # id -> (root, depth); None: no root reachable
 
-    level = m.where(F.col("parent_id").isNull()).select("id", F.col("id").alias("root"), F.lit(0).alias("depth"))
-    members = level
-    for depth in range(1, MAX_FAMILY_DEPTH):
-        parents = level.select(F.col("id").alias("parent_id"), "root")
-        level = m.join(parents, "parent_id").select("id", "root", F.lit(depth).alias("depth")).persist()
-        if level.isEmpty():
-            break
-        members = members.unionByName(level)
-    return members
+    def locate(mid: int) -> tuple[int, int] | None:
+        chain, current = [], mid
+        while current not in place:
+            parent = parent_of.get(current, _UNKNOWN)
+            if parent is None:
+                place[current] = (current, 0)
+            elif parent is _UNKNOWN or len(chain) >= MAX_FAMILY_DEPTH:
+                place[current] = None  # a parent not seen, or a cycle: never archived
+            else:
+                chain.append(current)
+                current = parent
+        found = place[current]
+        for child in reversed(chain):
+            found = (found[0], found[1] + 1) if found else None
+            place[child] = found
+        return place[mid]
+
+    located = {mid: locate(mid) for mid in parent_of}
+    blocked = {where[0] if where else mid for mid, where in located.items() if where is None or not ok[mid]}
+    members = [Member(mid, where[0], where[1]) for mid, where in located.items()
+               if where is not None and where[0] not in blocked]
+    return sorted(members, key=lambda m: (m.root, m.depth, m.id))
 
 
 def plan_batches(members: list[Member], batch_size: int) -> list[list[Member]]:
