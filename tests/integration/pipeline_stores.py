@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
@@ -40,6 +41,24 @@ STEPS = {
 }
 ERROR_CODES = ("E410", "E422", "E500", "W100")
 TABLES = ("messages", "ext_calls", "transitions", "confirmations")
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One SparkSession (local[2], both JDBC drivers) for every pipeline test: start-up is slow."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from openhub.pipeline.session import find_jdbc_jar, spark_session
+
+    session = spark_session("local[2]", [find_jdbc_jar("postgresql"), find_jdbc_jar("sqlite")], "openhub tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """An empty migrated store on each backend: a temp SQLite file, a fresh PostgreSQL database."""
+    with store_url(request.param, str(tmp_path)) as url:
+        yield url
 
 
 @contextmanager
