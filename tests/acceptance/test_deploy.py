@@ -186,9 +186,7 @@ def test_deploy_runs_no_command_outside_the_procfile():
     assert not strays, f"commands not in deploy/Procfile: {strays}"
 
 
-@pytest.mark.parametrize("process", [
-    pytest.param(p, marks=pytest.mark.skip(reason="waiting for openhub serve")) if p == "ingress" else p
-    for p in sorted(PROCESS_TARGETS)])
+@pytest.mark.parametrize("process", sorted(PROCESS_TARGETS))
 def test_deploy_procfile_commands_are_accepted_by_their_programs(process, tmp_path):
     """Each command's program knows its subcommand and options (`--help` after them exits 0)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENHUB_VAR_DIR": str(tmp_path / "var"),

@@ -155,7 +155,6 @@ def still_running(processes: dict[int, str]) -> list[str]:
     return running
 
 
-@pytest.mark.skip(reason="waiting for openhub serve")
 def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, database, broker):
     ingress_port, flower_port = free_port(), free_port()
     procfile = tmp_path / "Procfile"
