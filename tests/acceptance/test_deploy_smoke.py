@@ -226,9 +226,18 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
 
         # The worker liveness probe's premise: the heartbeat is fresh while the worker consumes.
         assert time.time() - heartbeat.stat().st_mtime < 120
-        # Flower's metrics the alerts and dashboard rely on (the `# flower` part of metrics.txt).
+        # Beat schedules the poller (the only process nothing else in this test exercises).
+        wait_until(lambda: "Sending due task openhub-poll" in log_path.read_text(), START_TIMEOUT,
+                   "beat to send openhub.poll", honcho_alive)
+        # The two scrape targets export what the alerts and the dashboard query (metrics.txt).
         lines = (DEPLOY / "metrics.txt").read_text().splitlines()
-        flower_metrics = [n for n in lines[lines.index("# flower") + 1:] if n and not n.startswith("#")]
+        split = lines.index("# flower")
+        hub_metrics = [n for n in lines[:split] if n and not n.startswith("#")]
+        flower_metrics = [n for n in lines[split + 1:] if n and not n.startswith("#")]
+        scraped = ingress.get("/metrics")
+        assert scraped.status_code == 200
+        missing = [n for n in hub_metrics if not re.search(rf"^# TYPE {n} ", scraped.text, re.M)]
+        assert not missing, f"the ingress does not export {missing}"
         exported = flower.get("/metrics", auth=(flower_user, flower_password)).text
         missing = [n for n in flower_metrics if f"# TYPE {n} " not in exported]
         assert not missing, f"Flower does not export {missing}"
