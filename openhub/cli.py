@@ -106,8 +106,10 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     log_config = json.loads(json.dumps(LOGGING_CONFIG))
     log_config["loggers"]["openhub"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
+    from .api.server import PROTOCOL
+
     uvicorn.run("openhub.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, log_config=log_config, access_log=False, proxy_headers=True)
+                log_level=log_level, log_config=log_config, access_log=False, proxy_headers=True, http=PROTOCOL)
 
 
 @main.command()

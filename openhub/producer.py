@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, and_, select, update
+from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
@@ -17,9 +18,9 @@ from .db import transaction, utcnow
 from .errors import InputError, PayloadTooLarge
 from .model import Route
 from .registry import get_registry
-from .schema import messages
+from .schema import messages, transitions
 from .states import Event, State
-from .store import M, dumps, message_view, message_views, record_transition
+from .store import M, dumps, message_view, message_views, view_of
 
 MAX_ID_LENGTH = 255
 
@@ -124,13 +125,24 @@ def _floats(value: Any) -> Iterable[Any]:
 
 def insert_new(conn: Connection, row: dict[str, Any]) -> int | None:
     """Insert a NEW message; None when (source system, correlation id) is already stored."""
+    return insert_new_many(conn, [row])[0]
+
+
+def insert_new_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
+    """Insert NEW messages in one statement: each row's id, or None where it is already stored."""
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = (dialect.insert(messages).values(**row)
-            .on_conflict_do_nothing(index_elements=["source_system", "correlation_id"]).returning(M.id))
-    message_id = conn.execute(stmt).scalar()
-    if message_id is not None:
-        record_transition(conn, message_id, "accepted", None, State.NEW.value, now=row["received_at"])
-    return message_id
+    stmt = (dialect.insert(messages).values(rows)
+            .on_conflict_do_nothing(index_elements=["source_system", "correlation_id"])
+            .returning(M.id, M.source_system, M.correlation_id))
+    stored = {(ss, cid): i for i, ss, cid in conn.execute(stmt)}
+    ids: list[int | None] = []
+    for row in rows:  # a key twice in one batch: the second is a duplicate of the first
+        ids.append(stored.pop((row["source_system"], row["correlation_id"]), None))
+    history = [dict(message_id=i, at=row["received_at"], event="accepted", from_state=None,
+                    to_state=State.NEW.value, step_key=None, detail=None) for i, row in zip(ids, rows) if i]
+    if history:
+        conn.execute(insert(transitions), history)
+    return ids
 
 
 def existing_id(conn: Connection, source_system: str, correlation_id: str) -> int:
@@ -139,28 +151,30 @@ def existing_id(conn: Connection, source_system: str, correlation_id: str) -> in
                                                  M.correlation_id == correlation_id))).scalar_one()
 
 
-def mark_published(conn: Connection, published: list[tuple[int, str]]) -> None:
+def mark_published(conn: Connection, ids: list[int]) -> set[int]:
     """NEW -> IN_QUEUE for messages whose chain reached the broker (unless a worker already took them)."""
     now = utcnow()
-    for message_id, token in published:
-        done = conn.execute(update(messages).where(and_(M.id == message_id, M.attempt_id == token,
-                                                        M.state == State.NEW.value))
-                            .values(state=State.IN_QUEUE.value, updated_at=now)).rowcount
-        if done:
-            record_transition(conn, message_id, Event.PUBLISHED.value, State.NEW.value, State.IN_QUEUE.value, now=now)
+    done = set(conn.execute(update(messages).where(and_(M.id.in_(ids), M.state == State.NEW.value))
+                            .values(state=State.IN_QUEUE.value, updated_at=now).returning(M.id)).scalars())
+    if done:
+        conn.execute(insert(transitions), [dict(message_id=i, at=now, event=Event.PUBLISHED.value,
+                                                from_state=State.NEW.value, to_state=State.IN_QUEUE.value,
+                                                step_key=None, detail=None) for i in sorted(done)])
+    return done
 
 
-def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> None:
+def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
     """Publish the chains of freshly committed NEW messages, then record them IN_QUEUE."""
     registry = get_registry()
     published = []
     for message_id, row in fresh:
         route = registry.route(f"{row['service']}.{row['operation']}")
         if dispatch.publish(route, message_id, row["attempt_id"]):
-            published.append((message_id, row["attempt_id"]))
-    if published:
-        with transaction() as conn:
-            mark_published(conn, published)
+            published.append(message_id)
+    if not published:
+        return set()
+    with transaction() as conn:
+        return mark_published(conn, published)
 
 
 def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,
@@ -198,19 +212,23 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
                                 msg_timestamp=item.get("msg_timestamp"), now=now))
         except InputError as exc:
             raise type(exc)(f"message #{i + 1}: {exc}" if len(items) > 1 else str(exc)) from None
-    fresh: list[tuple[int, dict[str, Any]]] = []
-    ids: list[tuple[int, bool]] = []
     with transaction() as conn:
-        for row in rows:
-            message_id = insert_new(conn, row)
+        ids = insert_new_many(conn, rows)
+        duplicates = {n: existing_id(conn, row["source_system"], row["correlation_id"])
+                      for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
+    fresh = [(i, row) for i, row in zip(ids, rows) if i is not None]
+    published = publish_new(fresh)
+    views: list[MessageView] = []
+    with transaction() as conn:
+        for n, (row, message_id) in enumerate(zip(rows, ids)):
             if message_id is None:
-                ids.append((existing_id(conn, row["source_system"], row["correlation_id"]), True))
-            else:
-                fresh.append((message_id, row))
-                ids.append((message_id, False))
-    publish_new(fresh)
-    with transaction() as conn:
-        return [message_view(conn, message_id, duplicate) for message_id, duplicate in ids]
+                views.append(message_view(conn, duplicates[n], duplicate=True))
+            else:  # what was just written; no need to read it back
+                state = State.IN_QUEUE.value if message_id in published else State.NEW.value
+                views.append(view_of(SimpleNamespace(**{**row, "id": message_id, "state": state, "custom_data": None,
+                                                        "business_errors": None, "failed_step": None,
+                                                        "failed_error": None, "finished_at": None})))
+    return views
 
 
 def get_message(message_id: int) -> MessageView:

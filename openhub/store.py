@@ -57,7 +57,7 @@ def paused_routes(conn: Connection) -> set[str]:
     return {r for (r,) in conn.execute(select(route_pauses.c.route))}
 
 
-def _view(row: Row, calls: Iterable[Row] = (), duplicate: bool = False) -> MessageView:
+def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> MessageView:
     return MessageView(
         id=row.id, correlation_id=row.correlation_id, source_system=row.source_system, service=row.service,
         operation=row.operation, object_id=row.object_id, entity_type=row.entity_type, process_id=row.process_id,
@@ -75,7 +75,7 @@ def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> 
     if row is None:
         raise NotFound(f"no message with id {message_id}")
     calls = conn.execute(select(ext_calls).where(ext_calls.c.message_id == message_id).order_by(ext_calls.c.id))
-    return _view(row, calls, duplicate)
+    return view_of(row, calls, duplicate)
 
 
 def message_views(conn: Connection, *, state: str | None = None, service: str | None = None,
@@ -102,7 +102,7 @@ def message_views(conn: Connection, *, state: str | None = None, service: str | 
         ids = [r.id for r in rows]
         for c in conn.execute(select(ext_calls).where(ext_calls.c.message_id.in_(ids)).order_by(ext_calls.c.id)):
             calls.setdefault(c.message_id, []).append(c)
-    return [_view(r, calls.get(r.id, ())) for r in rows]
+    return [view_of(r, calls.get(r.id, ())) for r in rows]
 
 
 def count_by_state(conn: Connection) -> dict[tuple[str, str, str], int]:

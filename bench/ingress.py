@@ -1,0 +1,261 @@
+"""Ingress benchmark: accepted messages per second and POST latency with 1 and 4 uvicorn workers.
+
+    .venv/bin/python bench/ingress.py [--workers 1 4] [--seconds 15] [--concurrency 16] [--record]
+
+Each run gets a fresh PostgreSQL database on 127.0.0.1:5432 (dropped afterwards) and a private
+redis-server on a free loopback port as the broker (so nothing on the machine's own Redis is
+touched), then starts `openhub serve --workers N` and drives
+`POST /api/v1/messages/customer/setCustomer` from a closed-loop load generator on loopback:
+`--concurrency` keep-alive connections, each sending its next request when the previous answer
+arrived (bounded: never more than `--concurrency` requests in flight). Only 202 answers count as
+accepted; every answer means the message was committed to PostgreSQL and its chain published to
+Redis. No worker runs: this measures the ingress alone. `--record` writes the figures into
+bench/RESULTS.md under "## Ingress (issue 4)". Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_SERVER = os.environ.get("OPENHUB_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+KEY = "bench-" + uuid.uuid4().hex
+SECTION = "## Ingress (issue 4)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis
+
+        def up() -> bool:
+            try:
+                return bool(redis.Redis(port=port).ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(up, 20, "redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    import sqlalchemy
+
+    name = f"openhub_bench_{uuid.uuid4().hex[:8]}"
+    admin = sqlalchemy.create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+async def _connection(port: int, stop_at: float, measure_from: float, run: str, ident: int,
+                      latencies: list[float], statuses: dict[int, int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    i = 0
+    try:
+        while time.perf_counter() < stop_at:
+            i += 1
+            body = json.dumps({"externalCustomerId": str(i % 1000), "name": "bench"}).encode()
+            request = (f"POST /api/v1/messages/customer/setCustomer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       f"Authorization: Bearer {KEY}\r\nX-Correlation-Id: {run}-{ident}-{i}\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            if length:
+                await reader.readexactly(length)
+            ended = time.perf_counter()
+            if started >= measure_from:
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == 202:
+                    latencies.append(ended - started)
+    finally:
+        writer.close()
+
+
+async def load(port: int, seconds: float, warmup: float, concurrency: int) -> tuple[list[float], dict[int, int], float]:
+    run = uuid.uuid4().hex[:8]
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    now = time.perf_counter()
+    measure_from, stop_at = now + warmup, now + warmup + seconds
+    await asyncio.gather(*(_connection(port, stop_at, measure_from, run, c, latencies, statuses)
+                           for c in range(concurrency)))
+    return latencies, statuses, seconds
+
+
+def process_tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and its descendants."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(entry.name), int(fields[1])
+        children.setdefault(ppid, []).append(pid)
+        stats[pid] = (int(fields[11]) + int(fields[12])) / tick
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, 0.0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir: Path) -> dict:
+    with redis_server(workdir) as broker, postgres_database() as database:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENHUB_", "PROMETHEUS_"))}
+        env.update(OPENHUB_DATABASE_URL=database, OPENHUB_BROKER_URL=broker, OPENHUB_ROUTES="routes",
+                   OPENHUB_API_KEYS=f"BENCH={KEY}", OPENHUB_ADMIN_TOKEN=uuid.uuid4().hex,
+                   OPENHUB_VAR_DIR=str(workdir / "var"), PYTHONPATH=str(ROOT))
+        openhub = str(Path(sys.executable).with_name("openhub"))
+        subprocess.run([openhub, "db", "upgrade"], env=env, cwd=ROOT, check=True, capture_output=True)
+        port = free_port()
+        server = subprocess.Popen([openhub, "serve", "--port", str(port), "--workers", str(workers),
+                                   "--log-level", "warning"], env=env, cwd=ROOT, start_new_session=True)
+        try:
+            import httpx
+
+            def up() -> bool:
+                try:
+                    return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(up, 60, "openhub serve")
+            cpu_before, busy_before = process_tree_cpu(server.pid), machine_busy()
+            latencies, statuses, duration = asyncio.run(load(port, seconds, warmup, concurrency))
+            server_cpu = process_tree_cpu(server.pid) - cpu_before
+            busy_after = machine_busy()
+            busy = (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1])
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(database)
+        with engine.connect() as conn:
+            stored = conn.exec_driver_sql("SELECT count(*) FROM messages").scalar()
+        engine.dispose()
+    accepted = statuses.get(202, 0)
+    return {"workers": workers, "concurrency": concurrency, "seconds": duration, "accepted": accepted,
+            "accepted_per_s": accepted / duration, "p50_ms": percentile(latencies, 50) * 1000 if latencies else None,
+            "p99_ms": percentile(latencies, 99) * 1000 if latencies else None,
+            "mean_ms": statistics.mean(latencies) * 1000 if latencies else None,
+            "other_statuses": {k: v for k, v in statuses.items() if k != 202}, "stored_total": stored,
+            # CPU of the ingress processes per request (warm-up included) and how busy the whole machine was
+            "ingress_cpu_ms_per_request": server_cpu * 1000 / max(1, stored),
+            "machine_busy": round(busy, 2)}
+
+
+def record(results: list[dict], args: argparse.Namespace) -> None:
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    rows = "\n".join(f"| {r['workers']} | {r['concurrency']} | {r['accepted_per_s']:.0f} | {r['p50_ms']:.1f} | "
+                     f"{r['p99_ms']:.1f} | {r['other_statuses'] or '-'} |" for r in results)
+    section = (f"{SECTION}\n\n"
+               f"`POST /api/v1/messages/customer/setCustomer` (persisted in PostgreSQL, chain published to Redis, "
+               f"no worker running), closed-loop load generator on loopback, {args.concurrency} keep-alive "
+               f"connections, {args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up; "
+               f"{os.cpu_count()} CPUs, Python {platform.python_version()}, recorded "
+               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+               f"Reproduce: `.venv/bin/python bench/ingress.py --workers {' '.join(map(str, args.workers))} "
+               f"--seconds {args.seconds:.0f} --concurrency {args.concurrency} --record`.\n\n"
+               "| uvicorn workers | connections | accepted/s | p50 ms | p99 ms | other answers |\n"
+               "|---|---|---|---|---|---|\n" + rows + "\n\n" + (args.note.strip() + "\n\n" if args.note else ""))
+    if SECTION in text:
+        start = text.index(SECTION)
+        following = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[following + 1:] if following != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--warmup", type=float, default=3)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--record", action="store_true", help="write the figures into bench/RESULTS.md")
+    parser.add_argument("--note", default="", help="a paragraph recorded under the table")
+    args = parser.parse_args()
+    import tempfile
+
+    results = []
+    for workers in args.workers:
+        with tempfile.TemporaryDirectory(prefix="openhub-bench-") as tmp:
+            result = bench(workers, args.seconds, args.warmup, args.concurrency, Path(tmp))
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    if args.record:
+        record(results, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Throughput of openhub against a plain Celery chain, and the poller's tick with 1M final rows.
+
+    .venv/bin/python bench/throughput.py [--messages 2000] [--concurrency 2] [--big 1000000]
+
+Runs on Redis (a private redis-server) + PostgreSQL (a fresh database on 127.0.0.1:5432), with
+one `celery -A tasks worker` (prefork, same settings for both variants) and a local no-op HTTP
+server. Prints messages/s for both, their ratio, and the tick time. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def serve_noop(port: int) -> None:
+    """A minimal keep-alive HTTP server answering 200 {} to everything (runs in its own process)."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if length:
+                    await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def run_plain(n: int, counter) -> float:  # noqa: ANN001
+    from celery import chain
+
+    from openhub.dispatch import celery_app
+
+    app = celery_app()
+    counter.delete("bench:plain:done")
+    started = time.perf_counter()
+    for i in range(n):
+        chain(app.signature("bench.plain.first", args=(i,), immutable=True),
+              app.signature("bench.plain.second", args=(i,), immutable=True),
+              app.signature("bench.plain.third", args=(i,), immutable=True)).apply_async()
+    wait_until(lambda: int(counter.get("bench:plain:done") or 0) >= n, 600, "plain chains")
+    return n / (time.perf_counter() - started)
+
+
+def run_openhub(n: int) -> float:
+    from sqlalchemy import func, select
+
+    import openhub
+    from openhub.db import transaction
+    from openhub.schema import messages
+
+    started = time.perf_counter()
+    for start in range(0, n, 100):
+        openhub.submit_many([{"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH",
+                              "correlation_id": f"b-{started}-{i}"} for i in range(start, min(n, start + 100))])
+
+    def all_ok() -> bool:
+        with transaction() as conn:
+            return conn.execute(select(func.count()).where(messages.c.state == "OK")).scalar() >= n
+
+    wait_until(all_ok, 600, "openhub messages")
+    return n / (time.perf_counter() - started)
+
+
+def fill_final(url: str, rows: int) -> None:
+    """Insert `rows` final (OK) messages with PostgreSQL's generate_series."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"""
+            INSERT INTO messages (source_system, correlation_id, service, operation, payload, state,
+                                  failed_count, attempts, generation, received_at, msg_timestamp, updated_at,
+                                  finished_at)
+            SELECT 'FILL', 'fill-' || g, 'bench', 'flow', '{{}}', 'OK', 0, 1, 0,
+                   now() - interval '1 day', now() - interval '1 day', now(), now()
+            FROM generate_series(1, {rows}) AS g""")
+        # A few non-final messages, not yet due, as a live hub would have.
+        conn.exec_driver_sql("""
+            INSERT INTO messages (source_system, correlation_id, service, operation, payload, state,
+                                  failed_count, attempts, generation, received_at, msg_timestamp, updated_at,
+                                  due_at)
+            SELECT 'FILL', 'live-' || g, 'bench', 'flow', '{}', 'PARTLY_FAILED', 1, 1, 0,
+                   now(), now(), now(), now() + interval '1 hour'
+            FROM generate_series(1, 100) AS g""")
+        conn.exec_driver_sql("ANALYZE messages")
+    engine.dispose()
+
+
+def time_ticks(repeat: int = 50) -> tuple[float, float]:
+    from openhub.poller import tick
+
+    tick()  # warm the connection pool and caches
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        tick()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples), max(samples)
+
+
+def explain(url: str) -> str:
+    import sqlalchemy
+
+    from openhub.db import utcnow
+    from openhub.poller import _due_query
+
+    engine = sqlalchemy.create_engine(url)
+    query = _due_query(utcnow(), set(), None).compile(engine, compile_kwargs={"literal_binds": True})
+    with engine.connect() as conn:
+        plan = "\n".join(r[0] for r in conn.exec_driver_sql(f"EXPLAIN {query}"))
+    engine.dispose()
+    return plan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--big", type=int, default=1_000_000, help="final rows for the tick measurement")
+    args = parser.parse_args()
+
+    from tests.support.backends import RedisServer, free_port, postgres_database
+
+    workdir = Path(tempfile.mkdtemp(prefix="openhub-bench-"))
+    http_port = free_port()
+    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
+    server.start()
+    redis_server = RedisServer.start(workdir / "redis")
+    try:
+        with postgres_database("openhub_bench") as url:
+            env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": redis_server.url,
+                   "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
+                   "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+                   "BENCH_COUNTER_URL": f"redis://127.0.0.1:{redis_server.port}/1"}
+            from tests.support.backends import activate
+
+            activate(env)
+            from openhub.migrate import upgrade
+
+            upgrade(url)
+            from tests.support.workers import Worker
+
+            worker = Worker(env, workdir, beat=False, concurrency=args.concurrency)
+            worker.args += ["--include", "bench.plain_tasks"]
+            worker.start()
+            try:
+                counter = redis_server.client()
+                counter = __import__("redis").Redis(host="127.0.0.1", port=redis_server.port, db=1)
+                run_plain(200, counter)  # warm-up both paths
+                run_openhub(200)
+                plain = run_plain(args.messages, counter)
+                hub = run_openhub(args.messages)
+            finally:
+                worker.stop()
+            print(f"messages: {args.messages}, worker concurrency: {args.concurrency} (prefork), "
+                  f"{os.cpu_count()} cores")
+            print(f"plain Celery chain : {plain:8.1f} chains/s")
+            print(f"openhub route      : {hub:8.1f} messages/s")
+            print(f"ratio              : {hub / plain:8.2f}")
+            small_median, small_max = time_ticks()
+            fill_final(url, args.big)
+            big_median, big_max = time_ticks()
+            print(f"poller tick, {args.messages + 400} rows     : median {small_median:6.2f} ms, max {small_max:6.2f} ms")
+            print(f"poller tick, +{args.big} final rows: median {big_median:6.2f} ms, max {big_max:6.2f} ms")
+            print("poller query plan:\n" + explain(url))
+    finally:
+        redis_server.stop()
+        server.terminate()
+
+
+if __name__ == "__main__":
+    main()
