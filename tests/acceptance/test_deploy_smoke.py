@@ -7,6 +7,7 @@ can run beside other work on the same machine); the test asserts that is the onl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -17,10 +18,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
-
 import httpx
 import pytest
+
+from tests.support.waiting import wait_for
 
 from .test_deploy import DEPLOY, LONG_RUNNING, read_procfile
 
@@ -31,21 +32,6 @@ START_TIMEOUT = 90  # seconds for every process to come up (Celery and Spark imp
 DELIVERY_TIMEOUT = 60  # seconds for the message to reach OK
 
 pytestmark = [pytest.mark.timeout(300)]
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str,
-               alive: Callable[[], None] | None = None) -> object:
-    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if alive is not None:
-            alive()
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -98,7 +84,7 @@ def broker(tmp_path) -> str:
             except OSError:
                 return False
 
-        wait_until(answers, 30, "redis-server to answer PING")
+        wait_for(answers, 30, "redis-server to answer PING")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()
@@ -189,9 +175,13 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
                                    *LONG_RUNNING], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     started: dict[int, str] = {}
     try:
-        def honcho_alive() -> None:
-            if honcho.poll() is not None:
-                pytest.fail(f"honcho exited early ({honcho.returncode}):\n{log_path.read_text()[-6000:]}")
+        def running(condition):
+            """`condition`, failing at once (with honcho's output) if honcho already gave up."""
+            def check():
+                if honcho.poll() is not None:
+                    pytest.fail(f"honcho exited early ({honcho.returncode}):\n{log_path.read_text()[-6000:]}")
+                return condition()
+            return check
 
         ingress = httpx.Client(base_url=f"http://127.0.0.1:{ingress_port}", timeout=10)
         flower = httpx.Client(base_url=f"http://127.0.0.1:{flower_port}", timeout=10)
@@ -202,11 +192,11 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
             except httpx.TransportError:
                 return 0
 
-        wait_until(lambda: status(ingress, "/readyz") == 200, START_TIMEOUT, "ingress /readyz", honcho_alive)
+        wait_for(running(lambda: status(ingress, "/readyz") == 200), START_TIMEOUT, "ingress /readyz")
         assert status(ingress, "/healthz") == 200
-        wait_until(lambda: status(flower, "/healthcheck") == 200, START_TIMEOUT, "Flower", honcho_alive)
+        wait_for(running(lambda: status(flower, "/healthcheck") == 200), START_TIMEOUT, "Flower")
         assert status(flower, "/api/workers") == 401, "Flower must require its basic auth"
-        wait_until(heartbeat.exists, START_TIMEOUT, "the worker's heartbeat file", honcho_alive)
+        wait_for(running(heartbeat.exists), START_TIMEOUT, "the worker's heartbeat file")
 
         correlation_id = f"smoke-{secrets.token_hex(4)}"
         accepted = ingress.post("/api/v1/messages/smoke/ping", json={"ping": "pong"},
@@ -215,20 +205,20 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
         body = accepted.json()
         assert body["correlation_id"] == correlation_id and body["id"]
 
-        def message_state() -> str | None:
+        def message_state() -> bool:
             reply = ingress.get(f"/api/v1/messages/{body['id']}", headers={"Authorization": f"Bearer {admin_token}"})
             assert reply.status_code == 200, reply.text
             state = reply.json()["state"]
             assert state not in ("FAILED", "CANCEL", "SKIPPED"), reply.text
             return state == "OK"
 
-        wait_until(message_state, DELIVERY_TIMEOUT, f"message {body['id']} to reach OK", honcho_alive)
+        wait_for(running(message_state), DELIVERY_TIMEOUT, f"message {body['id']} to reach OK")
 
         # The worker liveness probe's premise: the heartbeat is fresh while the worker consumes.
         assert time.time() - heartbeat.stat().st_mtime < 120
         # Beat schedules the poller (the only process nothing else in this test exercises).
-        wait_until(lambda: "Sending due task openhub-poll" in log_path.read_text(), START_TIMEOUT,
-                   "beat to send openhub.poll", honcho_alive)
+        wait_for(running(lambda: "Sending due task openhub-poll" in log_path.read_text()), START_TIMEOUT,
+                 "beat to send openhub.poll")
         # The two scrape targets export what the alerts and the dashboard query (metrics.txt).
         lines = (DEPLOY / "metrics.txt").read_text().splitlines()
         split = lines.index("# flower")
@@ -244,6 +234,8 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
 
         started = descendants(honcho.pid)
         assert len(started) >= len(LONG_RUNNING)
+        ingress.close()
+        flower.close()
     finally:
         if not started and honcho.poll() is None:
             started = descendants(honcho.pid)
@@ -257,7 +249,8 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
                 honcho.wait(timeout=30)
             leftovers = still_running(started)
             for line in leftovers:  # clean up what we started before failing
-                os.kill(int(line.split()[0]), signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(line.split()[0]), signal.SIGKILL)
     output = log_path.read_text()
     assert "sending SIGKILL" not in output, f"a process had to be killed:\n{output[-6000:]}"
     assert not leftovers, f"still running after honcho stopped: {leftovers}"
