@@ -7,7 +7,8 @@
   with the network switched off so a schema fetched from the internet would fail the test;
 - alert rules with `promtool check rules` and `promtool test rules`, the scrape config with
   `promtool check config`;
-- every metric named in an alert or a dashboard query is one deploy/metrics.txt promises;
+- every metric named in an alert or a dashboard query is one deploy/metrics.txt promises, and the
+  series every ingress replica reads from the store alike are aggregated with max, never summed;
 - systemd units with `systemd-analyze verify` (skipped where systemd is not installed).
 """
 
@@ -595,6 +596,54 @@ def test_deploy_flower_exports_the_flower_metrics_listed():
                                 check=True, timeout=60).stdout
     missing = [name for name in listed if f"# TYPE {name} " not in exposition]
     assert listed and not missing, f"Flower does not export {missing}"
+
+
+# Read from the store by every ingress replica alike (openhub/api/metrics.py): summing them over
+# replicas would multiply them by the number of replicas.
+STORE_DERIVED = {
+    "openhub_messages", "openhub_oldest_message_age_seconds", "openhub_confirmations",
+    "openhub_messages_finished_total", "openhub_ext_call_failures_total", "openhub_step_duration_seconds",
+}
+AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)\s*"
+                         r"(?:(?:by|without)\s*\([^()]*\)\s*)?$")
+
+
+def innermost_aggregation(expr: str, position: int) -> str | None:
+    """The aggregation operator whose argument contains `expr[position]` most closely, if any."""
+    text = re.sub(r'"(?:\\.|[^"\\])*"', lambda m: '"' + "_" * (len(m.group()) - 2) + '"', expr)
+    depth = 0
+    for i in range(position - 1, -1, -1):
+        if text[i] == ")":
+            depth += 1
+        elif text[i] == "(":
+            if depth:
+                depth -= 1
+                continue
+            match = AGGREGATION.search(text[:i])
+            if match:
+                return match.group(1)
+    return None
+
+
+def replica_sums(exprs: list[str]) -> list[str]:
+    """Expressions that aggregate a store-derived series with anything but max."""
+    wrong = []
+    for expr in exprs:
+        for match in re.finditer(r"\b(openhub_\w+?)(?:_bucket|_count|_sum)?\b(?!\s*\()", expr):
+            if match.group(1) in STORE_DERIVED and innermost_aggregation(expr, match.start()) != "max":
+                wrong.append(f"{match.group(1)} in {expr}")
+    return wrong
+
+
+def test_deploy_store_derived_series_are_aggregated_with_max():
+    assert innermost_aggregation('sum by (s) (max by (r, s) (rate(openhub_x{a=~"(b)"}[5m])))', 40) == "max"
+    assert replica_sums(['sum(rate(openhub_messages_finished_total[5m]))', 'openhub_confirmations > 0',
+                         'max(openhub_confirmations) > 0', 'sum(rate(openhub_http_requests_total[5m]))']) == [
+        "openhub_messages_finished_total in sum(rate(openhub_messages_finished_total[5m]))",
+        "openhub_confirmations in openhub_confirmations > 0"]
+    assert replica_sums(alert_exprs()) == []
+    panel_queries = [e for e in dashboard_exprs() if not re.fullmatch(r"\w+", e)]  # not label_values()
+    assert replica_sums(panel_queries) == []
 
 
 def test_deploy_alert_rules_use_only_exported_metrics():
