@@ -4,7 +4,7 @@ Define routes with `Route` and `@step`, submit messages with `submit`, run `cele
 worker` and `celery -A tasks beat`, and every message reaches the state DESIGN.md §3 gives it.
 """
 
-from .confirm import Outcome
+from .confirm import Outcome, list_confirmations
 from .context import MessageInfo, MessageView, StepContext
 from .errors import (ConfigurationError, Holdback, InputError, NotFound, OpenHubError, PayloadTooLarge, Postpone,
                      Reject, StateConflict, StoreUnavailable, TransientError, UnknownRouteError)
@@ -18,6 +18,6 @@ __all__ = [
     "Child", "ConfigurationError", "Holdback", "InputError", "MessageInfo", "MessageView", "NotFound",
     "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split", "State",
     "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError", "UnknownRouteError", "cancel",
-    "confirmation", "get_message", "list_messages", "pause", "paused", "respond", "restart", "resume", "step",
+    "confirmation", "get_message", "list_confirmations", "list_messages", "pause", "paused", "respond", "restart", "resume", "step",
     "submit", "submit_many",
 ]

@@ -106,3 +106,16 @@ def _send_one(confirmation_id: int) -> int:
         conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == SENDING))
                      .values(attempts=attempts, updated_at=now, **values))
     return int(error is None)
+
+
+def list_confirmations(state: str | None = None, message_id: int | None = None,
+                       limit: int = 100) -> list[dict[str, Any]]:
+    """Confirmations, newest first; `state="FAILED_END"` lists the parked ones for operators."""
+    query = select(confirmations).order_by(C.id.desc()).limit(limit)
+    if state is not None:
+        query = query.where(C.state == state)
+    if message_id is not None:
+        query = query.where(C.message_id == message_id)
+    with transaction() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+

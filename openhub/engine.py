@@ -249,12 +249,13 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     if not kept:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
         return False
-    call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "OK", Event.NO_EFFECT: "NO_EFFECT",
+    # A waiting step is OK once its response arrives; a response timeout makes it FAILED (re-sent).
+    call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "WAITING", Event.NO_EFFECT: "NO_EFFECT",
                   Event.POSTPONED: "POSTPONED", Event.HELD_BACK: "POSTPONED"}.get(verdict.event, "FAILED")
     conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id)).values(
         state=call_state, updated_at=now, duration_ms=duration,
         last_error=verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None))
-    if call_state == "OK":
+    if call_state in ("OK", "WAITING"):
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None and not last:
         return True

@@ -78,6 +78,8 @@ def respond(message_id: int, payload: Any) -> MessageView:
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
         conn.execute(update(messages).where(M.id == row.id).values(response=text))
+        conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id, ext_calls.c.state == "WAITING"))
+                     .values(state="OK", updated_at=utcnow()))
         route, token, start = redispatch(conn, row, Event.RESPONDED, utcnow())
     publish_all([(route, int(message_id), token, start)])
     return get_message_view(message_id)

@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, not_, select, text
+from sqlalchemy import and_, not_, select, text, update
 
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
 from .engine import after_commit, apply_event, publish_all, redispatch, retry_policy
 from .errors import UnknownRouteError
 from .registry import get_registry
-from .schema import _NON_FINAL_SQL, messages
+from .schema import _NON_FINAL_SQL, ext_calls, messages
 from .states import Action, Event, State
 from .store import paused_routes
 
@@ -95,6 +95,10 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
             event = Event.TRANSIENT if row.state == State.WAITING_FOR_RES else Event.LEASE_EXPIRED
             reason = ("no response before the timeout" if event is Event.TRANSIENT
                       else f"lease expired in {row.state}: the worker died or the chain was lost")
+            if event is Event.TRANSIENT:  # the request is sent again on the next attempt
+                conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id,
+                                                          ext_calls.c.state == "WAITING"))
+                             .values(state="FAILED", last_error=reason, updated_at=now))
             apply_event(conn, row, event, route, None, now, actions, detail=reason, step_run=None,
                         failed_error=reason)
             finished.append((route, row.id, actions))

@@ -40,7 +40,8 @@ def scripted(name: str):  # noqa: ANN201
         if script.get("postpone_once") and f"{name}:postponed" not in done:
             done.append(f"{name}:postponed")
             raise Postpone(timedelta(seconds=0.2))
-        if script.get("holdback"):
+        if script.get("holdback_once") and f"{name}:held" not in done:
+            done.append(f"{name}:held")
             raise Holdback("downstream asked us to stop")
         call(ctx, name)
         if script.get("business_error"):
@@ -112,10 +113,13 @@ def after_lines(ctx: StepContext) -> None:
     call(ctx, "after")
 
 
-@step
-def ordered(ctx: StepContext) -> None:
-    """A funnel member: the external system records overlapping calls of one funnel."""
-    call(ctx, "ordered")
+ordered = scripted("ordered")  # funnel members: the external system records overlapping calls
+
+
+def orders(ctx: StepContext) -> list[Child]:
+    """Nested split: one test.order child per group of lines."""
+    return [Child("test.order", payload={"prefix": ctx.payload["prefix"], "lines": group})
+            for group in ctx.payload["groups"]]
 
 
 routes = [
@@ -128,7 +132,11 @@ routes = [
     Route("test.order", steps=[step_a, Split(lines, route="test.line"), after_lines]),
     Route("test.line", steps=[book_line]),
     Route("test.funnel", steps=[ordered], funnel=lambda p: p["group"]),
-    Route("test.ordered", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True),
+    Route("test.ordered", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
+          order_timeout=timedelta(seconds=3)),
+    Route("test.ordered_x", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
+          exclude_failed=True),
+    Route("test.nest", steps=[Split(orders, route="test.order")]),
     Route("test.held", steps=[step_a]),
 ]
 

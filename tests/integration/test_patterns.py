@@ -1,0 +1,227 @@
+"""Orchestration patterns with real workers on both backends: splitter, confirmations, async
+responses, holdback and pause, funnels and guaranteed order; each once-only."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import func, select
+
+import openhub
+from openhub.db import transaction
+from openhub.schema import messages, transitions
+from tests.support.checks import assert_each_step_ok_once
+from tests.support.waiting import wait_final, wait_for, wait_state
+from tests.support.workers import Worker
+
+pytestmark = pytest.mark.usefixtures("hub")
+
+
+def submit(route: str, prefix: str, source: str = "CRM", **payload) -> openhub.MessageView:  # noqa: ANN003
+    return openhub.submit(route, {"prefix": prefix, **payload}, source_system=source,
+                          correlation_id=f"p-{uuid.uuid4().hex}")
+
+
+def count_events(message_id: int, event: str) -> int:
+    with transaction() as conn:
+        return conn.execute(select(func.count()).where(transitions.c.message_id == message_id,
+                                                       transitions.c.event == event)).scalar()
+
+
+@pytest.fixture
+def second_worker(hub, tmp_path):  # noqa: ANN001, ANN201
+    """Another worker on the same backend, so children and funnel members run side by side."""
+    w = Worker(hub.env, tmp_path, beat=False).start()
+    yield w
+    w.stop()
+
+
+def test_split_children_then_the_rest_of_the_parent(prefix, external) -> None:
+    parent = submit("test.order", prefix, lines=[{"sku": 1}, {"sku": 2}, {"sku": 3}])
+    done = wait_final(parent.id)
+    assert done.state == "OK"
+    children = openhub.list_messages(parent_id=parent.id)
+    assert sorted(c.object_id for c in children) == ["1", "2", "3"]
+    assert all(c.state == "OK" and c.source_system == "CRM" for c in children)
+    assert external.effects(f"{prefix}/line") == 3 and external.effects(f"{prefix}/after") == 1
+    assert external.count(f"{prefix}/a") == 1
+    assert ("split", "WAITING") in [(e, s) for e, s in _history(parent.id)]
+    # Children dispatched in list order on the first attempt.
+    lines = [c.body["sku"] for c in external.calls if c.path == f"{prefix}/line"]
+    assert sorted(lines) == [1, 2, 3]
+
+
+def _history(message_id: int) -> list[tuple[str, str]]:
+    with transaction() as conn:
+        return [tuple(r) for r in conn.execute(select(transitions.c.event, transitions.c.to_state)
+                                               .where(transitions.c.message_id == message_id)
+                                               .order_by(transitions.c.id))]
+
+
+def test_a_failed_child_fails_the_parent(prefix, external) -> None:
+    external.fail(f"{prefix}/line", times=100)
+    parent = submit("test.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
+    done = wait_final(parent.id)
+    assert done.state == "FAILED" and "child message(s) FAILED" in done.failed_error
+    assert external.count(f"{prefix}/after") == 0
+
+
+def test_nested_splits_propagate_up(prefix, external) -> None:
+    root = submit("test.nest", prefix, groups=[[{"sku": 1}, {"sku": 2}], [{"sku": 3}]])
+    assert wait_final(root.id, timeout=90).state == "OK"
+    orders = openhub.list_messages(parent_id=root.id)
+    assert len(orders) == 2 and all(o.state == "OK" for o in orders)
+    assert external.effects(f"{prefix}/line") == 3 and external.effects(f"{prefix}/after") == 2
+
+
+def test_many_children_on_two_workers_finalise_the_parent_once(prefix, external, second_worker) -> None:
+    parent = submit("test.order", prefix, lines=[{"sku": n} for n in range(40)])
+    assert wait_final(parent.id, timeout=120).state == "OK"
+    assert count_events(parent.id, "children_ok") == 1 and count_events(parent.id, "completed") == 1
+    assert external.effects(f"{prefix}/after") == 1 and external.count(f"{prefix}/after") == 1
+    children = [c.id for c in openhub.list_messages(parent_id=parent.id, limit=100)]
+    assert len(children) == 40
+    assert_each_step_ok_once(children, ["book_line"])
+
+
+def test_split_delivered_twice_creates_children_once(prefix, external) -> None:
+    from openhub import dispatch
+    from openhub.registry import get_registry
+
+    external.delay(f"{prefix}/a", 0.3)
+    parent = submit("test.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
+    with transaction() as conn:
+        token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == parent.id)).scalar()
+    dispatch.publish(get_registry().route("test.order"), parent.id, token)
+    assert wait_final(parent.id).state == "OK"
+    assert len(openhub.list_messages(parent_id=parent.id)) == 2
+    assert external.effects(f"{prefix}/line") == 2 and external.effects(f"{prefix}/after") == 1
+
+
+def test_confirmation_retried_then_sent_once(prefix, external) -> None:
+    external.fail(f"{prefix}/confirm", times=2)
+    m = submit("test.flow", prefix, source="CONFIRMED")
+    assert wait_final(m.id).state == "OK"
+    wait_for(lambda: external.count(f"{prefix}/confirm", 200) == 1, 30, "the confirmation to get through")
+    row = wait_for(lambda: [c for c in openhub.list_confirmations(message_id=m.id) if c["state"] == "OK"], 30,
+                   "the confirmation row to be OK")[0]
+    assert row["attempts"] == 3 and row["outcome"] == "OK"
+    assert external.count(f"{prefix}/confirm") == 3
+
+
+def test_confirmation_parked_after_max_fails(prefix, external) -> None:
+    external.fail(f"{prefix}/confirm", times=100)
+    m = submit("test.flow", prefix, source="CONFIRMED", script={"a": {"reject": True}})
+    assert wait_final(m.id).state == "FAILED"
+    parked = wait_for(lambda: [c for c in openhub.list_confirmations(state="FAILED_END") if c["message_id"] == m.id],
+                      30, "the confirmation to be parked")
+    assert parked[0]["attempts"] == 3 and parked[0]["outcome"] == "FAILED" and "503" in parked[0]["last_error"]
+    assert external.count(f"{prefix}/confirm") == 3
+
+
+def test_cancel_is_confirmed(prefix, external) -> None:
+    m = submit("test.wait", prefix, source="CONFIRMED", wait=60)
+    wait_state(m.id, "WAITING_FOR_RES")
+    openhub.cancel(m.id)
+    wait_for(lambda: external.count(f"{prefix}/confirm", 200) == 1, 30, "the CANCEL confirmation")
+    assert [c.body["state"] for c in external.calls if c.path == f"{prefix}/confirm"] == ["CANCEL"]
+
+
+def test_async_response_resumes_the_route(prefix, external) -> None:
+    m = submit("test.wait", prefix, wait=60)
+    wait_state(m.id, "WAITING_FOR_RES")
+    with pytest.raises(openhub.StateConflict):
+        openhub.restart(m.id)
+    openhub.respond(m.id, {"answer": 42})
+    with pytest.raises(openhub.StateConflict, match="not waiting for a response"):
+        openhub.respond(m.id, {"answer": 43})
+    done = wait_final(m.id)
+    assert done.state == "OK" and done.custom_data["answer"] == {"answer": 42}
+    assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
+
+
+def test_response_timeout_is_a_transient_failure(prefix, external) -> None:
+    m = submit("test.wait", prefix, wait=0.5)
+    wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 30, "the wait to time out")
+    assert "no response before the timeout" in (openhub.get_message(m.id).failed_error or "")
+    # The retry sends the request again; with no answer ever, the message ends FAILED.
+    wait_for(lambda: external.count(f"{prefix}/request") >= 2, 30, "the request to be sent again")
+    done = wait_final(m.id)
+    assert done.state == "FAILED" and done.failed_count == 4
+    assert external.count(f"{prefix}/request") == 4 and external.count(f"{prefix}/answered") == 0
+
+
+def test_holdback_pauses_the_route_until_resumed(prefix, external) -> None:
+    held = submit("test.held", prefix, script={"a": {"holdback_once": True}})
+    wait_state(held.id, "POSTPONED")
+    assert "test.held" in openhub.paused()
+    other = submit("test.held", prefix + "x")
+    wait_state(other.id, "POSTPONED")
+    assert external.count(f"{prefix}x/a") == 0  # nothing of a paused route is processed
+    assert openhub.resume("test.held") >= 1
+    assert wait_final(held.id).state == "OK" and wait_final(other.id).state == "OK"
+    assert "test.held" not in openhub.paused()
+
+
+def test_pause_by_hand(prefix, external) -> None:
+    openhub.pause("test.held")
+    try:
+        m = submit("test.held", prefix)
+        wait_state(m.id, "POSTPONED")
+        assert external.count(f"{prefix}/a") == 0
+    finally:
+        openhub.resume("test.held")
+    assert wait_final(m.id).state == "OK"
+    with pytest.raises(openhub.UnknownRouteError):
+        openhub.pause("nope.route")
+
+
+def test_funnel_runs_one_message_at_a_time(prefix, external, second_worker) -> None:
+    group = uuid.uuid4().hex
+    external.delay(f"{prefix}/ordered", 0.2)
+    views = openhub.submit_many([{"route": "test.funnel", "source_system": "CRM",
+                                  "correlation_id": f"f-{uuid.uuid4().hex}",
+                                  "payload": {"prefix": prefix, "group": group, "funnel_header": group}}
+                                 for _ in range(6)])
+    assert [wait_final(v.id, timeout=90).state for v in views] == ["OK"] * 6
+    assert external.overlaps.count(group) == 0
+    assert external.effects(f"{prefix}/ordered") == 6
+
+
+def test_guaranteed_order_follows_msg_timestamp(prefix, external) -> None:
+    group = uuid.uuid4().hex
+    t0 = datetime.now(timezone.utc)
+    items = [{"route": "test.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+              "msg_timestamp": t0 + timedelta(seconds=n), "payload": {"prefix": prefix, "group": group, "seq": n}}
+             for n in (3, 1, 2)]
+    views = openhub.submit_many(items)
+    assert [wait_final(v.id, timeout=90).state for v in views] == ["OK"] * 3
+    assert [c.body["seq"] for c in external.calls if c.path == f"{prefix}/ordered"] == [1, 2, 3]
+
+
+def test_failed_message_blocks_its_ordered_funnel_until_the_limit(prefix, external) -> None:
+    group = uuid.uuid4().hex
+    t0 = datetime.now(timezone.utc)
+    first, second = openhub.submit_many([
+        {"route": "test.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+         "msg_timestamp": t0, "payload": {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}}},
+        {"route": "test.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+         "msg_timestamp": t0 + timedelta(seconds=1), "payload": {"prefix": prefix, "group": group}}])
+    assert wait_final(first.id).state == "FAILED"
+    blocked = wait_final(second.id, timeout=60)  # order_timeout is 3 s
+    assert blocked.state == "FAILED" and "blocked in funnel" in blocked.failed_error
+    assert external.count(f"{prefix}/ordered") == 1
+
+
+def test_exclude_failed_lets_the_funnel_go_on(prefix, external) -> None:
+    group = uuid.uuid4().hex
+    t0 = datetime.now(timezone.utc)
+    first, second = openhub.submit_many([
+        {"route": "test.ordered_x", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+         "msg_timestamp": t0, "payload": {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}}},
+        {"route": "test.ordered_x", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+         "msg_timestamp": t0 + timedelta(seconds=1), "payload": {"prefix": prefix, "group": group}}])
+    assert wait_final(first.id).state == "FAILED"
+    assert wait_final(second.id).state == "OK"
