@@ -52,7 +52,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
 
 
 @contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
+def redis_server(workdir: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(workdir)],
@@ -67,7 +67,7 @@ def redis_server(workdir: Path) -> Iterator[str]:
                 return False
 
         wait_until(up, 20, "redis-server")
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -154,6 +154,37 @@ def process_tree_cpu(root: int) -> float:
     return total
 
 
+def pids_cpu(pids: list[int]) -> float:
+    """CPU seconds used so far by these processes (0 for those gone)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process (the load generator)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def postgres_backends(database: str) -> list[int]:
+    """Process ids of the PostgreSQL backends connected to the benchmark's database."""
+    import sqlalchemy
+
+    name = database.rsplit("/", 1)[1]
+    admin = sqlalchemy.create_engine(f"{PG_SERVER}/postgres")
+    with admin.connect() as conn:
+        pids = [r[0] for r in conn.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE datname = %s", (name,))]
+    admin.dispose()
+    return pids
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine from /proc/stat."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -167,7 +198,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir: Path) -> dict:
-    with redis_server(workdir) as broker, postgres_database() as database:
+    with redis_server(workdir) as (broker, redis_pid), postgres_database() as database:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENHUB_", "PROMETHEUS_"))}
         env.update(OPENHUB_DATABASE_URL=database, OPENHUB_BROKER_URL=broker, OPENHUB_ROUTES="routes",
                    OPENHUB_API_KEYS=f"BENCH={KEY}", OPENHUB_ADMIN_TOKEN=uuid.uuid4().hex,
@@ -187,9 +218,14 @@ def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir
                     return False
 
             wait_until(up, 60, "openhub serve")
+            backends_ = postgres_backends(database)
             cpu_before, busy_before = process_tree_cpu(server.pid), machine_busy()
+            pg_before, redis_before, own_before = pids_cpu(backends_), pids_cpu([redis_pid]), own_cpu()
             latencies, statuses, duration = asyncio.run(load(port, seconds, warmup, concurrency))
             server_cpu = process_tree_cpu(server.pid) - cpu_before
+            backends_ = backends_ + [p for p in postgres_backends(database) if p not in backends_]
+            pg_cpu, redis_cpu = pids_cpu(backends_) - pg_before, pids_cpu([redis_pid]) - redis_before
+            load_cpu = own_cpu() - own_before
             busy_after = machine_busy()
             busy = (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1])
         finally:
@@ -207,8 +243,13 @@ def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir
             "p99_ms": percentile(latencies, 99) * 1000 if latencies else None,
             "mean_ms": statistics.mean(latencies) * 1000 if latencies else None,
             "other_statuses": {k: v for k, v in statuses.items() if k != 202}, "stored_total": stored,
-            # CPU of the ingress processes per request (warm-up included) and how busy the whole machine was
+            # CPU per request (warm-up included) of the ingress processes, of the PostgreSQL backends
+            # serving its database, of the private redis-server and of the load generator; and how
+            # busy the whole (shared) machine was
             "ingress_cpu_ms_per_request": server_cpu * 1000 / max(1, stored),
+            "postgres_cpu_ms_per_request": pg_cpu * 1000 / max(1, stored),
+            "redis_cpu_ms_per_request": redis_cpu * 1000 / max(1, stored),
+            "loadgen_cpu_ms_per_request": load_cpu * 1000 / max(1, stored),
             "machine_busy": round(busy, 2)}
 
 

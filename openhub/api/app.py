@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from ..config import Settings, get_settings
 from . import health, messages, metrics, problems, routes
 from .auth import Credentials
+from .batcher import AcceptBatcher
 from .throttle import Throttle
 
 log = logging.getLogger("openhub.api")
@@ -95,6 +96,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     app.state.settings = settings
     app.state.credentials = credentials
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
+    app.state.batcher = AcceptBatcher()
     problems.install(app)
     _document_extra_schemas(app)
     for router in ROUTERS:

@@ -1,6 +1,7 @@
 """/api/v1/messages: source systems submit messages; operators search, inspect, restart and cancel.
 
-Accepting is `openhub.submit` behind HTTP: the message is committed before the 202 leaves, a
+Accepting is `openhub.submit` behind HTTP (grouped with concurrent submissions by
+`batcher.AcceptBatcher`): the message is committed before the 202 leaves, a
 repeated (source system, correlation id) answers 200 with the first message and
 `"duplicate": true`, and a batch is one transaction (all or nothing).
 """
@@ -234,12 +235,11 @@ async def submit_message(
     data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
     payload = body.decode_payload(data, mime, charset)
 
-    def accept() -> MessageView:
-        _throttled(request, system, {route.operation: 1})
-        return producer.submit(route.name, payload, source_system=system, correlation_id=x_correlation_id,
-                               process_id=x_process_id, msg_timestamp=x_message_timestamp)
-
-    view = await run_in_threadpool(accept)
+    if request.app.state.throttle.applies(system, route.operation):
+        await run_in_threadpool(_throttled, request, system, {route.operation: 1})
+    view = await request.app.state.batcher.submit(dict(
+        route=route.name, payload=payload, source_system=system, correlation_id=x_correlation_id,
+        process_id=x_process_id, msg_timestamp=x_message_timestamp))
     request.state.message_id = view.id
     if not view.duplicate:
         metrics.accepted(route.name, system)

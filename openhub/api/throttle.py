@@ -136,6 +136,10 @@ class Throttle:
         counters = RedisCounters(redis_url, prefix) if redis_url else MemoryCounters()
         return cls(parse_rules(throttling), counters)
 
+    def applies(self, system: str, operation: str) -> bool:
+        """Whether any rule covers the pair (if not, `check` needs no counter and no I/O)."""
+        return best_rule(self.rules, system, operation) is not None
+
     def check(self, system: str, operation: str, hits: int = 1) -> Verdict:
         """Count `hits` submissions; refused when the window's count goes over the rule's limit."""
         rule = best_rule(self.rules, system, operation)
