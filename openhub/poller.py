@@ -13,20 +13,22 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, not_, select, text, update
+from sqlalchemy import and_, not_, select, update
 
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
 from .engine import after_commit, apply_event, publish_all, redispatch, retry_policy
 from .errors import UnknownRouteError
 from .registry import get_registry
-from .schema import _NON_FINAL_SQL, ext_calls, messages
+from .schema import ext_calls, messages
 from .states import Action, Event, State
 from .store import paused_routes
 
 log = logging.getLogger("openhub.poller")
 M = messages.c
 BATCH = 500
+POLLED = tuple(s.value for s in (State.NEW, State.IN_QUEUE, State.PROCESSING, State.PARTLY_FAILED,
+                                 State.POSTPONED, State.WAITING_FOR_RES))
 UNKNOWN_ROUTE_BACKOFF = timedelta(hours=1)
 
 
@@ -52,8 +54,9 @@ def tick(now: datetime | None = None) -> TickReport:
 
 
 def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None):  # noqa: ANN202
-    # The literal predicate of ix_messages_due lets SQLite and PostgreSQL use that partial index.
-    query = select(messages).where(and_(M.due_at <= now, text(_NON_FINAL_SQL), M.state != State.WAITING.value))
+    # `due_at <= now` implies the partial index's `due_at IS NOT NULL`: only live rows are read.
+    # (No state filter here: SQLite would rather use the state index for it.)
+    query = select(messages).where(M.due_at <= now)
     for name in paused:
         service, operation = name.split(".", 1)
         query = query.where(not_(and_(M.service == service, M.operation == operation,
@@ -86,6 +89,9 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
                 log.error("message %s belongs to route %s.%s, which is not loaded; skipped for an hour",
                           row.id, row.service, row.operation)
                 conn.execute(messages.update().where(M.id == row.id).values(due_at=now + UNKNOWN_ROUTE_BACKOFF))
+                continue
+            if row.state not in POLLED:  # nothing to do for it at any time
+                conn.execute(messages.update().where(M.id == row.id).values(due_at=None))
                 continue
             if row.state in (State.NEW, State.PARTLY_FAILED, State.POSTPONED):
                 route, token, start = redispatch(conn, row, Event.REDRIVEN, now)

@@ -1,8 +1,8 @@
 """SQLAlchemy 2.0 models of the message store.
 
-Indexes are chosen so the poller's queries touch only non-final rows: `ix_messages_due` is a
-partial index over non-final messages, so its cost does not grow with the number of OK/FAILED
-messages kept in the table. Timestamps are naive UTC.
+Indexes are chosen so the poller's queries touch only live rows: `ix_messages_due` is a partial
+index over rows with a due time, which every final state clears, so its cost does not grow
+with the number of OK/FAILED messages kept in the table. Timestamps are naive UTC.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from datetime import datetime
 from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from .states import NON_FINAL
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 Id = BigInteger().with_variant(Integer(), "sqlite")
-_NON_FINAL_SQL = "state IN (" + ", ".join(f"'{s.value}'" for s in sorted(NON_FINAL)) + ")"
 
 
 class Base(DeclarativeBase):
@@ -62,7 +60,9 @@ class Message(Base):
 
     __table_args__ = (
         UniqueConstraint("source_system", "correlation_id", name="uq_messages_source_correlation"),
-        Index("ix_messages_due", "due_at", postgresql_where=text(_NON_FINAL_SQL), sqlite_where=text(_NON_FINAL_SQL)),
+        # Final states clear due_at, so this index holds only the poller's live rows.
+        Index("ix_messages_due", "due_at", postgresql_where=text("due_at IS NOT NULL"),
+              sqlite_where=text("due_at IS NOT NULL")),
         Index("ix_messages_funnel", "funnel", "state", "msg_timestamp",
               postgresql_where=text("funnel IS NOT NULL"), sqlite_where=text("funnel IS NOT NULL")),
         Index("ix_messages_state_received", "state", "received_at"),
@@ -128,8 +128,8 @@ class Confirmation(Base):
 
     __table_args__ = (
         Index("ix_confirmations_message", "message_id"),
-        Index("ix_confirmations_due", "due_at", postgresql_where=text("state IN ('PENDING', 'FAILED')"),
-              sqlite_where=text("state IN ('PENDING', 'FAILED')")),
+        Index("ix_confirmations_due", "due_at", postgresql_where=text("due_at IS NOT NULL"),
+              sqlite_where=text("due_at IS NOT NULL")),
     )
 
 

@@ -153,6 +153,17 @@ def business_errors(m: "DataFrame") -> "DataFrame":
             .orderBy(F.desc("occurrences"), "code"))
 
 
+def _write_table(table: Any, directory: Path) -> None:
+    """Write an Arrow table as the single Parquet file of `directory`, replacing what was there."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    pq.write_table(table, directory / "part-00000.parquet")
+
+
 def build_report(spark: "SparkSession", source: Source, out: Path, start: datetime | None = None,
                  end: datetime | None = None, progress: Callable[[str], None] = lambda stage: None,
                  generated_at: datetime | None = None) -> Report:
@@ -184,10 +195,11 @@ def build_report(spark: "SparkSession", source: Source, out: Path, start: dateti
                 df = slowest_routes(times)
             else:
                 df = business_errors(m)
-            # Collect once (the tables are small) and write the collected rows: no second computation.
-            rows = df.collect()
-            spark.createDataFrame(rows, df.schema).coalesce(1).write.mode("overwrite").parquet(str(out / name))
-            report.tables[name] = [row.asDict() for row in rows]
+            # The tables are small: one Spark job collects each as Arrow, and the driver writes it.
+            # A Spark write would be a second job recomputing the aggregation.
+            table = df.toArrow()
+            _write_table(table, out / name)
+            report.tables[name] = table.to_pylist()
     finally:
         m.unpersist()
         calls.unpersist()

@@ -227,8 +227,10 @@ def read_dependants(spark: "SparkSession", source: Source, table: str, messages:
                     columns: list[str] | None = None) -> "DataFrame":
     """Rows of `table` (ext_calls, transitions, confirmations) that belong to `messages`."""
     if source.is_database:
-        # Filter in the database: only the calls of messages in range cross the wire.
-        where = f"message_id IN (SELECT id FROM messages WHERE {range_condition(start, end)})"
+        # Filter in the database: only the calls of messages in range cross the wire. Without a
+        # range, no filter: every partition would otherwise repeat a semi-join over all messages.
+        where = "1 = 1" if start is None and end is None else \
+            f"message_id IN (SELECT id FROM messages WHERE {range_condition(start, end)})"
         return read_database(spark, source, table, where, columns)
     df = read_archive(spark, source, table, columns)
     return df.join(messages.select(messages.id.alias("message_id")), "message_id", "left_semi")

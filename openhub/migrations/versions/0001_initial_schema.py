@@ -49,7 +49,7 @@ def upgrade() -> None:
     sa.UniqueConstraint('source_system', 'correlation_id', name='uq_messages_source_correlation')
     )
     with op.batch_alter_table('messages', schema=None) as batch_op:
-        batch_op.create_index('ix_messages_due', ['due_at'], unique=False, postgresql_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"), sqlite_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"))
+        batch_op.create_index('ix_messages_due', ['due_at'], unique=False, postgresql_where=sa.text('due_at IS NOT NULL'), sqlite_where=sa.text('due_at IS NOT NULL'))
         batch_op.create_index('ix_messages_entity', ['entity_type', 'object_id'], unique=False)
         batch_op.create_index('ix_messages_funnel', ['funnel', 'state', 'msg_timestamp'], unique=False, postgresql_where=sa.text('funnel IS NOT NULL'), sqlite_where=sa.text('funnel IS NOT NULL'))
         batch_op.create_index('ix_messages_parent', ['parent_id'], unique=False)
@@ -77,7 +77,7 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id')
     )
     with op.batch_alter_table('confirmations', schema=None) as batch_op:
-        batch_op.create_index('ix_confirmations_due', ['due_at'], unique=False, postgresql_where=sa.text("state IN ('PENDING', 'FAILED')"), sqlite_where=sa.text("state IN ('PENDING', 'FAILED')"))
+        batch_op.create_index('ix_confirmations_due', ['due_at'], unique=False, postgresql_where=sa.text('due_at IS NOT NULL'), sqlite_where=sa.text('due_at IS NOT NULL'))
         batch_op.create_index('ix_confirmations_message', ['message_id'], unique=False)
 
     op.create_table('ext_calls',
@@ -128,7 +128,7 @@ def downgrade() -> None:
     op.drop_table('ext_calls')
     with op.batch_alter_table('confirmations', schema=None) as batch_op:
         batch_op.drop_index('ix_confirmations_message')
-        batch_op.drop_index('ix_confirmations_due', postgresql_where=sa.text("state IN ('PENDING', 'FAILED')"), sqlite_where=sa.text("state IN ('PENDING', 'FAILED')"))
+        batch_op.drop_index('ix_confirmations_due', postgresql_where=sa.text('due_at IS NOT NULL'), sqlite_where=sa.text('due_at IS NOT NULL'))
 
     op.drop_table('confirmations')
     op.drop_table('route_pauses')
@@ -139,6 +139,6 @@ def downgrade() -> None:
         batch_op.drop_index('ix_messages_parent')
         batch_op.drop_index('ix_messages_funnel', postgresql_where=sa.text('funnel IS NOT NULL'), sqlite_where=sa.text('funnel IS NOT NULL'))
         batch_op.drop_index('ix_messages_entity')
-        batch_op.drop_index('ix_messages_due', postgresql_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"), sqlite_where=sa.text("state IN ('IN_QUEUE', 'NEW', 'PARTLY_FAILED', 'POSTPONED', 'PROCESSING', 'WAITING', 'WAITING_FOR_RES')"))
+        batch_op.drop_index('ix_messages_due', postgresql_where=sa.text('due_at IS NOT NULL'), sqlite_where=sa.text('due_at IS NOT NULL'))
 
     op.drop_table('messages')

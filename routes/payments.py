@@ -1,0 +1,41 @@
+"""A payment authorised asynchronously: the bank answers later through the API.
+
+`authorize` sends the request and parks the message in WAITING_FOR_RES; the bank's callback
+(`openhub.respond(id, payload)`, `POST /api/v1/messages/{id}/response`, or the CLI) resumes
+the route with the answer in `ctx.response`. No answer within the timeout counts as a
+transient failure and the request is sent again. A `Holdback` from the bank (maintenance)
+pauses the whole route until an operator resumes it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+
+from openhub import Holdback, Reject, Route, StepContext, step
+
+from .customers import EXTERNAL
+
+
+@step(timeout=timedelta(seconds=30))
+def authorize(ctx: StepContext) -> None:
+    """Ask the bank to authorise; it answers asynchronously."""
+    r = httpx.post(f"{EXTERNAL}/bank/authorizations", json=ctx.payload,
+                   headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10)
+    if r.status_code == 423:
+        raise Holdback("the bank is in maintenance")
+    r.raise_for_status()
+    ctx.wait_for_response(timedelta(minutes=10))
+
+
+@step
+def capture(ctx: StepContext) -> None:
+    """Capture an approved payment; a declined one is refused for good."""
+    if not (ctx.response or {}).get("approved"):
+        raise Reject("payment declined by the bank", code="E402")
+    httpx.post(f"{EXTERNAL}/bank/captures", json={"payment": ctx.payload["paymentId"]},
+               headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10).raise_for_status()
+
+
+routes = [Route("payment.authorize", steps=[authorize, capture], object_id=lambda p: p.get("paymentId"))]
