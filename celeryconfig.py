@@ -48,10 +48,11 @@ if broker_url.startswith("filesystem"):
         "data_folder_in": _broker_dir,
         "data_folder_out": _broker_dir,
         "processed_folder": os.path.join(str(_s.var_dir), "broker-processed"),
+        "control_folder": os.path.join(str(_s.var_dir), "broker-control"),
         "store_processed": False,
         "polling_interval": float(os.environ.get("OPENHUB_BROKER_POLL", 0.05)),
     }
-    for _d in (_broker_dir, broker_transport_options["processed_folder"]):
+    for _d in (_broker_dir, broker_transport_options["processed_folder"], broker_transport_options["control_folder"]):
         os.makedirs(_d, exist_ok=True)
 else:
     broker_transport_options = {"visibility_timeout": visibility_timeout}
