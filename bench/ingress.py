@@ -1,6 +1,6 @@
 """Ingress benchmark: accepted messages per second and POST latency with 1 and 4 uvicorn workers.
 
-    .venv/bin/python bench/ingress.py [--workers 1 4] [--seconds 15] [--concurrency 16] [--record]
+    .venv/bin/python bench/ingress.py [--workers 1 4] [--seconds 15] [--concurrency 4 16] [--record]
 
 Each run gets a fresh PostgreSQL database on 127.0.0.1:5432 (dropped afterwards) and a private
 redis-server on a free loopback port as the broker (so nothing on the machine's own Redis is
@@ -257,17 +257,22 @@ def record(results: list[dict], args: argparse.Namespace) -> None:
     path = ROOT / "bench" / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     rows = "\n".join(f"| {r['workers']} | {r['concurrency']} | {r['accepted_per_s']:.0f} | {r['p50_ms']:.1f} | "
-                     f"{r['p99_ms']:.1f} | {r['other_statuses'] or '-'} |" for r in results)
+                     f"{r['p99_ms']:.1f} | {r['ingress_cpu_ms_per_request']:.2f} | "
+                     f"{r['postgres_cpu_ms_per_request']:.2f} | {r['machine_busy']:.2f} | "
+                     f"{r['other_statuses'] or '-'} |" for r in results)
     section = (f"{SECTION}\n\n"
                f"`POST /api/v1/messages/customer/setCustomer` (persisted in PostgreSQL, chain published to Redis, "
-               f"no worker running), closed-loop load generator on loopback, {args.concurrency} keep-alive "
+               f"no worker running), closed-loop load generator on loopback with N keep-alive "
                f"connections, {args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up; "
                f"{os.cpu_count()} CPUs, Python {platform.python_version()}, recorded "
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
                f"Reproduce: `.venv/bin/python bench/ingress.py --workers {' '.join(map(str, args.workers))} "
-               f"--seconds {args.seconds:.0f} --concurrency {args.concurrency} --record`.\n\n"
-               "| uvicorn workers | connections | accepted/s | p50 ms | p99 ms | other answers |\n"
-               "|---|---|---|---|---|---|\n" + rows + "\n\n" + (args.note.strip() + "\n\n" if args.note else ""))
+               f"--seconds {args.seconds:.0f} --concurrency {' '.join(map(str, args.concurrency))} --record`.\n"
+               "CPU columns are CPU milliseconds per stored message (ingress processes; PostgreSQL backends of the "
+               "benchmark's database); busy is the share of the whole machine's CPU in use during the run.\n\n"
+               "| uvicorn workers | connections | accepted/s | p50 ms | p99 ms | ingress CPU ms | PG CPU ms | "
+               "machine busy | other answers |\n"
+               "|---|---|---|---|---|---|---|---|---|\n" + rows + "\n\n" + (args.note.strip() + "\n\n" if args.note else ""))
     if SECTION in text:
         start = text.index(SECTION)
         following = text.find("\n## ", start + len(SECTION))
@@ -282,18 +287,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--warmup", type=float, default=3)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[16])
     parser.add_argument("--record", action="store_true", help="write the figures into bench/RESULTS.md")
     parser.add_argument("--note", default="", help="a paragraph recorded under the table")
     args = parser.parse_args()
     import tempfile
 
     results = []
-    for workers in args.workers:
-        with tempfile.TemporaryDirectory(prefix="openhub-bench-") as tmp:
-            result = bench(workers, args.seconds, args.warmup, args.concurrency, Path(tmp))
-        results.append(result)
-        print(json.dumps(result), flush=True)
+    for concurrency in args.concurrency:
+        for workers in args.workers:
+            with tempfile.TemporaryDirectory(prefix="openhub-bench-") as tmp:
+                result = bench(workers, args.seconds, args.warmup, concurrency, Path(tmp))
+            results.append(result)
+            print(json.dumps(result), flush=True)
     if args.record:
         record(results, args)
 

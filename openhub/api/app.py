@@ -110,6 +110,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
 
     @app.get("/admin", include_in_schema=False)
     def admin_page() -> RedirectResponse:
+        """The admin page lives at /admin/ (its relative links need the slash)."""
         return RedirectResponse("/admin/")
 
     app.mount("/admin/", StaticFiles(directory=ADMIN_DIR, html=True), name="admin")
