@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -175,8 +177,7 @@ def main() -> None:
             worker.args += ["--include", "bench.plain_tasks"]
             worker.start()
             try:
-                counter = redis_server.client()
-                counter = __import__("redis").Redis(host="127.0.0.1", port=redis_server.port, db=1)
+                counter = redis.Redis(host="127.0.0.1", port=redis_server.port, db=1)
                 run_plain(200, counter)  # warm-up both paths
                 run_openhub(200)
                 plain = run_plain(args.messages, counter)
@@ -191,7 +192,8 @@ def main() -> None:
             small_median, small_max = time_ticks()
             fill_final(url, args.big)
             big_median, big_max = time_ticks()
-            print(f"poller tick, {args.messages + 400} rows     : median {small_median:6.2f} ms, max {small_max:6.2f} ms")
+            rows = args.messages + 400
+            print(f"poller tick, {rows} rows     : median {small_median:6.2f} ms, max {small_max:6.2f} ms")
             print(f"poller tick, +{args.big} final rows: median {big_median:6.2f} ms, max {big_max:6.2f} ms")
             print("poller query plan:\n" + explain(url))
     finally:

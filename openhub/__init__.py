@@ -16,8 +16,8 @@ from .states import State
 
 __all__ = [
     "Child", "ConfigurationError", "Holdback", "InputError", "MessageInfo", "MessageView", "NotFound",
-    "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split", "State",
-    "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError", "UnknownRouteError", "cancel",
-    "confirmation", "get_message", "list_confirmations", "list_messages", "pause", "paused", "respond", "restart", "resume", "step",
-    "submit", "submit_many",
+    "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split",
+    "State", "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError",
+    "UnknownRouteError", "cancel", "confirmation", "get_message", "list_confirmations", "list_messages",
+    "pause", "paused", "respond", "restart", "resume", "step", "submit", "submit_many",
 ]

@@ -13,11 +13,11 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, insert, select, update
+from sqlalchemy import Connection, Row, and_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
@@ -30,7 +30,7 @@ from .funnel import funnel_blocked, release_funnel
 from .model import RetryPolicy, Route, RouteStep, Split
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
-from .split import after_child_final, dispatch_children, write_children
+from .split import after_child_final, dispatch_children, prepare_children, write_children
 from .states import Action, Event, State, transition
 from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state
 
@@ -114,6 +114,11 @@ def run_step(route_name: str, index: int, message_id: int, token: str, redeliver
         after_commit(route, message_id, actions)
         return bool(entered)
     verdict = _run(item, entered.ctx)
+    if verdict.event is Event.SPLIT:
+        try:
+            verdict.children = prepare_children(entered.row, item, verdict.children, utcnow())
+        except Reject as exc:
+            verdict = Verdict(Event.REJECTED, error=f"Reject: {exc.reason}")
     with transaction() as conn:
         go_on = _record(conn, route, index, message_id, token, entered, verdict, actions)
     after_commit(route, message_id, actions)
@@ -132,7 +137,7 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
         blocked = "route paused" if route.name in paused_routes(conn) else funnel_blocked(conn, row, route)
         if blocked:
             apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
-                   due_at=now + get_settings().postpone_interval)
+                        due_at=now + get_settings().postpone_interval)
             return False
         claimed = dict(attempts=row.attempts + 1, started_at=row.started_at or now)
         apply_event(conn, row, Event.CLAIMED, route, item, now, actions, **claimed)
@@ -161,7 +166,7 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
             return True
         if (call.msg_timestamp, call.message_id) > (row.msg_timestamp, row.id):
             apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, step_run=None, due_at=None,
-                   finished_at=now, detail=f"newer message {call.message_id} already did {key}")
+                        finished_at=now, detail=f"newer message {call.message_id} already did {key}")
             return False
     if call is not None and call.state == "PROCESSING" and call.message_id != row.id:
         other = conn.execute(select(messages.c.state, messages.c.step_run, messages.c.due_at)
@@ -284,7 +289,7 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
         values["due_at"] = now + retry_policy(route, item).interval
     elif event is Event.SPLIT:
         values["due_at"] = None
-        write_children(conn, row, route, item, verdict.children, now, actions)
+        write_children(conn, row.id, verdict.children, actions)
     apply_event(conn, row, event, route, item, now, actions, detail=_short(verdict.error), **values)
 
 

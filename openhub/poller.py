@@ -17,7 +17,7 @@ from sqlalchemy import and_, not_, select, update
 
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
-from .engine import after_commit, apply_event, publish_all, redispatch, retry_policy
+from .engine import after_commit, apply_event, publish_all, redispatch
 from .errors import UnknownRouteError
 from .registry import get_registry
 from .schema import ext_calls, messages

@@ -47,7 +47,8 @@ class Registry:
         try:
             return self.routes[name]
         except KeyError:
-            raise UnknownRouteError(f"unknown route {name!r} (known: {', '.join(sorted(self.routes)) or 'none'})") from None
+            known = ", ".join(sorted(self.routes)) or "none"
+            raise UnknownRouteError(f"unknown route {name!r} (known: {known})") from None
 
     def add(self, route: Route, origin: str) -> None:
         """Add a route, refusing a second route of the same name."""

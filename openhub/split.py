@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Row, and_, func, select
 
 from .db import transaction, utcnow
 from .errors import InputError, Reject
-from .model import Child, Route, RouteStep, Split
+from .model import Child, Split
 from .registry import get_registry
 from .schema import messages
 from .states import Action, Event, State, transition
@@ -25,28 +25,35 @@ log = logging.getLogger("openhub.split")
 M = messages.c
 
 
-def write_children(conn: Connection, parent: Row, route: Route, item: RouteStep, children: list[Any],
-                   now: datetime, actions: set[Action]) -> None:
-    """Insert the children of `parent` as NEW messages (raises Reject for a malformed child list)."""
-    from .producer import insert_new, prepare
+def prepare_children(parent: Any, item: Split, children: list[Any], now: datetime) -> list[dict[str, Any]]:
+    """Check a split's children and turn them into NEW rows; Reject names what is malformed."""
+    from .producer import prepare
 
-    assert isinstance(item, Split)
     if not children:
         raise Reject(f"split {item.key!r} returned no children")
+    rows = []
     for i, child in enumerate(children):
         if not isinstance(child, Child):
             raise Reject(f"split {item.key!r} returned {child!r}, not a Child")
         if item.route is not None and child.route != item.route:
             raise Reject(f"split {item.key!r} may only create {item.route} children, not {child.route}")
         try:
-            row = prepare(child.route, child.payload, source_system=parent.source_system,
-                          correlation_id=f"{parent.correlation_id}#{parent.generation}.{i + 1}",
-                          process_id=parent.process_id, msg_timestamp=parent.msg_timestamp, parent_id=parent.id,
-                          object_id=child.object_id, funnel=child.funnel, entity_type=child.entity_type, now=now)
+            rows.append(prepare(child.route, child.payload, source_system=parent.source_system,
+                                correlation_id=f"{parent.correlation_id}#{parent.generation}.{i + 1}",
+                                process_id=parent.process_id, msg_timestamp=parent.msg_timestamp,
+                                parent_id=parent.id, object_id=child.object_id, funnel=child.funnel,
+                                entity_type=child.entity_type, now=now))
         except InputError as exc:
             raise Reject(f"child #{i + 1} of split {item.key!r}: {exc}") from None
-        if insert_new(conn, row) is None:
-            log.info("message %s: child #%d already exists (split re-run)", parent.id, i + 1)
+    return rows
+
+
+def write_children(conn: Connection, parent_id: int, rows: list[dict[str, Any]], actions: set[Action]) -> None:
+    """Insert a split's children (a re-run of the split finds them stored and adds none)."""
+    from .producer import insert_new_many
+
+    if None in insert_new_many(conn, rows):
+        log.info("message %s: some children already existed (the split ran again)", parent_id)
     actions.add(Action.DISPATCH_CHILDREN)
 
 

@@ -13,7 +13,12 @@ from typing import Any
 from .report import Report
 
 Rows = list[dict[str, Any]]
-STATE_COLOURS = {"OK": "#2e7d32", "FAILED": "#c62828", "CANCEL": "#6d4c41", "SKIPPED": "#9e9e9e"}
+# One distinct colour per state, in the state machine's order, so a chart reads the same every time.
+STATE_COLOURS = {
+    "NEW": "#90caf9", "IN_QUEUE": "#1e88e5", "PROCESSING": "#7e57c2", "WAITING": "#26a69a",
+    "WAITING_FOR_RES": "#80deea", "PARTLY_FAILED": "#fb8c00", "POSTPONED": "#fdd835",
+    "OK": "#2e7d32", "FAILED": "#c62828", "CANCEL": "#6d4c41", "SKIPPED": "#9e9e9e",
+}
 
 
 def _figure(height: float = 3.6):  # type: ignore[no-untyped-def]
@@ -50,7 +55,8 @@ def states_by_route(rows: Rows) -> bytes:
     if not routes:
         _no_data(ax, title)
         return _png(fig)
-    states = sorted({s for counts in per_route.values() for s in counts})
+    seen = {s for counts in per_route.values() for s in counts}
+    states = [s for s in STATE_COLOURS if s in seen] + sorted(seen - STATE_COLOURS.keys())
     left = [0] * len(routes)
     for state in states:
         values = [per_route[r].get(state, 0) for r in routes]
@@ -58,7 +64,7 @@ def states_by_route(rows: Rows) -> bytes:
         left = [a + b for a, b in zip(left, values)]
     ax.set_title(title)
     ax.set_xlabel("messages")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return _png(fig)
 
 

@@ -68,6 +68,14 @@ def test_a_failed_child_fails_the_parent(prefix, external) -> None:
     assert external.count(f"{prefix}/after") == 0
 
 
+def test_malformed_split_fails_at_once() -> None:
+    m = openhub.submit("test.badsplit", {}, source_system="CRM", correlation_id=f"bad-{uuid.uuid4().hex}")
+    done = wait_final(m.id)
+    assert done.state == "FAILED" and done.failed_count == 1
+    assert "returned {'sku': 1}, not a Child" in done.failed_error
+    assert openhub.list_messages(parent_id=m.id) == []
+
+
 def test_nested_splits_propagate_up(prefix, external) -> None:
     root = submit("test.nest", prefix, groups=[[{"sku": 1}, {"sku": 2}], [{"sku": 3}]])
     assert wait_final(root.id, timeout=90).state == "OK"

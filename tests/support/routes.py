@@ -137,6 +137,7 @@ routes = [
     Route("test.ordered_x", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
           exclude_failed=True),
     Route("test.nest", steps=[Split(orders, route="test.order")]),
+    Route("test.badsplit", steps=[Split(lambda ctx: [{"sku": 1}], key="malformed")]),
     Route("test.held", steps=[step_a]),
 ]
 
