@@ -233,3 +233,41 @@ def test_exclude_failed_lets_the_funnel_go_on(prefix, external) -> None:
          "msg_timestamp": t0 + timedelta(seconds=1), "payload": {"prefix": prefix, "group": group}}])
     assert wait_final(first.id).state == "FAILED"
     assert wait_final(second.id).state == "OK"
+
+
+ONCE_ONLY = [
+    ("test.flow", {}, ["a", "b", "c"]),
+    ("test.entity", {"id": "once"}, ["sync"]),
+    ("test.custom", {"account": "once"}, ["charge"]),
+    ("test.funnel", {"group": "once"}, ["ordered"]),
+    ("test.ordered", {"group": "once-ordered"}, ["ordered"]),
+    ("test.wait", {"wait": 60}, ["request", "answered"]),
+    ("test.order", {"lines": [{"sku": 1}, {"sku": 2}]}, ["a", "line", "after"]),
+]
+
+
+@pytest.mark.parametrize("route, payload, paths", ONCE_ONLY, ids=[r[0] for r in ONCE_ONLY])
+def test_a_message_delivered_twice_has_one_effect(route, payload, paths, prefix, external) -> None:  # noqa: ANN001
+    from openhub import dispatch
+    from openhub.registry import get_registry
+
+    for path in paths:
+        external.delay(f"{prefix}/{path}", 0.1)  # so the two deliveries overlap
+    payload = {"prefix": prefix, **payload}
+    if "id" in payload or "account" in payload:  # a fresh entity per run
+        payload = {**payload, **{k: f"{payload[k]}-{prefix}" for k in ("id", "account") if k in payload}}
+    if "group" in payload:
+        payload["group"] = f"{payload['group']}-{prefix}"
+    m = openhub.submit(route, payload, source_system="CRM", correlation_id=f"twice-{uuid.uuid4().hex}")
+    with transaction() as conn:
+        token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == m.id)).scalar()
+    dispatch.publish(get_registry().route(route), m.id, token)  # the broker delivers it again
+    if route == "test.wait":
+        wait_state(m.id, "WAITING_FOR_RES")
+        openhub.respond(m.id, {"ok": True})
+    assert wait_final(m.id).state == "OK"
+    stats = external.stats()
+    for path in paths:
+        expected = 2 if path == "line" else 1
+        assert external.effects(f"{prefix}/{path}") == expected, path
+        assert stats[f"{prefix}/{path}"]["replays"] == 0, f"{path} was called again after it succeeded"
