@@ -97,6 +97,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     app.state.credentials = credentials
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
     app.state.batcher = AcceptBatcher()
+    _warm_up_celery()
     problems.install(app)
     _document_extra_schemas(app)
     for router in ROUTERS:
@@ -116,6 +117,20 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     app.mount("/admin/", StaticFiles(directory=ADMIN_DIR, html=True), name="admin")
     app.add_middleware(RequestLog)
     return app
+
+
+def _warm_up_celery() -> None:
+    # Celery's top-level module loads its members lazily, and that is not thread-safe: the first
+    # `from celery import chain` done by two request threads at once can fail ("cannot import
+    # name 'chain'"), leaving the message for the poller. Load it here, in one thread, first.
+    try:
+        from celery import chain  # noqa: F401
+
+        from ..dispatch import celery_app
+
+        celery_app()
+    except Exception as exc:  # noqa: BLE001 - /readyz reports a broken broker configuration
+        log.warning("Celery could not be loaded at start-up: %s", exc)
 
 
 def _document_extra_schemas(app: FastAPI) -> None:
