@@ -134,6 +134,7 @@ def submit(route: str, source_system: str, correlation_id: str, payload: str | N
         data = json.loads(text)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload/--file") from None
+    _timestamp(msg_timestamp, "--msg-timestamp")
     view = openhub.submit(route, data, source_system=source_system, correlation_id=correlation_id,
                           process_id=process_id, msg_timestamp=msg_timestamp)
     summary = {"id": view.id, "correlation_id": view.correlation_id, "route": view.route, "state": view.state,
@@ -173,7 +174,6 @@ def messages_list(state: str | None, service: str | None, operation: str | None,
                   cursor: int | None, as_json: bool) -> None:
     """Messages matching every filter, newest first."""
     import openhub
-    from .producer import to_utc
 
     if route:
         if "." not in route:
@@ -182,7 +182,8 @@ def messages_list(state: str | None, service: str | None, operation: str | None,
     views = openhub.list_messages(state=state.upper() if state else None, service=service, operation=operation,
                                   source_system=source_system, correlation_id=correlation_id, object_id=object_id,
                                   parent_id=parent_id, limit=limit, before_id=cursor,
-                                  received_from=to_utc(received_from, "--from"), received_to=to_utc(received_to, "--to"))
+                                  received_from=_timestamp(received_from, "--from"),
+                                  received_to=_timestamp(received_to, "--to"))
     if as_json:
         click.echo(json.dumps([v.as_dict() for v in views], indent=2, ensure_ascii=False))
         return
@@ -348,6 +349,16 @@ def demo(count: int, timeout: float, as_json: bool) -> None:
             _console().print("[yellow]not every message is final yet: is a worker running (openhub dev)?[/yellow]")
     if finished < len(ids):
         sys.exit(1)
+
+
+def _timestamp(value: str | None, option: str) -> Any:
+    """An ISO 8601 option as naive UTC; a clean usage error when it is not one."""
+    from .producer import to_utc
+
+    try:
+        return to_utc(value, option)
+    except OverflowError:
+        raise click.BadParameter("out of range once converted to UTC", param_hint=option) from None
 
 
 def _states(ids: list[int]) -> dict[int, str]:

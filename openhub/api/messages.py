@@ -123,6 +123,14 @@ def _throttled(request: Request, system: str, counts: dict[str, int]) -> None:
                            {"Retry-After": str(verdict.retry_after)})
 
 
+def _utc(value: datetime | str | None, what: str) -> datetime | None:
+    """`producer.to_utc`, with a timestamp that leaves datetime's range (year 1 or 9999 plus an offset) a 400."""
+    try:
+        return producer.to_utc(value, what)
+    except OverflowError:
+        raise ApiError(400, f"{what} is out of range") from None
+
+
 def _no_nul(**values: str | None) -> None:
     for name, value in values.items():
         if value is not None and "\x00" in value:
@@ -155,7 +163,8 @@ def search_messages(
     views = producer.list_messages(
         state=state.value if state else None, service=service, operation=operation, source_system=source_system,
         correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, limit=limit,
-        received_from=producer.to_utc(received_from), received_to=producer.to_utc(received_to), before_id=cursor)
+        received_from=_utc(received_from, "received_from"), received_to=_utc(received_to, "received_to"),
+        before_id=cursor)
     return {"items": [v.as_dict() for v in views],
             "next_cursor": views[-1].id if len(views) == limit else None}
 
@@ -235,6 +244,7 @@ async def submit_message(
     data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
     payload = body.decode_payload(data, mime, charset)
 
+    _utc(x_message_timestamp, "X-Message-Timestamp")
     if request.app.state.throttle.applies(system, route.operation):
         await run_in_threadpool(_throttled, request, system, {route.operation: 1})
     view = await request.app.state.batcher.submit(dict(
@@ -276,6 +286,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
         if name is None:
             raise InputError(f"message #{i}: route (or service and operation) is required")
         route = get_registry().route(name)
+        _utc(item.msg_timestamp, f"message #{i}: msg_timestamp")
         counts[route.operation] = counts.get(route.operation, 0) + 1
         items.append(dict(route=route.name, payload=item.payload, source_system=system,
                           correlation_id=item.correlation_id, process_id=item.process_id,

@@ -57,6 +57,10 @@ def test_submit_then_duplicate(cli, prefix, tmp_path):
     (["messages", "show", "987654321"], "no message with id 987654321"),
     (["messages", "restart", "987654321"], "no message"),
     (["pause", "no.such"], "unknown route"),
+    (["messages", "list", "--from", "yesterday"], "not an ISO 8601 timestamp"),
+    (["messages", "list", "--to", "9999-12-31T23:00:00-05:00"], "out of range"),
+    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{}", "--msg-timestamp", "0001-01-01T00:00+05:00"],
+     "out of range"),
 ])
 def test_errors_exit_1_with_a_message_and_no_traceback(backend, args, message):
     backend.activate()

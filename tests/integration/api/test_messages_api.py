@@ -83,6 +83,8 @@ def test_text_and_xml_bodies_are_stored_as_a_string(client, cid):
     (b'{"a": NaN}', {"Content-Type": "application/json"}, "NaN"),
     (b'"\\ud800"', {"Content-Type": "application/json"}, "lone surrogate"),
     (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "yesterday"}, "timestamp"),
+    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "9999-12-31T23:59:59-05:00"},
+     "timestamp past datetime's range once in UTC"),
 ])
 def test_bad_payloads_are_400_and_nothing_is_stored(client, cid, body, headers, why):
     r = client.post("/api/v1/messages/test/flow", content=body, headers={**CRM, "X-Correlation-Id": cid, **headers})
@@ -160,6 +162,7 @@ def test_batch_is_accepted_whole(client, cid, prefix):
     ({"route": "api.validated", "payload": {"nope": 1}, "correlation_id": "X"}, 400),
     ({"payload": {}, "correlation_id": "X"}, 400),
     ({"route": "test.flow", "payload": {}, "correlation_id": "X", "source_system": "SHOP"}, 403),
+    ({"route": "test.flow", "payload": {}, "correlation_id": "X", "msg_timestamp": "9999-12-31T23:00:00-05:00"}, 400),
 ])
 def test_batch_is_all_or_nothing(api_env, client, cid, prefix, bad, status):
     bad = {**bad, "correlation_id": cid + "-bad"} if "correlation_id" in bad else bad
@@ -206,7 +209,7 @@ def test_search_filters_and_cursor(client, cid, prefix):
                         headers=ADMIN).json()
     assert {m["id"] for m in window["items"]} >= {ids[1], ids[2]} and ids[0] not in {m["id"] for m in window["items"]}
     for bad in ({"state": "BOGUS"}, {"limit": 0}, {"limit": 5000}, {"received_from": "then"}, {"service": "a\x00b"},
-                {"cursor": -1}):
+                {"cursor": -1}, {"received_to": "0001-01-01T00:00:00+05:00"}):
         assert client.get("/api/v1/messages", params=bad, headers=ADMIN).status_code == 400, bad
 
 
