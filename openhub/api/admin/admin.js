@@ -134,8 +134,14 @@ function fillTable(sel, rows, columns) {
   tbody.textContent = "";
   rows.forEach((row) => {
     const tr = document.createElement("tr");
-    columns.forEach((c) => (c === "state" || c === "to_state") ? stateCell(tr, row[c]) :
-      cell(tr, /(_at|^at)$/.test(c) ? fmt(row[c]) : row[c]));
+    columns.forEach((c) => {
+      if (c === "state" || c === "to_state") return stateCell(tr, row[c]);
+      if (c === "last_error" && row[c]) {  // a traceback: its last line, the whole of it on hover
+        cell(tr, row[c].trim().split("\n").pop()).title = row[c];
+        return;
+      }
+      cell(tr, /(_at|^at)$/.test(c) ? fmt(row[c]) : row[c]);
+    });
     tbody.appendChild(tr);
   });
   return tbody;
