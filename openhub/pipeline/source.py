@@ -196,14 +196,25 @@ def empty_table(spark: "SparkSession", table: str, columns: list[str] | None = N
     return spark.createDataFrame([], ddl)
 
 
-def read_archive(spark: "SparkSession", source: Source, table: str,
-                 columns: list[str] | None = None) -> "DataFrame":
-    """Read `table` from an archive directory, without its `date`/`route` partition columns."""
+def read_archive(spark: "SparkSession", source: Source, table: str, columns: list[str] | None = None,
+                 start: datetime | None = None, end: datetime | None = None) -> "DataFrame":
+    """Read `table` from an archive directory, without its `date`/`route` partition columns.
+
+    With a range, only the `date=` partitions that can hold messages received in it are read
+    (every table is partitioned by its message's received date).
+    """
+    from pyspark.sql import functions as F
+
     columns = columns or columns_of(table)
     path = Path(source.location) / table
     if not any(path.rglob("*.parquet")):
         return empty_table(spark, table, columns)
     df = spark.read.option("basePath", str(path)).parquet(str(path))
+    if "date" in df.columns:
+        if start is not None:
+            df = df.where(F.col("date") >= start.strftime("%Y-%m-%d"))
+        if end is not None:
+            df = df.where(F.col("date") <= end.strftime("%Y-%m-%d"))
     return canonical(df, table, columns)
 
 
@@ -214,7 +225,7 @@ def read_messages(spark: "SparkSession", source: Source, start: datetime | None,
         return read_database(spark, source, "messages", range_condition(start, end), columns)
     from pyspark.sql import functions as F
 
-    df = read_archive(spark, source, "messages", columns)
+    df = read_archive(spark, source, "messages", columns, start, end)
     if start is not None:
         df = df.where(F.col("received_at") >= F.lit(start).cast("timestamp_ntz"))
     if end is not None:
@@ -232,5 +243,7 @@ def read_dependants(spark: "SparkSession", source: Source, table: str, messages:
         where = "1 = 1" if start is None and end is None else \
             f"message_id IN (SELECT id FROM messages WHERE {range_condition(start, end)})"
         return read_database(spark, source, table, where, columns)
-    df = read_archive(spark, source, table, columns)
+    df = read_archive(spark, source, table, columns, start, end)
+    if start is None and end is None:
+        return df  # an archive holds no row without its message: the join would be a costly no-op
     return df.join(messages.select(messages.id.alias("message_id")), "message_id", "left_semi")
