@@ -316,3 +316,18 @@ def test_access_log_has_ids_and_no_keys(client, cid, flow_payload, caplog):
     assert f"correlation_id={cid} message_id={message_id}" in text
     for secret in (CRM["Authorization"].split()[1], ADMIN["Authorization"].split()[1], "wrong-key-123"):
         assert secret not in text
+
+
+def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix):
+    from tests.support.waiting import wait_final, wait_state
+
+    r = post(client, cid, {"prefix": prefix, "wait": 60}, route="test/wait")
+    message_id = r.json()["id"]
+    wait_state(message_id, "WAITING_FOR_RES")
+    assert client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True},
+                       headers=SHOP).status_code == 404  # another system's message
+    answer = client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True}, headers=CRM)
+    assert answer.status_code == 200, answer.text
+    done = wait_final(message_id)
+    assert done.state == "OK" and done.custom_data["answer"] == {"approved": True}
+    assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=ADMIN).status_code == 409
