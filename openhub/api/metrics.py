@@ -16,7 +16,8 @@ Two kinds of series:
     entries of the transition history (final states; `transient` step failures), read
     incrementally by id (a primary-key range per scrape, re-reading the last 1000 ids for rows
     committed out of order). The history is append-only, so no event is missed between scrapes.
-    They count from the moment this process first served /metrics, like any counter.
+    They count from the moment this process first served /metrics, like any counter (with
+    several uvicorn workers: from the first worker's first scrape, so all workers agree).
   * `openhub_step_duration_seconds{route,step}`: `duration_ms` of external-call records that
     turned OK since the previous scrape (by `updated_at`, once per call and attempt). Only
     successful attempts: a failed attempt's duration is overwritten by its retry, so it cannot
@@ -28,11 +29,14 @@ Two kinds of series:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
 from collections import defaultdict
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, disable_created_metrics,
@@ -106,6 +110,8 @@ class StoreCollector:
             try:
                 with transaction() as conn:
                     gauges = self._gauges(conn, routes)
+                    if self._transition_mark is None:
+                        self._start(conn, database)
                     self._tail_transitions(conn)
                     self._tail_calls(conn)
             except Exception as exc:  # noqa: BLE001 - a scrape must not fail because the store is down
@@ -145,12 +151,18 @@ class StoreCollector:
         return [by_state, oldest, pending]
 
     # --- counters: tails of append-only history and of finished ext calls ----------------------
+    def _start(self, conn, database: str) -> None:  # noqa: ANN001
+        """First scrape: the counters count from now on (or from when a sibling worker's started)."""
+        mark = conn.execute(select(func.max(transitions.c.id))).scalar() or 0
+        born_transition, born_call = shared_start(database, mark, utcnow())
+        self._transition_mark = self._transition_born = born_transition
+        self._call_mark = self._call_born = born_call
+
+
     def _tail_transitions(self, conn) -> None:  # noqa: ANN001
         T, M = transitions.c, messages.c
         mark = conn.execute(select(func.max(T.id))).scalar() or 0
-        if self._transition_mark is None:  # first scrape: the counter starts now, like one born with the process
-            self._transition_mark = self._transition_born = mark
-            return
+        assert self._transition_mark is not None
         low = max(self._transition_born, self._transition_mark - TRANSITION_LAG)
         query = (select(T.id, M.service, M.operation, T.to_state, T.event, T.step_key)
                  .join(messages, M.id == T.message_id)
@@ -171,9 +183,7 @@ class StoreCollector:
     def _tail_calls(self, conn) -> None:  # noqa: ANN001
         X, M = ext_calls.c, messages.c
         now = utcnow()
-        if self._call_mark is None:
-            self._call_mark = self._call_born = now
-            return
+        assert self._call_mark is not None
         since = max(self._call_born, self._call_mark - CALL_LAG)
         query = (select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)
                  .join(messages, M.id == X.message_id)
@@ -212,6 +222,35 @@ class StoreCollector:
         for label in sorted(set(self._failures) | set(self._buckets)):
             failures.add_metric(list(label), self._failures.get(label, 0))
         return [finished, duration, failures]
+
+
+def shared_start(database: str, transition: int, call: datetime) -> tuple[int, datetime]:
+    """The marks the database-derived counters count from, shared by the workers of one `openhub serve`.
+
+    With several uvicorn workers a scrape lands on any of them; counting from one common start
+    (the first worker's, kept in the multiprocess directory) makes them all report the same
+    values instead of values that jump between workers.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return transition, call
+    key = hashlib.sha256(database.encode()).hexdigest()  # the URL may hold a password
+    path = Path(directory) / "openhub-store-start.json"
+    mine = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        mine.write_text(json.dumps({"database": key, "transitions": transition, "calls": call.isoformat()}))
+        try:
+            os.link(mine, path)  # atomic: the first worker's marks win
+        except FileExistsError:
+            pass
+        finally:
+            mine.unlink(missing_ok=True)
+        shared = json.loads(path.read_text())
+        if shared["database"] == key:
+            return int(shared["transitions"]), datetime.fromisoformat(shared["calls"])
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("metrics: cannot share the counters' start between workers: %s", exc)
+    return transition, call
 
 
 STORE = StoreCollector()

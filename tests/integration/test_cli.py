@@ -99,7 +99,13 @@ def test_pause_resume_and_routes(cli):
     assert "test.flow" in {r["route"] for r in routes}
 
 
+def _sample(text: str, start: str) -> float:
+    lines = [line for line in text.splitlines() if line.startswith(start)]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
 def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
+    backend.activate()
     port = backends.free_port()
     env = dict(os.environ, **backend.env, OPENHUB_API_KEYS="CRM=cli-key", OPENHUB_ADMIN_TOKEN="cli-admin",
                PYTHONPATH=str(PROJECT))
@@ -122,9 +128,19 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
                               headers={"Authorization": "Bearer cli-key", "X-Correlation-Id": uuid.uuid4().hex})
                 assert r.status_code == 202, r.text
             text = http.get("/metrics").text
-        accepted = [line for line in text.splitlines()
-                    if line.startswith('openhub_messages_accepted_total{route="test.flow",source_system="CRM"}')]
-        assert accepted and float(accepted[0].rsplit(" ", 1)[1]) == 6.0
+        assert _sample(text, 'openhub_messages_accepted_total{route="test.flow",source_system="CRM"}') == 6.0
+        # Database-derived counters agree whichever worker answers the scrape, even a worker whose
+        # first scrape comes after the event (only one worker has been scraped so far).
+        finished = 'openhub_messages_finished_total{route="test.held",state="CANCEL"}'
+        before = _sample(text, finished)
+        openhub.pause("test.held")
+        try:
+            held = openhub.submit("test.held", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)
+            openhub.cancel(held.id)
+        finally:
+            openhub.resume("test.held")
+        after = {_sample(httpx.get(f"{base}/metrics", timeout=10).text, finished) for _ in range(12)}  # new connections
+        assert after == {before + 1}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         out, _ = server.communicate(timeout=30)
