@@ -135,6 +135,10 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
     item = route.steps[index]
     if row.state in (State.NEW, State.IN_QUEUE):
         blocked = "route paused" if route.name in paused_routes(conn) else funnel_blocked(conn, row, route)
+        if blocked and route.order_timeout and row.received_at < now - route.order_timeout and row.funnel:
+            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked,
+                        failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
+            return False
         if blocked:
             apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
                         due_at=now + get_settings().postpone_interval)
