@@ -52,6 +52,16 @@ def record_transition(conn: Connection, message_id: int, event: str, from_state:
                                             detail=detail[:4000] if detail else None))
 
 
+def record_crash(message_id: int, detail: str) -> None:
+    """Note in a message's history that a task carrying it crashed outside its step."""
+    from .db import transaction
+
+    with transaction() as conn:
+        state = conn.execute(select(M.state).where(M.id == message_id)).scalar()
+        if state is not None:
+            record_transition(conn, message_id, "task_crashed", state, state, detail=detail)
+
+
 def paused_routes(conn: Connection) -> set[str]:
     """Names of the routes an operator (or a Holdback) has paused."""
     return {r for (r,) in conn.execute(select(route_pauses.c.route))}

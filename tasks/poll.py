@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from openhub import poller
+from openhub.store import record_crash
 from openhub.dispatch import CHAIN_FAILED_TASK, POLL_TASK, celery_app
 
 log = logging.getLogger("openhub.tasks")
@@ -21,6 +22,14 @@ def poll() -> dict:
 
 @app.task(name=CHAIN_FAILED_TASK)
 def chain_failed(request, exc, traceback, message_id: int, token: str) -> None:  # noqa: ANN001
-    """A step task itself crashed (not the step: the engine records those). The lease repairs it."""
-    log.error("message %s: task %s crashed outside the step (%r); the poller repairs the message when its "
-              "lease expires", message_id, getattr(request, "task", "?"), exc)
+    """A step task itself crashed (not the step: the engine records those); note it in the history.
+
+    The message keeps its state: its lease expires and the poller repairs it as a lost chain.
+    """
+    task = getattr(request, "task", "?")
+    log.error("message %s: task %s crashed outside the step (%r); the poller repairs it when its lease expires",
+              message_id, task, exc)
+    try:
+        record_crash(message_id, f"{task}: {exc!r}")
+    except Exception:  # noqa: BLE001 - the store may be what failed; the lease still repairs the message
+        log.exception("message %s: could not record the crash", message_id)
