@@ -82,4 +82,6 @@ def test_dev_mode_generates_and_prints_credentials(api_env):
 def test_admin_page_is_served(client):
     r = client.get("/admin", follow_redirects=True)
     assert r.status_code == 200 and "admin token" in r.text.lower()
+    assert r.headers["Content-Security-Policy"].startswith("default-src 'self'")
+    assert r.headers["X-Frame-Options"] == "DENY"
     assert client.get("/admin/admin.js").status_code == 200
