@@ -80,3 +80,50 @@ def test_broker_flushed_mid_run(chaos, tmp_path) -> None:  # noqa: ANN001
     unfinished = [v for v in openhub.list_messages(limit=100) if v.state not in ("OK",)]
     assert unfinished, "the flush should catch messages in flight"
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+
+
+def test_postgres_restarted_mid_run(tmp_path) -> None:  # noqa: ANN001
+    external = ExternalSystem().start()
+    pg = backends.PostgresServer.start()
+    try:
+        with backends.backend("redis-pg", tmp_path / "hub", {"OPENHUB_TEST_EXTERNAL_URL": external.url},
+                              pg_server=pg.url) as backend:
+            prefix = "/pgrestart"
+            external.delay(f"{prefix}/b", 0.2)
+            worker = Worker(backend.env, tmp_path / "w", beat=True).start()
+            backend.workers.append(worker)
+            try:
+                ids = _submit("test.flow", prefix, 20)
+                wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
+                pg.pg_ctl("restart")  # every connection of every process is cut
+                _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+            finally:
+                worker.stop()
+    finally:
+        pg.remove()
+        external.stop()
+
+
+def test_two_beats_never_dispatch_twice(chaos, tmp_path) -> None:  # noqa: ANN001
+    backend, external = chaos
+    prefix = "/twobeats"
+    external.fail(f"{prefix}/b", times=20)  # every message fails once or more and is re-driven by a poller
+    for name in ("w1", "w2"):
+        w = Worker(backend.env, tmp_path / name, beat=True).start()
+        backend.workers.append(w)
+    ids = _submit("test.flow", prefix, 20)
+    _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+    from collections import Counter
+
+    from sqlalchemy import select
+
+    from openhub.db import transaction
+    from openhub.schema import transitions
+
+    with transaction() as conn:
+        rows = conn.execute(select(transitions.c.message_id, transitions.c.event)
+                            .where(transitions.c.message_id.in_(ids)).order_by(transitions.c.id)).all()
+    failures = Counter(m for m, e in rows if e in ("transient", "lease_expired"))
+    redrives = Counter(m for m, e in rows if e == "redriven")
+    assert sum(failures.values()) >= 20
+    assert failures == redrives  # each failure re-driven once, by one of the two pollers

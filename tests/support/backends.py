@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -93,19 +94,69 @@ class RedisServer:
             self.process.wait(timeout=10)
 
 
+@dataclass
+class PostgresServer:
+    """A private PostgreSQL cluster on a free loopback port, for tests that restart it."""
+
+    port: int
+    datadir: Path
+
+    @staticmethod
+    def _bin(name: str) -> str:
+        versions = sorted(Path("/usr/lib/postgresql").iterdir())
+        return str(versions[-1] / "bin" / name)
+
+    @staticmethod
+    def _as_postgres(args: list[str]) -> None:
+        # PostgreSQL refuses to run as root; the tests run as root on these machines.
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(prefix + args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @classmethod
+    def start(cls) -> "PostgresServer":
+        """initdb a cluster in a fresh folder the postgres user can reach, and start it."""
+        workdir = Path(tempfile.mkdtemp(prefix="openhub-pg-"))
+        datadir = workdir / "pgdata"
+        if os.geteuid() == 0:
+            shutil.chown(workdir, "postgres")
+        cls._as_postgres([cls._bin("initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
+        server = cls(free_port(), datadir)
+        server.pg_ctl("start")
+        return server
+
+    def pg_ctl(self, action: str) -> None:
+        """start, stop or restart (fast: every client is disconnected) and wait."""
+        options = f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_postgres([self._bin("pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "-t", "60",
+                           "-o", options, "-l", str(self.datadir / "server.log"), action])
+
+    def remove(self) -> None:
+        """Stop the server and delete its folder."""
+        try:
+            self.pg_ctl("stop")
+        finally:
+            shutil.rmtree(self.datadir.parent, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL of the server (no database)."""
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}"
+
+
 @contextmanager
-def postgres_database(prefix: str = "openhub_test") -> Iterator[str]:
+def postgres_database(prefix: str = "openhub_test", server: str = PG_SERVER) -> Iterator[str]:
     """A fresh PostgreSQL database (dropped afterwards); yields its SQLAlchemy URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    admin = sqlalchemy.create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     try:
-        yield f"{PG_SERVER}/{name}"
+        yield f"{server}/{name}"
     finally:
         from openhub.db import dispose_engines
 
         dispose_engines()
+        admin.dispose()  # the server may have restarted since: use a fresh connection
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
@@ -148,7 +199,8 @@ def activate(env: dict[str, str]) -> None:
 
 
 @contextmanager
-def backend(name: str, workdir: Path, extra: dict[str, str] | None = None) -> Iterator[Backend]:
+def backend(name: str, workdir: Path, extra: dict[str, str] | None = None,
+            pg_server: str = PG_SERVER) -> Iterator[Backend]:
     """Set up the `embedded` or `redis-pg` backend in `workdir`, migrated and activated."""
     from openhub.migrate import upgrade
 
@@ -168,7 +220,7 @@ def backend(name: str, workdir: Path, extra: dict[str, str] | None = None) -> It
         return
     redis = RedisServer.start(workdir / "redis")
     try:
-        with postgres_database() as url:
+        with postgres_database(server=pg_server) as url:
             env.update(OPENHUB_DATABASE_URL=url, OPENHUB_BROKER_URL=redis.url)
             b = Backend(name, env, workdir, redis=redis)
             b.activate()

@@ -6,6 +6,7 @@ import time
 from typing import Callable, TypeVar
 
 import openhub
+from openhub.errors import StoreUnavailable
 from openhub.states import FINAL
 
 T = TypeVar("T")
@@ -17,7 +18,10 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "con
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:
-        last = predicate()
+        try:
+            last = predicate()
+        except StoreUnavailable:  # a restarting database is a condition not met yet
+            last = None
         if last:
             return last
         time.sleep(interval)  # polling interval of the wait, not a synchronisation
