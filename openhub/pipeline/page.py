@@ -37,8 +37,8 @@ SECTIONS = [
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1000px; color: #222; }
 table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
-th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: right; }
-th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: left; }
+th { background: #f0f0f0; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .summary td { text-align: left; } img { max-width: 100%; } p.note { color: #555; }
 """
 
@@ -58,7 +58,11 @@ def _table(rows: list[dict[str, Any]], table: str) -> str:
         return f'<p class="note" data-table="{table}">No rows.</p>'
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(row[c])}</td>" for c in columns) + "</tr>" for row in rows)
+    def td(value: Any) -> str:
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return f'<td class="n">{_cell(value)}</td>' if numeric else f"<td>{_cell(value)}</td>"
+
+    body = "".join("<tr>" + "".join(td(row[c]) for c in columns) + "</tr>" for row in rows)
     return f'<table data-table="{table}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
