@@ -96,6 +96,8 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == "":
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]  # set but empty would make prometheus_client write to the cwd
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each worker counts requests in its own memory; the multiprocess directory lets
         # /metrics add them up whichever worker answers the scrape.
