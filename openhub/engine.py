@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, select, update
+from sqlalchemy import Connection, Row, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
@@ -127,31 +127,24 @@ def run_step(route_name: str, index: int, message_id: int, token: str, redeliver
 
 def _enter(conn: Connection, route: Route, index: int, message_id: int, token: str, redelivered: bool,
            actions: set[Action]) -> Entered | bool:
-    row = lock_message(conn, message_id)
-    if row is None or row.attempt_id != token:
-        log.info("message %s: stale chain (token changed), stopping without effect", message_id)
-        return False
     now = utcnow()
     item = route.steps[index]
-    if row.state in (State.NEW, State.IN_QUEUE):
-        blocked = "route paused" if route.name in paused_routes(conn) else funnel_blocked(conn, row, route)
-        if blocked and route.order_timeout and row.received_at < now - route.order_timeout and row.funnel:
-            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked,
-                        failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
+    run_id = str(uuid.uuid4())
+    lease = dict(step_run=run_id, due_at=now + step_timeout(item) + get_settings().lease_grace, updated_at=now)
+    row = _take_lease(conn, message_id, token, now, lease)
+    if row is None:  # not a chain going on to its next step: find out why, under the row lock
+        row = lock_message(conn, message_id)
+        if row is None or row.attempt_id != token:
+            log.info("message %s: stale chain (token changed), stopping without effect", message_id)
             return False
-        if blocked:
-            apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
-                        due_at=now + get_settings().postpone_interval)
+        if row.state not in (State.NEW, State.IN_QUEUE):
+            log.info("message %s is %s%s: this chain stops", message_id, row.state,
+                     " and another run holds the step lease" if row.state == State.PROCESSING else "")
             return False
-        claimed = dict(attempts=row.attempts + 1, started_at=row.started_at or now)
-        apply_event(conn, row, Event.CLAIMED, route, item, now, actions, **claimed)
-        row = _with(row, state=State.PROCESSING.value, updated_at=now, **claimed)
-    elif row.state != State.PROCESSING:
-        log.info("message %s is %s: chain stops", message_id, row.state)
-        return False
-    elif row.step_run is not None and row.due_at is not None and row.due_at > now:
-        log.info("message %s: another run holds the step lease, this duplicate stops", message_id)
-        return False
+        if not _claim(conn, row, route, item, now, lease, actions):
+            return False
+        row = _with(row, state=State.PROCESSING.value, attempts=row.attempts + 1,
+                    started_at=row.started_at or now, **lease)
     custom_data = loads(row.custom_data, {})
     ctx = StepContext(payload=loads(row.payload), message=_info(row), idempotency_key=idempotency_key(row, item),
                       attempt=1, redelivered=redelivered, custom_data=custom_data, response=loads(row.response))
@@ -167,6 +160,8 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
             if index == len(route.steps) - 1:
                 _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
                 return False
+            conn.execute(update(messages).where(messages.c.id == row.id).values(
+                step_run=None, due_at=now + get_settings().lease_grace, updated_at=now))
             return True
         if (call.msg_timestamp, call.message_id) > (row.msg_timestamp, row.id):
             apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, step_run=None, due_at=None,
@@ -181,15 +176,37 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
                         detail=f"{key} is being called by message {call.message_id}",
                         due_at=now + get_settings().postpone_interval)
             return False
-    run_id = str(uuid.uuid4())
     if call is not None:
         ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
         conn.execute(update(ext_calls).where(X.key == key).values(
             state="PROCESSING", message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
             attempts=ctx.attempt))
-    conn.execute(update(messages).where(messages.c.id == row.id).values(
-        step_run=run_id, due_at=now + step_timeout(item) + get_settings().lease_grace, updated_at=now))
-    return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row, step_run=run_id))
+    return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row))
+
+
+def _take_lease(conn: Connection, message_id: int, token: str, now: datetime, lease: dict[str, Any]) -> Row | None:
+    """The common case in one statement: the chain carrying the message takes the next step's lease."""
+    M = messages.c
+    return conn.execute(update(messages).where(and_(
+        M.id == message_id, M.attempt_id == token, M.state == State.PROCESSING.value,
+        or_(M.step_run.is_(None), M.due_at < now))).values(**lease).returning(*messages.c)).first()
+
+
+def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datetime, lease: dict[str, Any],
+           actions: set[Action]) -> bool:
+    """The chain's first task takes a NEW/IN_QUEUE message, unless its route is paused or its funnel busy."""
+    blocked = "route paused" if route.name in paused_routes(conn) else funnel_blocked(conn, row, route)
+    if blocked and route.order_timeout and row.funnel and row.received_at < now - route.order_timeout:
+        apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked,
+                    failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
+        return False
+    if blocked:
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
+                    due_at=now + get_settings().postpone_interval)
+        return False
+    apply_event(conn, row, Event.CLAIMED, route, item, now, actions, attempts=row.attempts + 1,
+                started_at=row.started_at or now, **lease)
+    return True
 
 
 def _with(row: Any, **values: Any) -> SimpleNamespace:
