@@ -86,11 +86,18 @@ def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any
     return flow
 
 
+# Where `openhub.testing.LocalHub` collects chains instead of publishing them (None: Celery).
+local_chains: list[tuple[str, int, str, int]] | None = None
+
+
 def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
     """Publish the message's chain; False (and a log line) when the broker refused it.
 
     A message whose chain was not published stays due in the store, so the poller re-drives it.
     """
+    if local_chains is not None:
+        local_chains.append((route.name, message_id, token, start))
+        return True
     try:
         step_chain(route, message_id, token, start).apply_async()
         return True

@@ -14,7 +14,11 @@ import httpx
 from openhub import (Child, Holdback, Outcome, Postpone, Reject, RetryPolicy, Route, Split, StepContext,
                      confirmation, step)
 
-EXTERNAL = os.environ.get("OPENHUB_TEST_EXTERNAL_URL", "http://127.0.0.1:9")
+
+
+def external_url() -> str:
+    """The test's external system (read per call: a test process may start several)."""
+    return os.environ.get("OPENHUB_TEST_EXTERNAL_URL", "http://127.0.0.1:9")
 
 
 def call(ctx: StepContext, name: str) -> dict:
@@ -23,7 +27,7 @@ def call(ctx: StepContext, name: str) -> dict:
     funnel = ctx.payload.get("funnel_header")
     if funnel:
         headers["X-Funnel"] = funnel
-    r = httpx.post(f"{EXTERNAL}{ctx.payload['prefix']}/{name}", json=ctx.payload, headers=headers, timeout=30)
+    r = httpx.post(f"{external_url()}{ctx.payload['prefix']}/{name}", json=ctx.payload, headers=headers, timeout=30)
     r.raise_for_status()
     return r.json() or {}
 
@@ -146,5 +150,5 @@ routes = [
 def confirm(outcome: Outcome) -> None:
     """Confirm to the external system (its path from the payload), failing when it fails."""
     prefix = outcome.message.payload["prefix"]
-    httpx.post(f"{EXTERNAL}{prefix}/confirm", json=outcome.as_dict(),
+    httpx.post(f"{external_url()}{prefix}/confirm", json=outcome.as_dict(),
                headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}"}, timeout=10).raise_for_status()
