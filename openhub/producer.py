@@ -218,16 +218,19 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
                       for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
     fresh = [(i, row) for i, row in zip(ids, rows) if i is not None]
     published = publish_new(fresh)
+    stored: dict[int, MessageView] = {}
+    if duplicates:  # only duplicates are read back: the stored message is what they answer with
+        with transaction() as conn:
+            stored = {n: message_view(conn, i, duplicate=True) for n, i in duplicates.items()}
     views: list[MessageView] = []
-    with transaction() as conn:
-        for n, (row, message_id) in enumerate(zip(rows, ids)):
-            if message_id is None:
-                views.append(message_view(conn, duplicates[n], duplicate=True))
-            else:  # what was just written; no need to read it back
-                state = State.IN_QUEUE.value if message_id in published else State.NEW.value
-                views.append(view_of(SimpleNamespace(**{**row, "id": message_id, "state": state, "custom_data": None,
-                                                        "business_errors": None, "failed_step": None,
-                                                        "failed_error": None, "finished_at": None})))
+    for n, (row, message_id) in enumerate(zip(rows, ids)):
+        if message_id is None:
+            views.append(stored[n])
+        else:  # what was just written; no need to read it back
+            state = State.IN_QUEUE.value if message_id in published else State.NEW.value
+            views.append(view_of(SimpleNamespace(**{**row, "id": message_id, "state": state, "custom_data": None,
+                                                    "business_errors": None, "failed_step": None,
+                                                    "failed_error": None, "finished_at": None})))
     return views
 
 
