@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from openhub.db import get_engine  # noqa: E402
-from openhub.migrate import upgrade  # noqa: E402
-from tests.integration.pipeline_stores import postgres_database, sql_report  # noqa: E402
+from openhub.db import get_engine
+from openhub.migrate import upgrade
+from tests.integration.pipeline_stores import postgres_database, sql_report
 
 BASE = datetime(2026, 10, 1)
 SECONDS_PER_ID = 2.592  # 1,000,000 messages spread over 30 days
@@ -158,7 +158,7 @@ def main() -> None:
                 report = build_report(spark, source, out)
                 runs.append(time.perf_counter() - began)
             t_spark = min(runs)
-            t_page = best(1, lambda: write_page(report, out))
+            t_page = best(1, lambda report=report, out=out: write_page(report, out))
             t_sql = best(args.repeat, lambda: sql_report(url))
             rows.append((size, t_spark, t_page, t_sql))
             print(f"{size:>9,} messages (generated in {gen:.1f} s): spark {t_spark:6.2f} s  "

@@ -38,7 +38,7 @@ from .ledger import DEPENDANT_TABLES, ArchiveDir, Manifest
 from .source import Source, id_list, read_database
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 FINAL_STATES = sorted(s.value for s in FINAL)
 SETTLED_CONFIRMATIONS = ("OK", "FAILED_END")
@@ -86,7 +86,7 @@ def _ts_literal(moment: datetime) -> Any:
     return F.lit(moment.strftime("%Y-%m-%d %H:%M:%S.%f")).cast("timestamp_ntz")
 
 
-def find_eligible(spark: "SparkSession", source: Source, cutoff: datetime) -> list[Member]:
+def find_eligible(spark: SparkSession, source: Source, cutoff: datetime) -> list[Member]:
     """Every message that may be archived now, whole families only, ordered by family.
 
     Spark judges each message (one pass over messages, confirmations and call records); the
@@ -158,7 +158,7 @@ def plan_batches(members: list[Member], batch_size: int) -> list[list[Member]]:
     return batches
 
 
-def stage_batch(spark: "SparkSession", source: Source, archive: ArchiveDir, batch: str,
+def stage_batch(spark: SparkSession, source: Source, archive: ArchiveDir, batch: str,
                 members: list[Member], cutoff: datetime) -> Manifest:
     """Write one batch's rows under staging with Spark and describe them from the files written."""
     from pyspark.sql import functions as F
@@ -275,7 +275,7 @@ def settle(archive: ArchiveDir, url: str, manifest: Manifest) -> int:
     return len(changed)
 
 
-def run_archive(spark: "SparkSession", source: Source, out: Path, older_than: timedelta,
+def run_archive(spark: SparkSession, source: Source, out: Path, older_than: timedelta,
                 batch_size: int = 10_000, now: datetime | None = None,
                 progress: Progress = lambda done, total, note: None) -> ArchiveResult:
     """Archive every eligible message older than `older_than` from `source` into `out`."""

@@ -6,12 +6,19 @@ pyspark is imported only when a command runs, so listing `openhub --help` needs 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from ..errors import OpenHubError
 from .session import spark_session
@@ -29,7 +36,7 @@ def _moment(value: str | None, option: str) -> datetime | None:
     except ValueError:
         raise click.BadParameter(f"not an ISO date or date-time: {value!r}", param_hint=option) from None
     if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
     return moment
 
 

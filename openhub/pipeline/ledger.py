@@ -55,7 +55,7 @@ class Manifest:
         return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
-    def load(cls, path: Path) -> "Manifest":
+    def load(cls, path: Path) -> Manifest:
         """Read a manifest (or a READY file, which has the same shape)."""
         return cls(**json.loads(path.read_text()))
 

@@ -21,8 +21,8 @@ SECTIONS = [
      "Every message received in the range, in its current state."),
     ("sources", None, "Messages by source system", "The same counts summed per source system."),
     ("route_rates", "route_rates", "Failure and retry rates",
-     "failure rate = FAILED / messages in a final state; retry rate = messages that needed more than "
-     "one attempt / messages."),
+     ("failure rate = FAILED / messages in a final state; retry rate = messages that needed more "
+      "than one attempt / messages.")),
     ("processing_time", "processing_time", "Processing time",
      "Seconds from received to a final state, exact percentiles; route * is all routes together."),
     ("throughput_hourly", "throughput_hourly", "Throughput per hour",

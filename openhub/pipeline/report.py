@@ -62,7 +62,7 @@ def _rate(part: Any, whole: Any) -> Any:
     return F.when(whole > 0, part / whole).otherwise(F.lit(None).cast("double"))
 
 
-def _prepared_messages(messages: "DataFrame") -> "DataFrame":
+def _prepared_messages(messages: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     seconds = F.expr("timestampdiff(MICROSECOND, received_at, finished_at)") / F.lit(1_000_000.0)
@@ -72,13 +72,13 @@ def _prepared_messages(messages: "DataFrame") -> "DataFrame":
             .withColumn("duration_s", F.when(F.col("state").isin(FINAL_STATES), seconds)))
 
 
-def counts(m: "DataFrame") -> "DataFrame":
+def counts(m: DataFrame) -> DataFrame:
     """Messages per source system, route and state."""
     return (m.groupBy("source_system", "route", "state").count().withColumnRenamed("count", "messages")
             .orderBy("source_system", "route", "state"))
 
 
-def route_rates(m: "DataFrame") -> "DataFrame":
+def route_rates(m: DataFrame) -> DataFrame:
     """Failure and retry rates per route."""
     from pyspark.sql import functions as F
 
@@ -92,7 +92,7 @@ def route_rates(m: "DataFrame") -> "DataFrame":
             .withColumn("retry_rate", _rate(F.col("retried"), F.col("messages"))).orderBy("route"))
 
 
-def processing_time(m: "DataFrame") -> "DataFrame":
+def processing_time(m: DataFrame) -> DataFrame:
     """Processing-time percentiles (received to final) per route and over all routes (`*`)."""
     from pyspark.sql import functions as F
 
@@ -107,11 +107,11 @@ def processing_time(m: "DataFrame") -> "DataFrame":
     return both.select("route", "finished", *names, "max_s").orderBy("route")
 
 
-def throughput_hourly(m: "DataFrame") -> "DataFrame":
+def throughput_hourly(m: DataFrame) -> DataFrame:
     """Messages received and finished per hour."""
     from pyspark.sql import functions as F
 
-    def per_hour(column: str, name: str) -> "DataFrame":
+    def per_hour(column: str, name: str) -> DataFrame:
         hour = F.date_trunc("hour", F.col(column)).cast("timestamp_ntz").alias("hour")
         return m.where(F.col(column).isNotNull()).groupBy(hour).agg(F.count("*").alias(name))
 
@@ -120,7 +120,7 @@ def throughput_hourly(m: "DataFrame") -> "DataFrame":
     return (received.join(finished, "hour", "full").fillna(0, ["received", "finished"]).orderBy("hour"))
 
 
-def ext_call_failures(m: "DataFrame", calls: "DataFrame") -> "DataFrame":
+def ext_call_failures(m: DataFrame, calls: DataFrame) -> DataFrame:
     """External-call failure rate per route and step."""
     from pyspark.sql import functions as F
 
@@ -134,14 +134,14 @@ def ext_call_failures(m: "DataFrame", calls: "DataFrame") -> "DataFrame":
     return agg.withColumn("failure_rate", _rate(F.col("failed"), F.col("calls"))).orderBy("route", "step_key")
 
 
-def slowest_routes(times: "DataFrame") -> "DataFrame":
+def slowest_routes(times: DataFrame) -> DataFrame:
     """The routes with the highest p95 processing time."""
     from pyspark.sql import functions as F
 
     return times.where(F.col("route") != "*").orderBy(F.desc("p95_s"), "route").limit(SLOWEST)
 
 
-def business_errors(m: "DataFrame") -> "DataFrame":
+def business_errors(m: DataFrame) -> DataFrame:
     """Occurrences of each business-error code, and how many messages carry it."""
     from pyspark.sql import functions as F
 
@@ -164,7 +164,7 @@ def _write_table(table: Any, directory: Path) -> None:
     pq.write_table(table, directory / "part-00000.parquet")
 
 
-def build_report(spark: "SparkSession", source: Source, out: Path, start: datetime | None = None,
+def build_report(spark: SparkSession, source: Source, out: Path, start: datetime | None = None,
                  end: datetime | None = None, progress: Callable[[str], None] = lambda stage: None,
                  generated_at: datetime | None = None) -> Report:
     """Compute every table, write each as Parquet under `out/<table>/`, and return them."""

@@ -84,7 +84,7 @@ def find_jdbc_jar(kind: str, explicit: str | None = None) -> str:
 
 
 def spark_session(master: str = "local[*]", jars: tuple[str, ...] | list[str] = (),
-                  app_name: str = "openhub") -> "SparkSession":
+                  app_name: str = "openhub") -> SparkSession:
     """Start (or reuse) the SparkSession with the given driver jars on its classpath.
 
     Timestamps in the store are naive UTC, so the JVM and the SQL session both run in UTC: a JDBC

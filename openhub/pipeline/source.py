@@ -12,10 +12,11 @@ Source specs (`--source`): a SQLAlchemy URL (`postgresql+psycopg://…`, `sqlite
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import DateTime, Integer, Table, text
 from sqlalchemy.engine import make_url
@@ -149,7 +150,7 @@ def _select_list(source: Source, table: str, columns: list[str]) -> str:
     return ", ".join(parts)
 
 
-def canonical(df: "DataFrame", table: str, columns: list[str]) -> "DataFrame":
+def canonical(df: DataFrame, table: str, columns: list[str]) -> DataFrame:
     """Cast `df`'s columns to the canonical types of `table`, in the given order."""
     from pyspark.sql import functions as F
 
@@ -162,8 +163,8 @@ def _id_bounds(source: Source, table: str, where: str) -> tuple[int, int, int]:
     return int(row[0] or 0), int(row[1] or 0), int(row[2])
 
 
-def read_database(spark: "SparkSession", source: Source, table: str, where: str = "1 = 1",
-                  columns: list[str] | None = None, partitioned: bool = True) -> "DataFrame":
+def read_database(spark: SparkSession, source: Source, table: str, where: str = "1 = 1",
+                  columns: list[str] | None = None, partitioned: bool = True) -> DataFrame:
     """Read `table` rows matching the SQL condition `where` through JDBC, canonically typed.
 
     On PostgreSQL the read is split into ranges of `id`, each its own JDBC connection and
@@ -189,15 +190,15 @@ def read_database(spark: "SparkSession", source: Source, table: str, where: str 
     return canonical(reader.load(), table, columns)
 
 
-def empty_table(spark: "SparkSession", table: str, columns: list[str] | None = None) -> "DataFrame":
+def empty_table(spark: SparkSession, table: str, columns: list[str] | None = None) -> DataFrame:
     """An empty DataFrame with the canonical columns of `table`."""
     columns = columns or columns_of(table)
     ddl = ", ".join(f"{n} {spark_type(TABLES[table].c[n])}" for n in columns)
     return spark.createDataFrame([], ddl)
 
 
-def read_archive(spark: "SparkSession", source: Source, table: str, columns: list[str] | None = None,
-                 start: datetime | None = None, end: datetime | None = None) -> "DataFrame":
+def read_archive(spark: SparkSession, source: Source, table: str, columns: list[str] | None = None,
+                 start: datetime | None = None, end: datetime | None = None) -> DataFrame:
     """Read `table` from an archive directory, without its `date`/`route` partition columns.
 
     With a range, only the `date=` partitions that can hold messages received in it are read
@@ -218,8 +219,8 @@ def read_archive(spark: "SparkSession", source: Source, table: str, columns: lis
     return canonical(df, table, columns)
 
 
-def read_messages(spark: "SparkSession", source: Source, start: datetime | None, end: datetime | None,
-                  columns: list[str] | None = None) -> "DataFrame":
+def read_messages(spark: SparkSession, source: Source, start: datetime | None, end: datetime | None,
+                  columns: list[str] | None = None) -> DataFrame:
     """Messages received in [start, end) from any source."""
     if source.is_database:
         return read_database(spark, source, "messages", range_condition(start, end), columns)
@@ -233,9 +234,9 @@ def read_messages(spark: "SparkSession", source: Source, start: datetime | None,
     return df
 
 
-def read_dependants(spark: "SparkSession", source: Source, table: str, messages: "DataFrame",
+def read_dependants(spark: SparkSession, source: Source, table: str, messages: DataFrame,
                     start: datetime | None, end: datetime | None,
-                    columns: list[str] | None = None) -> "DataFrame":
+                    columns: list[str] | None = None) -> DataFrame:
     """Rows of `table` (ext_calls, transitions, confirmations) that belong to `messages`."""
     if source.is_database:
         # Filter in the database: only the calls of messages in range cross the wire. Without a

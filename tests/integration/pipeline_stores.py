@@ -43,8 +43,8 @@ ERROR_CODES = ("E410", "E422", "E500", "W100")
 TABLES = ("messages", "ext_calls", "transitions", "confirmations")
 
 
-@pytest.fixture(scope="session")
-def spark():  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="session", name="spark")
+def spark_fixture():  # type: ignore[no-untyped-def]
     """One SparkSession (local[2], both JDBC drivers) for every pipeline test: start-up is slow."""
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
     from openhub.pipeline.session import find_jdbc_jar, spark_session
@@ -54,8 +54,8 @@ def spark():  # type: ignore[no-untyped-def]
     session.stop()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["sqlite", "postgresql"], name="backend_url")
+def backend_url_fixture(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """An empty migrated store on each backend: a temp SQLite file, a fresh PostgreSQL database."""
     with store_url(request.param, str(tmp_path)) as url:
         yield url
@@ -137,17 +137,17 @@ class _Builder:
         if rng.random() < 0.25:
             errors = json.dumps([{"code": rng.choice(ERROR_CODES), "text": "refused by the target"}
                                  for _ in range(rng.choice((1, 1, 2)))])
-        row = dict(
-            id=mid, source_system=rng.choice(SOURCES), correlation_id=f"c-{mid}", process_id=None,
-            service=service, operation=operation, object_id=f"obj-{rng.randrange(400)}", entity_type=operation,
-            funnel=None, parent_id=parent["id"] if parent else None, payload=json.dumps({"n": mid, "text": "é ✓"}),
-            state=state, failed_count=attempts - 1 + (state == "FAILED"), attempt_id=str(uuid.UUID(int=mid)),
-            step_run=None, due_at=None if final else self.now + timedelta(minutes=5), received_at=received,
-            msg_timestamp=received - timedelta(seconds=1), started_at=received + timedelta(milliseconds=5),
-            updated_at=finished or received + timedelta(seconds=1), finished_at=finished, attempts=attempts,
-            generation=0, custom_data=json.dumps({"k": mid}) if mid % 3 == 0 else None, business_errors=errors,
-            response=None, failed_step=None, failed_error="Traceback: boom" if state == "FAILED" else None,
-        )
+        row = {
+            "id": mid, "source_system": rng.choice(SOURCES), "correlation_id": f"c-{mid}", "process_id": None,
+            "service": service, "operation": operation, "object_id": f"obj-{rng.randrange(400)}", "entity_type": operation,
+            "funnel": None, "parent_id": parent["id"] if parent else None, "payload": json.dumps({"n": mid, "text": "é ✓"}),
+            "state": state, "failed_count": attempts - 1 + (state == "FAILED"), "attempt_id": str(uuid.UUID(int=mid)),
+            "step_run": None, "due_at": None if final else self.now + timedelta(minutes=5), "received_at": received,
+            "msg_timestamp": received - timedelta(seconds=1), "started_at": received + timedelta(milliseconds=5),
+            "updated_at": finished or received + timedelta(seconds=1), "finished_at": finished, "attempts": attempts,
+            "generation": 0, "custom_data": json.dumps({"k": mid}) if mid % 3 == 0 else None, "business_errors": errors,
+            "response": None, "failed_step": None, "failed_error": "Traceback: boom" if state == "FAILED" else None,
+        }
         self.rows["messages"].append(row)
         self._calls(row, route)
         self._history(row)
@@ -166,12 +166,12 @@ class _Builder:
             key = f"{row['entity_type']}:{row['object_id']}:{step}" if scope == "entity" else f"{row['id']}:{step}"
             if scope == "entity" and any(c["key"] == key for c in self.rows["ext_calls"]):
                 scope, key = "message", f"{row['id']}:{step}"
-            self.rows["ext_calls"].append(dict(
-                id=self.next_id("ext_calls"), key=key, message_id=row["id"], step_key=step, scope=scope,
-                state=state, msg_timestamp=row["msg_timestamp"], attempts=rng.choice((1, 1, 2, 4)),
-                created_at=row["received_at"], updated_at=row["updated_at"],
-                duration_ms=rng.randrange(5, 3000) if state != "PROCESSING" else None,
-                last_error="HTTP 503" if state == "FAILED" else None))
+            self.rows["ext_calls"].append({
+                "id": self.next_id("ext_calls"), "key": key, "message_id": row["id"], "step_key": step, "scope": scope,
+                "state": state, "msg_timestamp": row["msg_timestamp"], "attempts": rng.choice((1, 1, 2, 4)),
+                "created_at": row["received_at"], "updated_at": row["updated_at"],
+                "duration_ms": rng.randrange(5, 3000) if state != "PROCESSING" else None,
+                "last_error": "HTTP 503" if state == "FAILED" else None})
 
     def _history(self, row: dict[str, Any]) -> None:
         rng = self.rng
@@ -180,16 +180,16 @@ class _Builder:
         path.append(row["state"])
         for before, after in zip([None] + path[:-1], path):
             at += timedelta(milliseconds=rng.randrange(1, 500))
-            self.rows["transitions"].append(dict(
-                id=self.next_id("transitions"), message_id=row["id"], at=at, event="generated",
-                from_state=before, to_state=after, step_key=None, detail=None))
+            self.rows["transitions"].append({
+                "id": self.next_id("transitions"), "message_id": row["id"], "at": at, "event": "generated",
+                "from_state": before, "to_state": after, "step_key": None, "detail": None})
         if row["state"] in ("OK", "FAILED", "CANCEL"):
             states = ("OK", "FAILED_END") if self.archivable_only else ("OK", "FAILED_END", "PENDING", "FAILED")
             state = rng.choices(states, weights=(80, 8, 6, 6)[:len(states)])[0]
-            self.rows["confirmations"].append(dict(
-                id=self.next_id("confirmations"), message_id=row["id"], outcome=row["state"], state=state,
-                attempts=1, due_at=None if state in ("OK", "FAILED_END") else self.now,
-                created_at=row["finished_at"], updated_at=row["finished_at"], last_error=None))
+            self.rows["confirmations"].append({
+                "id": self.next_id("confirmations"), "message_id": row["id"], "outcome": row["state"], "state": state,
+                "attempts": 1, "due_at": None if state in ("OK", "FAILED_END") else self.now,
+                "created_at": row["finished_at"], "updated_at": row["finished_at"], "last_error": None})
 
 
 def generate_store(url: str, roots: int = 200, seed: int = 5, now: datetime = NOW,
@@ -296,15 +296,15 @@ def sql_report(url: str, start: datetime | None = None, end: datetime | None = N
             for r in rows(f"SELECT {route} AS route, {seconds} AS d FROM messages WHERE state IN {final} AND {where}"):
                 durations[r["route"]].append(r["d"])
                 durations["*"].append(r["d"])
-            times = [dict(route=k, finished=len(v), p50_s=percentile_cont(v, 0.5), p95_s=percentile_cont(v, 0.95),
-                          p99_s=percentile_cont(v, 0.99), max_s=max(v)) for k, v in durations.items()]
+            times = [{"route": k, "finished": len(v), "p50_s": percentile_cont(v, 0.5), "p95_s": percentile_cont(v, 0.95),
+                          "p99_s": percentile_cont(v, 0.99), "max_s": max(v)} for k, v in durations.items()]
         out["processing_time"] = [{k: float(v) if k.endswith("_s") else v for k, v in r.items()} for r in times]
         received = {r["hour"]: r["n"] for r in rows(
             f"SELECT {hour.format(c='received_at')} AS hour, count(*) AS n FROM messages WHERE {where} GROUP BY 1")}
         finished = {r["hour"]: r["n"] for r in rows(
             f"SELECT {hour.format(c='finished_at')} AS hour, count(*) AS n FROM messages "
             f"WHERE finished_at IS NOT NULL AND {where} GROUP BY 1")}
-        out["throughput_hourly"] = [dict(hour=h, received=received.get(h, 0), finished=finished.get(h, 0))
+        out["throughput_hourly"] = [{"hour": h, "received": received.get(h, 0), "finished": finished.get(h, 0)}
                                     for h in sorted(set(received) | set(finished))]
         calls = rows(f"SELECT {route} AS route, c.step_key, count(*) AS calls, "
                      "sum(CASE WHEN c.state = 'FAILED' THEN 1 ELSE 0 END) AS failed, sum(c.attempts) AS attempts, "

@@ -25,7 +25,16 @@ from sqlalchemy import update
 from openhub import schema
 from openhub.db import transaction, utcnow
 
-from .pipeline_stores import FINAL, NOW, TABLES, backend_url, generate_store, snapshot, spark  # noqa: F401
+from .pipeline_stores import (  # noqa: F401 - the two fixtures are used by name
+    FINAL,
+    NOW,
+    TABLES,
+    backend_url_fixture,
+    generate_store,
+    snapshot,
+    spark_fixture,
+    store_url,
+)
 
 Rows = dict[str, dict[int, dict[str, Any]]]
 
@@ -125,7 +134,8 @@ def test_changed_family_is_withdrawn_not_deleted(spark, backend_url: str, tmp_pa
     """An operator restarts a message after it was archived but before the delete: the live row wins."""
     from openhub.pipeline.archive import find_eligible, settle, stage_batch
     from openhub.pipeline.ledger import ArchiveDir
-    from openhub.pipeline.source import parse_source, read_archive as spark_read_archive
+    from openhub.pipeline.source import parse_source
+    from openhub.pipeline.source import read_archive as spark_read_archive
 
     generate_store(backend_url, roots=80, seed=9)
     source = parse_source(backend_url)
@@ -214,6 +224,24 @@ def test_archive_killed_midway_then_rerun(spark, backend_url: str, tmp_path: Pat
     assert_nothing_lost_nothing_duplicated(before, after, out, rerun_at - timedelta(hours=1))
 
 
+def publish_killed_after_two_files(archive: Any, batch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publish `batch` but die (as a kill would) after two of its files were moved into place."""
+    from openhub.pipeline import ledger
+
+    real_replace, moved = ledger.os.replace, []
+
+    def replace_then_die(src: Any, dst: Any) -> None:
+        if len(moved) == 2:
+            raise KeyboardInterrupt("killed while publishing")
+        real_replace(src, dst)
+        moved.append(dst)
+
+    monkeypatch.setattr(ledger.os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        archive.publish(batch)
+    monkeypatch.undo()
+
+
 def test_rerun_completes_batches_stopped_at_every_stage(spark, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Leave four batches exactly where a crash at each stage would, then rerun once.
@@ -222,10 +250,13 @@ def test_rerun_completes_batches_stopped_at_every_stage(spark, tmp_path: Path,  
     killed halfway through publishing (rolled forward), published but not yet deleted (settled).
     """
     from openhub.pipeline import ledger
-    from openhub.pipeline.archive import find_eligible, plan_batches, run_archive, stage_batch
+    from openhub.pipeline.archive import (
+        find_eligible,
+        plan_batches,
+        run_archive,
+        stage_batch,
+    )
     from openhub.pipeline.source import parse_source
-
-    from .pipeline_stores import store_url
 
     cutoff = NOW - timedelta(hours=1)
     with store_url("sqlite", str(tmp_path)) as url:
@@ -241,18 +272,7 @@ def test_rerun_completes_batches_stopped_at_every_stage(spark, tmp_path: Path,  
             if name != "staged":
                 archive.seal(manifest)
             if name == "mid-publish":
-                real_replace, moved = ledger.os.replace, []
-
-                def replace_then_die(src: Any, dst: Any) -> None:
-                    if len(moved) == 2:
-                        raise KeyboardInterrupt("killed while publishing")
-                    real_replace(src, dst)
-                    moved.append(dst)
-
-                monkeypatch.setattr(ledger.os, "replace", replace_then_die)
-                with pytest.raises(KeyboardInterrupt):
-                    archive.publish(name)
-                monkeypatch.undo()
+                publish_killed_after_two_files(archive, name, monkeypatch)
                 assert archive.published_files("messages", name)
                 assert not (archive.batches / f"{name}.json").exists()
             if name == "published":

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from openhub.errors import ConfigurationError
 
-from .pipeline_stores import NOW, generate_store, spark, sql_report, store_url  # noqa: F401 - spark is a fixture
+from .pipeline_stores import NOW, generate_store, spark_fixture, sql_report, store_url  # noqa: F401 - spark_fixture is used by name
 
 KEYS = {
     "counts": ("source_system", "route", "state"),
