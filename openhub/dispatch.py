@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from .config import get_settings
@@ -42,14 +43,21 @@ def _celeryconfig() -> Any:
                                  "directory (where celeryconfig.py is) or set OPENHUB_CELERY_CONFIG") from None
 
 
+_app_lock = threading.Lock()
+
+
 def celery_app() -> "Celery":
-    """The process's Celery application, configured from celeryconfig.py."""
+    """The process's Celery application, configured from celeryconfig.py (thread-safe)."""
     global _app
     if _app is None:
-        from celery import Celery
+        with _app_lock:  # celery's lazy module attributes are not safe to import from two threads at once
+            if _app is None:
+                from celery import Celery
+                from celery.canvas import chain  # noqa: F401 - loaded here, under the lock
 
-        _app = Celery("openhub")
-        _app.config_from_object(_celeryconfig())
+                app = Celery("openhub")
+                app.config_from_object(_celeryconfig())
+                _app = app
     return _app
 
 
@@ -75,9 +83,8 @@ def step_options(item: RouteStep, route: Route) -> dict[str, Any]:
 
 def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:
     """The Celery chain that carries one message through `route` from step `start` on."""
-    from celery import chain
-
     app = celery_app()
+    from celery.canvas import chain
     signatures = [app.signature(route.task_name(item), args=(message_id, token), immutable=True,
                                 options=step_options(item, route))
                   for item in route.steps[start:]]

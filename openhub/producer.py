@@ -50,7 +50,10 @@ def to_utc(value: datetime | str | None, what: str = "msg_timestamp") -> datetim
     if not isinstance(value, datetime):
         raise InputError(f"{what} must be a datetime or ISO 8601 text")
     if value.tzinfo is not None:
-        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        try:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        except OverflowError:
+            raise InputError(f"{what} is out of range: {value.isoformat()}") from None
     return value
 
 
@@ -94,8 +97,12 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
         raise InputError(f"payload is not JSON-serialisable: {exc}") from None
     if any(isinstance(v, float) and not math.isfinite(v) for v in _floats(payload)):
         raise InputError("payload is not JSON-serialisable: NaN and infinity have no JSON form")
+    try:
+        encoded = text.encode()
+    except UnicodeEncodeError as exc:
+        raise InputError(f"payload is not valid Unicode text: {exc.reason} at position {exc.start}") from None
     limit = get_settings().max_payload_bytes
-    size = len(text.encode())
+    size = len(encoded)
     if size > limit:
         raise PayloadTooLarge(f"payload is {size} bytes, more than OPENHUB_MAX_PAYLOAD_BYTES={limit}")
     _validated(route, payload)

@@ -91,7 +91,10 @@ class ExtCall(Base):
     duration_ms: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(Text)
 
-    __table_args__ = (Index("ix_ext_calls_message", "message_id"),)
+    __table_args__ = (
+        Index("ix_ext_calls_message", "message_id"),
+        Index("ix_ext_calls_updated", "updated_at"),  # metrics read the calls finished since the last scrape
+    )
 
 
 class Transition(Base):
@@ -128,6 +131,7 @@ class Confirmation(Base):
 
     __table_args__ = (
         Index("ix_confirmations_message", "message_id"),
+        Index("ix_confirmations_state", "state"),
         Index("ix_confirmations_due", "due_at", postgresql_where=text("due_at IS NOT NULL"),
               sqlite_where=text("due_at IS NOT NULL")),
     )

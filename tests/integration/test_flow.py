@@ -134,6 +134,8 @@ def _count() -> int:
     ("test.flow", {"big": "x" * 2_000_000}, {}, openhub.PayloadTooLarge, "OPENHUB_MAX_PAYLOAD_BYTES"),
     ("test.flow", {}, {"msg_timestamp": "yesterday"}, openhub.InputError, "ISO 8601"),
     ("test.entity", {"noid": 1}, {}, openhub.InputError, "cannot compute object_id"),
+    ("test.flow", {"x": "\ud800"}, {}, openhub.InputError, "not valid Unicode"),
+    ("test.flow", {}, {"msg_timestamp": "9999-12-31T23:59:59-05:00"}, openhub.InputError, "out of range"),
 ])
 def test_bad_input_is_refused_and_stores_nothing(route, payload, kwargs, error, text) -> None:  # noqa: ANN001
     before = _count()

@@ -79,6 +79,7 @@ def upgrade() -> None:
     with op.batch_alter_table('confirmations', schema=None) as batch_op:
         batch_op.create_index('ix_confirmations_due', ['due_at'], unique=False, postgresql_where=sa.text('due_at IS NOT NULL'), sqlite_where=sa.text('due_at IS NOT NULL'))
         batch_op.create_index('ix_confirmations_message', ['message_id'], unique=False)
+        batch_op.create_index('ix_confirmations_state', ['state'], unique=False)
 
     op.create_table('ext_calls',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
@@ -99,6 +100,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('ext_calls', schema=None) as batch_op:
         batch_op.create_index('ix_ext_calls_message', ['message_id'], unique=False)
+        batch_op.create_index('ix_ext_calls_updated', ['updated_at'], unique=False)
 
     op.create_table('transitions',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
@@ -123,10 +125,12 @@ def downgrade() -> None:
 
     op.drop_table('transitions')
     with op.batch_alter_table('ext_calls', schema=None) as batch_op:
+        batch_op.drop_index('ix_ext_calls_updated')
         batch_op.drop_index('ix_ext_calls_message')
 
     op.drop_table('ext_calls')
     with op.batch_alter_table('confirmations', schema=None) as batch_op:
+        batch_op.drop_index('ix_confirmations_state')
         batch_op.drop_index('ix_confirmations_message')
         batch_op.drop_index('ix_confirmations_due', postgresql_where=sa.text('due_at IS NOT NULL'), sqlite_where=sa.text('due_at IS NOT NULL'))
 
