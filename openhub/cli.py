@@ -284,6 +284,8 @@ def resume(route: str, as_json: bool) -> None:
 
 DEMO_PAYLOADS = {
     "customer.setCustomer": lambda i: {"externalCustomerId": str(1000 + i % 7), "name": f"Demo customer {i}"},
+    "order.create": lambda i: {"orderId": f"demo-{i}", "lines": [{"sku": 100 + i % 3, "qty": 1},
+                                                                  {"sku": 200 + i % 2, "qty": 2}]},
 }
 
 
