@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,15 +31,10 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-PG_SERVER = os.environ.get("OPENHUB_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+sys.path.insert(0, str(ROOT))
+from tests.support.backends import RedisServer, free_port, postgres_database  # noqa: E402
 KEY = "bench-" + uuid.uuid4().hex
 SECTION = "## Ingress (issue 4)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
@@ -53,40 +47,12 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
 
 @contextmanager
 def redis_server(workdir: Path) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(workdir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """A private redis-server: its URL and process id (for CPU accounting)."""
+    server = RedisServer.start(workdir / "redis")
     try:
-        import redis
-
-        def up() -> bool:
-            try:
-                return bool(redis.Redis(port=port).ping())
-            except redis.RedisError:
-                return False
-
-        wait_until(up, 20, "redis-server")
-        yield f"redis://127.0.0.1:{port}/0", proc.pid
+        yield server.url, server.process.pid
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-@contextmanager
-def postgres_database() -> Iterator[str]:
-    import sqlalchemy
-
-    name = f"openhub_bench_{uuid.uuid4().hex[:8]}"
-    admin = sqlalchemy.create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_SERVER}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        server.stop()
 
 
 async def _connection(port: int, stop_at: float, measure_from: float, run: str, ident: int,
@@ -178,7 +144,7 @@ def postgres_backends(database: str) -> list[int]:
     import sqlalchemy
 
     name = database.rsplit("/", 1)[1]
-    admin = sqlalchemy.create_engine(f"{PG_SERVER}/postgres")
+    admin = sqlalchemy.create_engine(f"{database.rsplit('/', 1)[0]}/postgres")
     with admin.connect() as conn:
         pids = [r[0] for r in conn.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE datname = %s", (name,))]
     admin.dispose()
@@ -198,7 +164,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir: Path) -> dict:
-    with redis_server(workdir) as (broker, redis_pid), postgres_database() as database:
+    with redis_server(workdir) as (broker, redis_pid), postgres_database("openhub_bench") as database:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENHUB_", "PROMETHEUS_"))}
         env.update(OPENHUB_DATABASE_URL=database, OPENHUB_BROKER_URL=broker, OPENHUB_ROUTES="routes",
                    OPENHUB_API_KEYS=f"BENCH={KEY}", OPENHUB_ADMIN_TOKEN=uuid.uuid4().hex,
