@@ -81,7 +81,8 @@ def is_postgres(conn: Connection) -> bool:
 
 @contextmanager
 def transaction(url: str | None = None) -> Iterator[Connection]:
-    """One database transaction; a lost or refused connection becomes StoreUnavailable."""
+    """One database transaction; a lost or refused connection, or a deadlock, becomes StoreUnavailable
+    (the transaction had no effect and may be tried again)."""
     try:
         with get_engine(url).begin() as conn:
             yield conn
@@ -97,7 +98,8 @@ def transaction(url: str | None = None) -> Iterator[Connection]:
 
 def _is_connectivity(exc: OperationalError) -> bool:
     text = str(exc.orig).lower()
-    if "database is locked" in text:
+    # Conflicts that roll the whole transaction back: trying it again is the remedy.
+    if any(word in text for word in ("database is locked", "deadlock detected", "could not serialize")):
         return True
     return exc.connection_invalidated or any(
         word in text for word in ("connection", "could not connect", "server closed", "terminating", "timeout",

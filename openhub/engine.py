@@ -13,9 +13,10 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime, timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Connection, Row, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,17 +26,26 @@ from .confirm import queue_confirmation, send_confirmations
 from .config import get_settings
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
 from .db import is_postgres, transaction, utcnow
-from .errors import Holdback, Postpone, Reject
+from .errors import Holdback, Postpone, Reject, StoreUnavailable
 from .funnel import funnel_blocked, release_funnel
 from .model import RetryPolicy, Route, RouteStep, Split
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
-from .split import after_child_final, dispatch_children, prepare_children, write_children
-from .states import Action, Event, State, transition
+from .split import dispatch_children, prepare_children, resume_split, settle_parent, write_children
+from .states import FINAL, Action, Event, State, transition
 from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
+RECORD_ATTEMPTS = 12  # about a minute of back-off in all
+
+
+class Effects(set):
+    """The actions of committed transitions, and follow-ups to run once the transaction committed."""
+
+    def __init__(self, actions: Any = ()) -> None:
+        super().__init__(actions)
+        self.later: list[Callable[[], Any]] = []
 
 
 @dataclass
@@ -103,7 +113,7 @@ def run_step(route_name: str, index: int, message_id: int, token: str, redeliver
     """Run step `index` of the route for the message; True when the chain should go on."""
     route = get_registry().route(route_name)
     item = route.steps[index]
-    actions: set[Action] = set()
+    actions = Effects()
     with transaction() as conn:
         if is_postgres(conn):
             # Safe: if this commit is lost in a crash, so is everything after it (WAL order),
@@ -119,9 +129,20 @@ def run_step(route_name: str, index: int, message_id: int, token: str, redeliver
             verdict.children = prepare_children(entered.row, item, verdict.children, utcnow())
         except Reject as exc:
             verdict = Verdict(Event.REJECTED, error=f"Reject: {exc.reason}")
-    with transaction() as conn:
-        go_on = _record(conn, route, index, message_id, token, entered, verdict, actions)
-    after_commit(route, message_id, actions)
+    # The step has run: its outcome must be written, or a repair would make the call again. The
+    # lease is still ours, so a transaction lost to a deadlock or a database blip is simply retried.
+    for attempt in range(RECORD_ATTEMPTS):
+        recorded = Effects()
+        try:
+            with transaction() as conn:
+                go_on = _record(conn, route, index, message_id, token, entered, verdict, recorded)
+            break
+        except StoreUnavailable as exc:
+            if attempt == RECORD_ATTEMPTS - 1:
+                raise
+            log.warning("message %s: recording step %s failed (%s); retrying", message_id, item.key, exc)
+            time.sleep(min(0.05 * 2 ** attempt, 5.0))  # back off from a conflict or an outage
+    after_commit(route, message_id, recorded)
     return go_on
 
 
@@ -156,6 +177,8 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
     call = _take_call(conn, key, row, item, now)
     if call is not None and call.state == "OK":
         if call.message_id == row.id:
+            if isinstance(item, Split) and not resume_split(conn, row, now, actions):
+                return False
             log.debug("message %s: step %s already OK, skipped", message_id, item.key)
             if index == len(route.steps) - 1:
                 _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
@@ -262,7 +285,9 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     ctx = entered.ctx
     row = entered.row  # still accurate: the step lease kept everyone else off the message
     duration = int((time.monotonic() - entered.started) * 1000)
-    errors = loads(row.business_errors, []) + ctx.business_errors
+    succeeded = verdict.event in (None, Event.SPLIT, Event.WAIT_RESPONSE)
+    # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
+    errors = loads(row.business_errors, []) + (ctx.business_errors if succeeded else [])
     common = dict(custom_data=dumps(ctx.custom_data), business_errors=dumps(errors) if errors else None,
                   step_run=None, updated_at=now)
     last = index == len(route.steps) - 1
@@ -274,6 +299,9 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         messages.c.state == State.PROCESSING.value)).values(**common)).rowcount
     if not kept:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
+        if verdict.event is None:  # the call did succeed: a later run must not make it again
+            conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id,
+                                                      X.state == "PROCESSING")).values(state="OK", updated_at=now))
         return False
     # A waiting step is OK once its response arrives; a response timeout makes it FAILED (re-sent).
     call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "WAITING", Event.NO_EFFECT: "NO_EFFECT",
@@ -315,7 +343,7 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
 
 
 def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: RouteStep | None, now: datetime,
-           actions: set[Action], detail: str | None = None, **values: Any) -> None:
+                actions: Effects, detail: str | None = None, **values: Any) -> None:
     """Write the transition of `event` with the state machine's verdict and note its actions."""
     policy = retry_policy(route, item)
     result = transition(row.state, event, row.failed_count, policy.max_fails)
@@ -337,8 +365,9 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: Ro
         actions.discard(Action.CONFIRM)
     if row.funnel is None:
         actions.discard(Action.RELEASE_FUNNEL)
-    if row.parent_id is None:
-        actions.discard(Action.NOTIFY_PARENT)
+    actions.discard(Action.NOTIFY_PARENT)
+    if result.state in FINAL and row.parent_id is not None:
+        settle_parent(conn, row.parent_id, now, actions)
 
 
 def _pause(conn: Connection, route_name: str, reason: str, now: datetime) -> None:
@@ -354,19 +383,24 @@ def _short(text: str | None) -> str | None:
     return lines[-1][:500] if lines else None
 
 
-def after_commit(route: Route, message_id: int, actions: set[Action]) -> None:
-    """Carry out what a committed transition asked for: confirm, release the funnel, tell the parent."""
+def after_commit(route: Route, message_id: int, actions: Effects) -> None:
+    """Carry out what committed transitions asked for: confirm, dispatch children, release the funnel.
+
+    Each has a backstop if this process dies first: confirmations and re-driven messages are due in
+    the store for the poller, children are NEW rows it re-drives.
+    """
+    work: list[Callable[[], Any]] = []
     if Action.CONFIRM in actions:
-        try:
-            send_confirmations(message_id)
-        except Exception:  # noqa: BLE001 - the poller retries confirmations
-            log.exception("message %s: sending the confirmation failed; the poller retries it", message_id)
+        work.append(partial(send_confirmations, message_id))
     if Action.DISPATCH_CHILDREN in actions:
-        dispatch_children(message_id)
-    if Action.NOTIFY_PARENT in actions:
-        after_child_final(message_id)
+        work.append(partial(dispatch_children, message_id))
     if Action.RELEASE_FUNNEL in actions:
-        release_funnel(message_id)
+        work.append(partial(release_funnel, message_id))
+    for fn in work + getattr(actions, "later", []):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the poller's backstop takes over
+            log.exception("message %s: follow-up %s failed; the poller takes over", message_id, fn)
 
 
 def redispatch(conn: Connection, row: Row, event: Event, now: datetime, start: int = 0) -> tuple[Route, str, int]:

@@ -8,7 +8,7 @@ dispatching the next postponed message at once instead of waiting for the poller
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Row, and_, func, or_, select, text, update
+from sqlalchemy import Connection, Row, and_, or_, select, text, update
 
 from .db import is_postgres, transaction, utcnow
 from .model import Route
@@ -25,7 +25,9 @@ def funnel_blocked(conn: Connection, row: Row, route: Route) -> str | None:
         return None
     if is_postgres(conn):
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:f))"), {"f": row.funnel})
-    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, M.state.in_(ACTIVE), M.id != row.id))
+    # A waiting split parent holds its funnel, but not against its own descendants.
+    mine = [row.id, *_ancestors(conn, row)]
+    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, M.state.in_(ACTIVE), M.id.not_in(mine)))
                         .limit(1)).scalar()
     if busy is not None:
         return f"funnel {row.funnel!r} busy with message {busy}"
@@ -34,12 +36,21 @@ def funnel_blocked(conn: Connection, row: Row, route: Route) -> str | None:
         if route.exclude_failed:
             blocking.remove(State.FAILED.value)
         earlier = conn.execute(select(M.id).where(and_(
-            M.funnel == row.funnel, M.state.in_(blocking), M.id != row.id,
+            M.funnel == row.funnel, M.state.in_(blocking), M.id.not_in(mine),
             or_(M.msg_timestamp < row.msg_timestamp, and_(M.msg_timestamp == row.msg_timestamp, M.id < row.id))))
             .limit(1)).scalar()
         if earlier is not None:
             return f"guaranteed order: earlier message {earlier} of funnel {row.funnel!r} is not done"
     return None
+
+
+def _ancestors(conn: Connection, row: Row) -> list[int]:
+    found: list[int] = []
+    parent_id = row.parent_id
+    while parent_id is not None and parent_id not in found:
+        found.append(parent_id)
+        parent_id = conn.execute(select(M.parent_id).where(M.id == parent_id)).scalar()
+    return found
 
 
 def release_funnel(message_id: int) -> None:
@@ -54,6 +65,7 @@ def release_funnel(message_id: int) -> None:
                            .order_by(M.msg_timestamp, M.id).limit(1)).scalar()
         if nxt is None:
             return
-        conn.execute(update(messages).where(M.id == nxt).values(due_at=func.least(M.due_at, utcnow())
-                                                                if is_postgres(conn) else utcnow()))
+        # Only if it is still postponed: the poller may have re-driven it meanwhile.
+        conn.execute(update(messages).where(and_(M.id == nxt, M.state == State.POSTPONED.value))
+                     .values(due_at=utcnow()))
     redrive_due_messages(utcnow(), only_ids=[nxt])

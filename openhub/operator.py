@@ -9,7 +9,8 @@ from sqlalchemy import and_, delete, update
 
 from .context import MessageView
 from .db import is_postgres, transaction, utcnow
-from .engine import after_commit, publish_all, redispatch
+from .engine import Effects, after_commit, publish_all, redispatch
+from .split import settle_parent
 from .errors import InputError, NotFound, StateConflict
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
@@ -18,6 +19,7 @@ from .store import dumps, lock_message, message_view, set_state
 from .confirm import queue_confirmation
 
 M = messages.c
+RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
 
 
 def _locked(conn, message_id: int):  # noqa: ANN001, ANN202
@@ -57,13 +59,17 @@ def cancel(message_id: int) -> MessageView:
         row = _locked(conn, message_id)
         result = transition(row.state, Event.CANCELLED, row.failed_count)
         now = utcnow()
-        queue_confirmation(conn, row.id, result.state.value, now)
+        if row.source_system in get_registry().confirmers:
+            queue_confirmation(conn, row.id, result.state.value, now)
         # A new token makes any chain still carrying the message stop without effect.
         set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
                   step_run=None, attempt_id=str(uuid.uuid4()))
+        effects = Effects(result.actions)
+        if row.parent_id is not None:
+            settle_parent(conn, row.parent_id, now, effects)
         route = get_registry().routes.get(f"{row.service}.{row.operation}")
     if route is not None:
-        after_commit(route, int(message_id), set(result.actions))
+        after_commit(route, int(message_id), effects)
     return get_message_view(message_id)
 
 
@@ -105,9 +111,9 @@ def resume(route: str) -> int:
         ids = [i for (i,) in conn.execute(
             messages.select().with_only_columns(M.id).where(and_(
                 M.service == target.service, M.operation == target.operation,
-                M.state.in_((State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)))))]
+                M.state.in_(RESUMABLE))))]
         if ids:
-            conn.execute(update(messages).where(M.id.in_(ids)).values(due_at=now))
+            conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE))).values(due_at=now))
     from .poller import redrive_due_messages
 
     redriven = 0

@@ -17,11 +17,11 @@ from sqlalchemy import and_, not_, select, update
 
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
-from .engine import after_commit, apply_event, publish_all, redispatch
+from .engine import Effects, after_commit, apply_event, publish_all, redispatch
 from .errors import UnknownRouteError
 from .registry import get_registry
 from .schema import ext_calls, messages
-from .states import Action, Event, State
+from .states import Event, State
 from .store import paused_routes
 
 log = logging.getLogger("openhub.poller")
@@ -81,7 +81,7 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
     with transaction() as conn:
         query = _due_query(now, paused_routes(conn), only_ids)
         if is_postgres(conn):
-            query = query.with_for_update(skip_locked=True)
+            query = query.with_for_update(skip_locked=True, key_share=True)
         for row in conn.execute(query).all():
             try:
                 route = registry.route(f"{row.service}.{row.operation}")
@@ -97,7 +97,7 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
                 route, token, start = redispatch(conn, row, Event.REDRIVEN, now)
                 chains.append((route, row.id, token, start))
                 continue
-            actions: set[Action] = set()
+            actions = Effects()
             event = Event.TRANSIENT if row.state == State.WAITING_FOR_RES else Event.LEASE_EXPIRED
             reason = ("no response before the timeout" if event is Event.TRANSIENT
                       else f"lease expired in {row.state}: the worker died or the chain was lost")
@@ -125,9 +125,9 @@ def expire_guaranteed_order(now: datetime) -> int:
                 M.service == route.service, M.operation == route.operation, M.funnel.is_not(None),
                 M.state.in_((State.POSTPONED.value,)), M.received_at < now - route.order_timeout))
             if is_postgres(conn):
-                query = query.with_for_update(skip_locked=True)
+                query = query.with_for_update(skip_locked=True, key_share=True)
             for row in conn.execute(query.limit(BATCH)).all():
-                actions: set[Action] = set()
+                actions = Effects()
                 apply_event(conn, row, Event.ORDER_EXPIRED, route, None, now, actions,
                             failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}")
                 expired.append((route, row.id, actions))

@@ -8,7 +8,9 @@ parent's row lock, so children finishing together on several workers finalise it
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Row, and_, func, select
@@ -67,60 +69,81 @@ def dispatch_children(parent_id: int) -> None:
     publish_new([(r.id, r._asdict()) for r in rows])
 
 
-def after_child_final(child_id: int) -> None:
-    """A child reached a final state: finalise or resume its parent when the family is complete."""
+def current_children(parent: Any) -> Any:
+    """The WHERE clause of a parent's children of its current generation (a total restart starts anew)."""
+    prefix = f"{parent.correlation_id}#{parent.generation}."
+    return and_(M.parent_id == parent.id, M.correlation_id.startswith(prefix, autoescape=True))
+
+
+def children_counts(conn: Connection, parent: Any) -> dict[str, int]:
+    """How many of the parent's current children are in each state."""
+    return dict(conn.execute(select(M.state, func.count()).where(current_children(parent)).group_by(M.state)).all())
+
+
+def settle_parent(conn: Connection, parent_id: int, now: datetime, effects: Any) -> None:
+    """A child's final state was just written in this transaction: finalise or resume its parent if the
+    family is complete, and its own parent in turn (nested splits).
+
+    Settling in the child's transaction, under the parent's row lock, means the parent is finalised once
+    however many children finish together, and never forgotten if a worker dies after the commit.
+    """
     from .engine import publish_all, redispatch
 
-    chains = []
-    parent_id = None
-    with transaction() as conn:
-        child = conn.execute(select(M.parent_id).where(M.id == child_id)).first()
-        if child is None or child.parent_id is None:
-            return
-        parent = lock_message(conn, child.parent_id)
-        if parent is None or parent.state != State.WAITING:
-            return
-        counts = dict(conn.execute(select(M.state, func.count()).where(M.parent_id == parent.id)
-                                   .group_by(M.state)).all())
-        now = utcnow()
-        if counts.get(State.FAILED, 0) or counts.get(State.CANCEL, 0):
-            _fail_parent(conn, parent, now, counts)
-            parent_id = parent.id
-        elif sum(counts.values()) == counts.get(State.OK, 0) + counts.get(State.SKIPPED, 0):
-            route = get_registry().route(f"{parent.service}.{parent.operation}")
-            start = next(i for i, s in enumerate(route.steps) if isinstance(s, Split)) + 1
-            if start >= len(route.steps):
-                _complete_parent(conn, parent, now)
-                parent_id = parent.id
-            else:
-                route, token, start = redispatch(conn, parent, Event.CHILDREN_OK, now, start)
-                chains.append((route, parent.id, token, start))
-    publish_all(chains)
-    if parent_id is not None:
-        _after_parent_final(parent_id)
+    parent = lock_message(conn, parent_id)
+    if parent is None or parent.state != State.WAITING:
+        return
+    counts = children_counts(conn, parent)
+    failed, cancelled = counts.get(State.FAILED, 0), counts.get(State.CANCEL, 0)
+    if failed or cancelled:
+        result = transition(parent.state, Event.CHILD_FAILED, parent.failed_count)
+        _finish_parent(conn, parent, Event.CHILD_FAILED, result.state, now, effects,
+                       failed_error=f"{failed} child message(s) FAILED, {cancelled} cancelled")
+    elif sum(counts.values()) == counts.get(State.OK, 0) + counts.get(State.SKIPPED, 0):
+        route = get_registry().route(f"{parent.service}.{parent.operation}")
+        start = next(i for i, s in enumerate(route.steps) if isinstance(s, Split)) + 1
+        if start >= len(route.steps):  # nothing after the split: the family's success is the parent's
+            _finish_parent(conn, parent, Event.CHILDREN_OK, State.OK, now, effects)
+        else:
+            route, token, start = redispatch(conn, parent, Event.CHILDREN_OK, now, start)
+            effects.later.append(partial(publish_all, [(route, parent.id, token, start)]))
 
 
-def _fail_parent(conn: Connection, parent: Row, now: datetime, counts: dict[str, int]) -> None:
-    from .confirm import queue_confirmation
+def _finish_parent(conn: Connection, parent: Row, event: Event, state: State, now: datetime, effects: Any,
+                   **values: Any) -> None:
+    from .confirm import queue_confirmation, send_confirmations
+    from .funnel import release_funnel
     from .store import set_state
 
-    result = transition(parent.state, Event.CHILD_FAILED, parent.failed_count)
-    queue_confirmation(conn, parent.id, result.state.value, now)
-    set_state(conn, parent, Event.CHILD_FAILED.value, result.state, now=now, due_at=None, finished_at=now,
-              failed_error=f"{counts.get(State.FAILED, 0)} child message(s) FAILED, "
-                           f"{counts.get(State.CANCEL, 0)} cancelled")
+    if parent.source_system in get_registry().confirmers:
+        queue_confirmation(conn, parent.id, state.value, now)
+        effects.later.append(partial(send_confirmations, parent.id))
+    set_state(conn, parent, event.value, state, now=now, due_at=None, finished_at=now, step_run=None, **values)
+    if parent.funnel is not None:
+        effects.later.append(partial(release_funnel, parent.id))
+    if parent.parent_id is not None:
+        settle_parent(conn, parent.parent_id, now, effects)
 
 
-def _complete_parent(conn: Connection, parent: Row, now: datetime) -> None:
-    from .confirm import queue_confirmation
+def resume_split(conn: Connection, parent: Any, now: datetime, effects: Any) -> bool:
+    """A split already done runs again (a restart, a re-drive): go on only if all its children are OK.
+
+    Otherwise its FAILED and cancelled children are restarted and the parent waits for the family again.
+    """
+    from .poller import redrive_due_messages
     from .store import set_state
 
-    queue_confirmation(conn, parent.id, State.OK.value, now)
-    set_state(conn, parent, Event.CHILDREN_OK.value, State.OK, now=now, due_at=None, finished_at=now)
-
-
-def _after_parent_final(parent_id: int) -> None:
-    from .confirm import send_confirmations
-
-    send_confirmations(parent_id)
-    after_child_final(parent_id)  # nested splits: the parent may itself be a child
+    counts = children_counts(conn, parent)
+    if sum(counts.values()) == counts.get(State.OK, 0) + counts.get(State.SKIPPED, 0):
+        return True
+    again = conn.execute(select(messages).where(and_(current_children(parent),
+                                                     M.state.in_((State.FAILED.value, State.CANCEL.value))))).all()
+    for child in again:
+        result = transition(child.state, Event.RESTARTED, child.failed_count)
+        set_state(conn, child, Event.RESTARTED.value, result.state, now=now, detail=f"parent {parent.id} restarted",
+                  failed_count=0, due_at=now, finished_at=None, step_run=None, attempt_id=str(uuid.uuid4()))
+    set_state(conn, parent, Event.SPLIT.value, State.WAITING, now=now, step_run=None, due_at=None,
+              detail=f"waiting again for its children ({len(again)} restarted)")
+    if again:
+        ids = [c.id for c in again]
+        effects.later.append(lambda: redrive_due_messages(utcnow(), only_ids=ids))
+    return False

@@ -28,10 +28,15 @@ def loads(text: str | None, default: Any = None) -> Any:
 
 
 def lock_message(conn: Connection, message_id: int) -> Row | None:
-    """Read a message row, locking it for this transaction (SQLite's BEGIN IMMEDIATE already does)."""
+    """Read a message row, locking it for this transaction (SQLite's BEGIN IMMEDIATE already does).
+
+    FOR NO KEY UPDATE, not FOR UPDATE: ids never change, and FOR UPDATE would conflict with the
+    KEY SHARE lock a child's update takes on its parent through the parent_id foreign key, so two
+    children finishing together and each locking the parent would deadlock.
+    """
     query = select(messages).where(M.id == message_id)
     if is_postgres(conn):
-        query = query.with_for_update()
+        query = query.with_for_update(key_share=True)
     return conn.execute(query).first()
 
 

@@ -35,3 +35,14 @@ def test_local_hub_splits_and_waits(external, monkeypatch) -> None:  # noqa: ANN
         hub.run()
         assert hub.get(order.id).state == "OK"
         assert external.effects("/lh/line") == 2 and external.effects("/lh/after") == 1
+
+
+def test_children_in_their_parents_funnel_are_not_blocked_by_it(external, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
+    with LocalHub("tests.support.routes") as hub:
+        parent = hub.submit("test.funnelled_split", {"prefix": "/fam", "group": "g"})
+        hub.run()
+        for _ in range(4):  # the children take turns in the funnel, re-driven by the poller
+            hub.tick(seconds=60)
+        assert hub.get(parent.id).state == "OK"
+    assert external.effects("/fam/ordered") == 2

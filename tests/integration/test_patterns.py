@@ -271,3 +271,28 @@ def test_a_message_delivered_twice_has_one_effect(route, payload, paths, prefix,
         expected = 2 if path == "line" else 1
         assert external.effects(f"{prefix}/{path}") == expected, path
         assert stats[f"{prefix}/{path}"]["replays"] == 0, f"{path} was called again after it succeeded"
+
+
+def test_restarting_a_failed_parent_restarts_its_failed_children(prefix, external) -> None:
+    external.fail(f"{prefix}/line", times=4)  # the one child fails past max_fails (3)
+    parent = submit("test.order", prefix, lines=[{"sku": 1}])
+    assert wait_final(parent.id).state == "FAILED"
+    (child,) = openhub.list_messages(parent_id=parent.id)
+    assert child.state == "FAILED"
+    openhub.restart(parent.id)
+    done = wait_final(parent.id)
+    assert done.state == "OK", done.failed_error
+    assert openhub.get_message(child.id).state == "OK"
+    assert external.effects(f"{prefix}/after") == 1 and external.effects(f"{prefix}/line") == 1
+
+
+def test_total_restart_of_a_parent_counts_only_its_new_children(prefix, external) -> None:
+    external.fail(f"{prefix}/line", times=4)
+    parent = submit("test.order", prefix, lines=[{"sku": 1}])
+    assert wait_final(parent.id).state == "FAILED"
+    openhub.restart(parent.id, total=True)
+    done = wait_final(parent.id)
+    assert done.state == "OK", done.failed_error
+    children = openhub.list_messages(parent_id=parent.id)
+    assert sorted(c.state for c in children) == ["FAILED", "OK"]  # the old generation stays as it ended
+    assert external.effects(f"{prefix}/after") == 1

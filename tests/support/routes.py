@@ -126,6 +126,12 @@ def orders(ctx: StepContext) -> list[Child]:
             for group in ctx.payload["groups"]]
 
 
+def group_members(ctx: StepContext) -> list[Child]:
+    """Children in the same funnel as their parent."""
+    return [Child("test.funnel", payload={"prefix": ctx.payload["prefix"], "group": ctx.payload["group"], "n": n})
+            for n in range(2)]
+
+
 routes = [
     Route("test.flow", steps=[step_a, step_b, step_c]),
     Route("test.entity", steps=[sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
@@ -141,6 +147,7 @@ routes = [
     Route("test.ordered_x", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
           exclude_failed=True),
     Route("test.nest", steps=[Split(orders, route="test.order")]),
+    Route("test.funnelled_split", steps=[Split(group_members, route="test.funnel")], funnel=lambda p: p["group"]),
     Route("test.badsplit", steps=[Split(lambda ctx: [{"sku": 1}], key="malformed")]),
     Route("test.held", steps=[step_a]),
 ]
