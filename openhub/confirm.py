@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -57,8 +58,9 @@ def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: dat
 def send_confirmations(message_id: int | None = None, now: datetime | None = None, limit: int = 100) -> int:
     """Send due confirmations (of one message, or all due ones); returns how many were sent OK."""
     now = now or utcnow()
-    settings = get_settings()
-    lease = settings.confirm_interval
+    # A confirmer may take as long as a step; a shorter lease would let another sender call it again.
+    lease = max(get_settings().confirm_interval, get_settings().step_timeout)
+    claim = str(uuid.uuid4())
     with transaction() as conn:
         query = select(C.id).where(and_(C.state.in_((PENDING, FAILED, SENDING)), C.due_at <= now))
         if message_id is not None:
@@ -70,14 +72,14 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
         # Claim: a crashed sender's SENDING row becomes due again after the lease.
         if ids:
             conn.execute(update(confirmations).where(C.id.in_(ids))
-                         .values(state=SENDING, due_at=now + lease, updated_at=now))
+                         .values(state=SENDING, claim=claim, due_at=now + lease, updated_at=now))
     sent = 0
     for confirmation_id in ids:
-        sent += _send_one(confirmation_id)
+        sent += _send_one(confirmation_id, claim)
     return sent
 
 
-def _send_one(confirmation_id: int) -> int:
+def _send_one(confirmation_id: int, claim: str) -> int:
     settings = get_settings()
     with transaction() as conn:
         row = conn.execute(select(confirmations).where(C.id == confirmation_id)).one()
@@ -103,7 +105,8 @@ def _send_one(confirmation_id: int) -> int:
     else:
         values = dict(state=FAILED, due_at=now + settings.confirm_interval, last_error=error)
     with transaction() as conn:
-        conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == SENDING))
+        conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == SENDING,
+                                                      C.claim == claim))
                      .values(attempts=attempts, updated_at=now, **values))
     return int(error is None)
 

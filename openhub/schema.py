@@ -122,7 +122,8 @@ class Confirmation(Base):
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     message_id: Mapped[int] = mapped_column(Id, ForeignKey("messages.id"))
     outcome: Mapped[str] = mapped_column(String(20))  # the message state being confirmed
-    state: Mapped[str] = mapped_column(String(20))  # PENDING, OK, FAILED, FAILED_END
+    state: Mapped[str] = mapped_column(String(20))  # PENDING, SENDING, OK, FAILED, FAILED_END
+    claim: Mapped[str | None] = mapped_column(String(36))  # the sender that took it (compare-and-set)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     due_at: Mapped[datetime | None] = mapped_column(DateTime)
     created_at: Mapped[datetime] = mapped_column(DateTime)

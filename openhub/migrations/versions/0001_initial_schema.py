@@ -68,6 +68,7 @@ def upgrade() -> None:
     sa.Column('message_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('outcome', sa.String(length=20), nullable=False),
     sa.Column('state', sa.String(length=20), nullable=False),
+    sa.Column('claim', sa.String(length=36), nullable=True),
     sa.Column('attempts', sa.Integer(), nullable=False),
     sa.Column('due_at', sa.DateTime(), nullable=True),
     sa.Column('created_at', sa.DateTime(), nullable=False),
