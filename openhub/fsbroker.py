@@ -3,18 +3,20 @@
 kombu's `_put` creates the message file in the queue folder and then writes it, while `_get`
 in another process may move and read that file in between, getting half a message: the task
 is lost. Here a message is written in a sibling folder and renamed into the queue folder, so a
-reader sees whole files or none. Selected by `OPENHUB_BROKER_URL=filesystem://`.
+reader sees whole files or none, and a reader takes a file by renaming it out of the queue
+folder, so exactly one reader gets it. Selected by `OPENHUB_BROKER_URL=filesystem://`.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from queue import Empty
 from time import monotonic
 
 from kombu.transport import TRANSPORT_ALIASES, filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
 
 ALIAS = "openhubfs"
 
@@ -30,6 +32,27 @@ class Channel(filesystem.Channel):
         with open(temp, "wb") as f:
             f.write(str_to_bytes(dumps(payload)))
         os.replace(temp, os.path.join(self.data_folder_out, name))
+
+
+    def _get(self, queue):  # noqa: ANN001, ANN202 - kombu's signature
+        # kombu moves the file to tempfile.gettempdir(), which is a copy (not a rename) when /tmp
+        # is another filesystem: two consumers could then both read one message. A rename into a
+        # sibling folder of the queue folder is atomic: exactly one consumer gets each file.
+        reading = os.path.join(os.path.dirname(os.path.abspath(self.data_folder_in)), "broker-reading")
+        os.makedirs(reading, exist_ok=True)
+        for name in sorted(os.listdir(self.data_folder_in)):
+            if name.partition(".")[2] != f"{queue}.msg":
+                continue
+            taken = os.path.join(reading, name)
+            try:
+                os.rename(os.path.join(self.data_folder_in, name), taken)
+            except OSError:
+                continue  # another consumer took it
+            with open(taken, "rb") as f:
+                payload = f.read()
+            os.remove(taken)
+            return loads(bytes_to_str(payload))
+        raise Empty()
 
 
 class Transport(filesystem.Transport):
