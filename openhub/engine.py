@@ -296,8 +296,8 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     # Compare-and-set: the outcome counts only if the lease is still ours (no cancel, no repair).
     kept = conn.execute(update(messages).where(and_(
         messages.c.id == message_id, messages.c.attempt_id == token, messages.c.step_run == entered.run_id,
-        messages.c.state == State.PROCESSING.value)).values(**common)).rowcount
-    if not kept:
+        messages.c.state == State.PROCESSING.value)).values(**common).returning(messages.c.response)).first()
+    if kept is None:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
         if verdict.event is None:  # the call did succeed: a later run must not make it again
             conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id,
@@ -313,8 +313,14 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None and not last:
         return True
+    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and kept.response != row.response
     row = _with(row, **common)
     _finish(conn, row, route, item, verdict if verdict.event else Verdict(Event.COMPLETED), now, actions)
+    if answered_meanwhile:  # the response came while the step ran: no need to wait for it
+        conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id))
+                     .values(state="OK", updated_at=now))
+        again, token, start = redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now)
+        actions.later.append(partial(publish_all, [(again, row.id, token, start)]))
     return False
 
 

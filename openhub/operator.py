@@ -15,7 +15,7 @@ from .errors import InputError, NotFound, StateConflict
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
 from .states import Event, State, allowed, transition
-from .store import dumps, lock_message, message_view, set_state
+from .store import dumps, lock_message, message_view, record_transition, set_state
 from .confirm import queue_confirmation
 
 M = messages.c
@@ -74,13 +74,21 @@ def cancel(message_id: int) -> MessageView:
 
 
 def respond(message_id: int, payload: Any) -> MessageView:
-    """Deliver the response a WAITING_FOR_RES message waits for; its route resumes with ctx.response."""
+    """Deliver the response a WAITING_FOR_RES message waits for; its route resumes with ctx.response.
+
+    A response that arrives while the step that will wait for it is still running is kept too.
+    """
     try:
         text = dumps(payload)
     except (TypeError, ValueError) as exc:
         raise InputError(f"response is not JSON-serialisable: {exc}") from None
     with transaction() as conn:
         row = _locked(conn, message_id)
+        if row.state == State.PROCESSING and row.step_run is not None:
+            # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
+            conn.execute(update(messages).where(M.id == row.id).values(response=text))
+            record_transition(conn, row.id, "response_early", row.state, row.state)
+            return message_view(conn, row.id)
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
         conn.execute(update(messages).where(M.id == row.id).values(response=text))

@@ -296,3 +296,13 @@ def test_total_restart_of_a_parent_counts_only_its_new_children(prefix, external
     children = openhub.list_messages(parent_id=parent.id)
     assert sorted(c.state for c in children) == ["FAILED", "OK"]  # the old generation stays as it ended
     assert external.effects(f"{prefix}/after") == 1
+
+
+def test_a_response_faster_than_its_step_is_kept(prefix, external) -> None:
+    external.delay(f"{prefix}/request", 1.0)  # the step is still running when the answer comes
+    m = submit("test.wait", prefix, wait=60)
+    wait_for(lambda: external.started_events[f"{prefix}/request"].is_set(), 30, "the request to be under way")
+    assert openhub.respond(m.id, {"early": True}).state == "PROCESSING"
+    done = wait_final(m.id)
+    assert done.state == "OK" and done.custom_data["answer"] == {"early": True}
+    assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
