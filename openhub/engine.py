@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from sqlalchemy import Connection, Row, and_, or_, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
@@ -207,12 +207,18 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
     return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row))
 
 
+_LEASE = (update(messages).where(and_(
+    messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
+    messages.c.state == State.PROCESSING.value,
+    or_(messages.c.step_run.is_(None), messages.c.due_at < bindparam("now"))))
+    .values(step_run=bindparam("run"), due_at=bindparam("lease_until"), updated_at=bindparam("now"))
+    .returning(*messages.c))
+
+
 def _take_lease(conn: Connection, message_id: int, token: str, now: datetime, lease: dict[str, Any]) -> Row | None:
     """The common case in one statement: the chain carrying the message takes the next step's lease."""
-    M = messages.c
-    return conn.execute(update(messages).where(and_(
-        M.id == message_id, M.attempt_id == token, M.state == State.PROCESSING.value,
-        or_(M.step_run.is_(None), M.due_at < now))).values(**lease).returning(*messages.c)).first()
+    return conn.execute(_LEASE, {"mid": message_id, "token": token, "now": now, "run": lease["step_run"],
+                                 "lease_until": lease["due_at"]}).first()
 
 
 def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datetime, lease: dict[str, Any],
@@ -244,17 +250,19 @@ def _take_call(conn: Connection, key: str, row: Any, item: RouteStep, now: datet
 
     A first call inserts its record (PROCESSING, attempt 1) in the same statement.
     """
-    dialect = postgresql if is_postgres(conn) else sqlite
-    inserted = conn.execute(dialect.insert(ext_calls).values(
-        key=key, message_id=row.id, step_key=item.key, scope=item.scope, state="PROCESSING",
-        msg_timestamp=row.msg_timestamp, attempts=1, created_at=now, updated_at=now)
-        .on_conflict_do_nothing(index_elements=["key"]).returning(X.id)).first()
+    pg = is_postgres(conn)
+    inserted = conn.execute(_NEW_CALL[pg], {
+        "key": key, "message_id": row.id, "step_key": item.key, "scope": item.scope, "state": "PROCESSING",
+        "msg_timestamp": row.msg_timestamp, "attempts": 1, "created_at": now, "updated_at": now}).first()
     if inserted is not None:
         return None
-    query = select(ext_calls).where(X.key == key)
-    if is_postgres(conn):
-        query = query.with_for_update()
-    return conn.execute(query).one()
+    return conn.execute(_LOCK_CALL[pg], {"call_key": key}).one()
+
+
+_NEW_CALL = {pg: (postgresql if pg else sqlite).insert(ext_calls).on_conflict_do_nothing(index_elements=["key"])
+             .returning(X.id) for pg in (False, True)}
+_LOCK_CALL = {False: select(ext_calls).where(X.key == bindparam("call_key")),
+              True: select(ext_calls).where(X.key == bindparam("call_key")).with_for_update()}
 
 
 def _run(item: RouteStep, ctx: StepContext) -> Verdict:
@@ -294,9 +302,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     if verdict.event is None and not last:
         common["due_at"] = now + get_settings().lease_grace  # the next step's task must arrive by then
     # Compare-and-set: the outcome counts only if the lease is still ours (no cancel, no repair).
-    kept = conn.execute(update(messages).where(and_(
-        messages.c.id == message_id, messages.c.attempt_id == token, messages.c.step_run == entered.run_id,
-        messages.c.state == State.PROCESSING.value)).values(**common).returning(messages.c.response)).first()
+    kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **common}).first()
     if kept is None:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
         if verdict.event is None:  # the call did succeed: a later run must not make it again
@@ -306,9 +312,9 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     # A waiting step is OK once its response arrives; a response timeout makes it FAILED (re-sent).
     call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "WAITING", Event.NO_EFFECT: "NO_EFFECT",
                   Event.POSTPONED: "POSTPONED", Event.HELD_BACK: "POSTPONED"}.get(verdict.event, "FAILED")
-    conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id)).values(
-        state=call_state, updated_at=now, duration_ms=duration,
-        last_error=verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None))
+    conn.execute(_CALL_DONE, {"call_key": entered.key, "mid": row.id, "state": call_state, "updated_at": now,
+                              "duration_ms": duration,
+                              "last_error": verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None})
     if call_state in ("OK", "WAITING"):
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None and not last:
@@ -322,6 +328,14 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         again, token, start = redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now)
         actions.later.append(partial(publish_all, [(again, row.id, token, start)]))
     return False
+
+
+# Compare-and-set of a step's outcome: written only while the step's lease is still this run's.
+_KEEP = (update(messages).where(and_(
+    messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
+    messages.c.step_run == bindparam("run"), messages.c.state == State.PROCESSING.value))
+    .returning(messages.c.response))
+_CALL_DONE = update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
 
 
 def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: Verdict, now: datetime,

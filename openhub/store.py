@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
 from .db import is_postgres, utcnow
@@ -15,6 +15,14 @@ from .schema import ext_calls, messages, route_pauses, transitions
 from .states import State
 
 M = messages.c
+
+# The hot path's statements are built once: building one costs several times more than running it.
+# Parameters named after columns become the SET (or VALUES) columns when the statement is run.
+_LOCK = {False: select(messages).where(M.id == bindparam("mid")),
+         True: select(messages).where(M.id == bindparam("mid")).with_for_update(key_share=True)}
+_UPDATE = update(messages).where(M.id == bindparam("mid"))
+_HISTORY = insert(transitions)
+_PAUSED = select(route_pauses.c.route)
 
 
 def dumps(value: Any) -> str:
@@ -34,10 +42,7 @@ def lock_message(conn: Connection, message_id: int) -> Row | None:
     KEY SHARE lock a child's update takes on its parent through the parent_id foreign key, so two
     children finishing together and each locking the parent would deadlock.
     """
-    query = select(messages).where(M.id == message_id)
-    if is_postgres(conn):
-        query = query.with_for_update(key_share=True)
-    return conn.execute(query).first()
+    return conn.execute(_LOCK[is_postgres(conn)], {"mid": message_id}).first()
 
 
 def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str | None = None,
@@ -45,16 +50,21 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
     """Write a message's new state (and other columns) and append the transition to its history."""
     now = now or utcnow()
     values.setdefault("updated_at", now)
-    conn.execute(update(messages).where(M.id == row.id).values(state=state.value, **values))
+    conn.execute(_UPDATE, {"mid": row.id, "state": state.value, **values})
     record_transition(conn, row.id, event, row.state, state.value, step=step, detail=detail, now=now)
 
 
 def record_transition(conn: Connection, message_id: int, event: str, from_state: str | None, to_state: str,
                       *, step: str | None = None, detail: str | None = None, now: datetime | None = None) -> None:
     """Append one entry to a message's history."""
-    conn.execute(insert(transitions).values(message_id=message_id, at=now or utcnow(), event=event,
-                                            from_state=from_state, to_state=to_state, step_key=step,
-                                            detail=detail[:4000] if detail else None))
+    conn.execute(_HISTORY, {"message_id": message_id, "at": now or utcnow(), "event": event,
+                            "from_state": from_state, "to_state": to_state, "step_key": step,
+                            "detail": detail[:4000] if detail else None})
+
+
+def update_message(conn: Connection, message_id: int, **values: Any) -> None:
+    """Write some columns of a message (no state change, no history)."""
+    conn.execute(_UPDATE, {"mid": message_id, **values})
 
 
 def record_crash(message_id: int, detail: str) -> None:
@@ -69,7 +79,7 @@ def record_crash(message_id: int, detail: str) -> None:
 
 def paused_routes(conn: Connection) -> set[str]:
     """Names of the routes an operator (or a Holdback) has paused."""
-    return {r for (r,) in conn.execute(select(route_pauses.c.route))}
+    return {r for (r,) in conn.execute(_PAUSED)}
 
 
 def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> MessageView:
