@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from .config import get_settings
 from .errors import StoreUnavailable
 
-_engines: dict[tuple[int, str], Engine] = {}
+_engines: dict[tuple[int, str, bool], Engine] = {}
 
 
 def utcnow() -> datetime:
@@ -50,10 +50,15 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
-def get_engine(url: str | None = None) -> Engine:
-    """The engine for `url` (default: OPENHUB_DATABASE_URL), one per process."""
+def get_engine(url: str | None = None, async_commit: bool = False) -> Engine:
+    """The engine for `url` (default: OPENHUB_DATABASE_URL), one per process.
+
+    `async_commit=True` gives PostgreSQL connections that commit without waiting for the WAL
+    flush: only for transactions whose loss in a crash is harmless (see engine.run_step).
+    """
     url = url or get_settings().database_url
-    key = (os.getpid(), url)
+    async_commit = async_commit and not url.startswith("sqlite")
+    key = (os.getpid(), url, async_commit)
     engine = _engines.get(key)
     if engine is None:
         if url.startswith("sqlite"):
@@ -61,14 +66,15 @@ def get_engine(url: str | None = None) -> Engine:
         else:
             # No pre-ping round trip per checkout: a restarted server shows up as one
             # StoreUnavailable per process, after which SQLAlchemy recycles the whole pool.
-            engine = create_engine(url, pool_size=5, max_overflow=5)
+            options = {"options": "-c synchronous_commit=off"} if async_commit else {}
+            engine = create_engine(url, pool_size=5, max_overflow=5, connect_args=options)
         _engines[key] = engine
     return engine
 
 
 def dispose_engines() -> None:
     """Close every pooled connection of this process (tests, shutdown)."""
-    for (pid, _url), engine in list(_engines.items()):
+    for (pid, _url, _async), engine in list(_engines.items()):
         if pid == os.getpid():
             engine.dispose()
     _engines.clear()
@@ -80,11 +86,11 @@ def is_postgres(conn: Connection) -> bool:
 
 
 @contextmanager
-def transaction(url: str | None = None) -> Iterator[Connection]:
+def transaction(url: str | None = None, async_commit: bool = False) -> Iterator[Connection]:
     """One database transaction; a lost or refused connection, or a deadlock, becomes StoreUnavailable
     (the transaction had no effect and may be tried again)."""
     try:
-        with get_engine(url).begin() as conn:
+        with get_engine(url, async_commit).begin() as conn:
             yield conn
     except OperationalError as exc:
         if _is_connectivity(exc):

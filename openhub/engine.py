@@ -114,11 +114,9 @@ def run_step(route_name: str, index: int, message_id: int, token: str, redeliver
     route = get_registry().route(route_name)
     item = route.steps[index]
     actions = Effects()
-    with transaction() as conn:
-        if is_postgres(conn):
-            # Safe: if this commit is lost in a crash, so is everything after it (WAL order),
-            # and the record of the step's outcome below is a synchronous commit.
-            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+    # Committed without waiting for the WAL flush: if it is lost in a crash, so is everything after
+    # it (WAL order), and the record of the step's outcome below is a synchronous commit.
+    with transaction(async_commit=True) as conn:
         entered = _enter(conn, route, index, message_id, token, redelivered, actions)
     if not isinstance(entered, Entered):
         after_commit(route, message_id, actions)
