@@ -33,16 +33,9 @@ from typing import Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.support.backends import RedisServer, free_port, postgres_database  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 KEY = "bench-" + uuid.uuid4().hex
 SECTION = "## Ingress (issue 4)"
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @contextmanager
@@ -183,7 +176,7 @@ def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir
                 except httpx.HTTPError:
                     return False
 
-            wait_until(up, 60, "openhub serve")
+            wait_for(up, 60, "openhub serve")
             backends_ = postgres_backends(database)
             cpu_before, busy_before = process_tree_cpu(server.pid), machine_busy()
             pg_before, redis_before, own_before = pids_cpu(backends_), pids_cpu([redis_pid]), own_cpu()

@@ -23,6 +23,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.support.waiting import wait_for  # noqa: E402
 
 
 def serve_noop(port: int) -> None:
@@ -50,14 +51,6 @@ def serve_noop(port: int) -> None:
     asyncio.run(main())
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def run_plain(n: int, counter) -> float:  # noqa: ANN001
     from celery import chain
 
@@ -70,7 +63,7 @@ def run_plain(n: int, counter) -> float:  # noqa: ANN001
         chain(app.signature("bench.plain.first", args=(i,), immutable=True),
               app.signature("bench.plain.second", args=(i,), immutable=True),
               app.signature("bench.plain.third", args=(i,), immutable=True)).apply_async()
-    wait_until(lambda: int(counter.get("bench:plain:done") or 0) >= n, 600, "plain chains")
+    wait_for(lambda: int(counter.get("bench:plain:done") or 0) >= n, 600, "plain chains")
     return n / (time.perf_counter() - started)
 
 
@@ -90,7 +83,7 @@ def run_openhub(n: int) -> float:
         with transaction() as conn:
             return conn.execute(select(func.count()).where(messages.c.state == "OK")).scalar() >= n
 
-    wait_until(all_ok, 600, "openhub messages")
+    wait_for(all_ok, 600, "openhub messages")
     return n / (time.perf_counter() - started)
 
 
