@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.support.backends import RedisServer, free_port, postgres_database  # noqa: E402
 from tests.support.waiting import wait_for  # noqa: E402
+
+from bench.wire import read_message  # noqa: E402
 KEY = "bench-" + uuid.uuid4().hex
 SECTION = "## Ingress (issue 4)"
 
@@ -61,14 +63,8 @@ async def _connection(port: int, stop_at: float, measure_from: float, run: str, 
                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
             started = time.perf_counter()
             writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = await read_message(reader)
             status = int(head.split(b" ", 2)[1])
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            if length:
-                await reader.readexactly(length)
             ended = time.perf_counter()
             if started >= measure_from:
                 statuses[status] = statuses.get(status, 0) + 1

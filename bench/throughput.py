@@ -25,19 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.support.waiting import wait_for  # noqa: E402
 
+from bench.wire import read_message  # noqa: E402
+
 
 def serve_noop(port: int) -> None:
     """A minimal keep-alive HTTP server answering 200 {} to everything (runs in its own process)."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                if length:
-                    await reader.readexactly(length)
+                await read_message(reader)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

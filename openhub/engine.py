@@ -32,8 +32,8 @@ from .model import RetryPolicy, Route, RouteStep, Split
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
 from .split import dispatch_children, prepare_children, resume_split, settle_parent, write_children
-from .states import FINAL, Action, Event, State, transition
-from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state
+from .states import Action, Event, State, transition
+from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state, update_message
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
@@ -181,8 +181,7 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
             if index == len(route.steps) - 1:
                 _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
                 return False
-            conn.execute(update(messages).where(messages.c.id == row.id).values(
-                step_run=None, due_at=now + get_settings().lease_grace, updated_at=now))
+            update_message(conn, row.id, step_run=None, due_at=now + get_settings().lease_grace, updated_at=now)
             return True
         if (call.msg_timestamp, call.message_id) > (row.msg_timestamp, row.id):
             apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, step_run=None, due_at=None,
@@ -310,9 +309,9 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     # A waiting step is OK once its response arrives; a response timeout makes it FAILED (re-sent).
     call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "WAITING", Event.NO_EFFECT: "NO_EFFECT",
                   Event.POSTPONED: "POSTPONED", Event.HELD_BACK: "POSTPONED"}.get(verdict.event, "FAILED")
+    error = verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None
     conn.execute(_CALL_DONE, {"call_key": entered.key, "mid": row.id, "state": call_state, "updated_at": now,
-                              "duration_ms": duration,
-                              "last_error": verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None})
+                              "duration_ms": duration, "last_error": error})
     if call_state in ("OK", "WAITING"):
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None and not last:
@@ -383,8 +382,8 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: Ro
         actions.discard(Action.CONFIRM)
     if row.funnel is None:
         actions.discard(Action.RELEASE_FUNNEL)
-    actions.discard(Action.NOTIFY_PARENT)
-    if result.state in FINAL and row.parent_id is not None:
+    actions.discard(Action.NOTIFY_PARENT)  # done here, in this transaction, not after commit
+    if Action.NOTIFY_PARENT in result.actions and row.parent_id is not None:
         settle_parent(conn, row.parent_id, now, actions)
 
 

@@ -15,7 +15,8 @@ from .errors import InputError, NotFound, StateConflict
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
 from .states import Event, State, allowed, transition
-from .store import dumps, lock_message, message_view, record_transition, set_state
+from .producer import get_message
+from .store import dumps, lock_message, message_view, record_transition, set_state, update_message
 from .confirm import queue_confirmation
 
 M = messages.c
@@ -50,7 +51,7 @@ def restart(message_id: int, total: bool = False) -> MessageView:
     from .poller import redrive_due_messages
 
     redrive_due_messages(utcnow(), only_ids=[int(message_id)])
-    return get_message_view(message_id)
+    return get_message(message_id)
 
 
 def cancel(message_id: int) -> MessageView:
@@ -70,7 +71,7 @@ def cancel(message_id: int) -> MessageView:
         route = get_registry().routes.get(f"{row.service}.{row.operation}")
     if route is not None:
         after_commit(route, int(message_id), effects)
-    return get_message_view(message_id)
+    return get_message(message_id)
 
 
 def respond(message_id: int, payload: Any) -> MessageView:
@@ -86,17 +87,17 @@ def respond(message_id: int, payload: Any) -> MessageView:
         row = _locked(conn, message_id)
         if row.state == State.PROCESSING and row.step_run is not None:
             # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
-            conn.execute(update(messages).where(M.id == row.id).values(response=text))
+            update_message(conn, row.id, response=text)
             record_transition(conn, row.id, "response_early", row.state, row.state)
             return message_view(conn, row.id)
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
-        conn.execute(update(messages).where(M.id == row.id).values(response=text))
+        update_message(conn, row.id, response=text)
         conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id, ext_calls.c.state == "WAITING"))
                      .values(state="OK", updated_at=utcnow()))
         route, token, start = redispatch(conn, row, Event.RESPONDED, utcnow())
     publish_all([(route, int(message_id), token, start)])
-    return get_message_view(message_id)
+    return get_message(message_id)
 
 
 def pause(route: str, reason: str = "paused by an operator") -> None:
@@ -134,11 +135,5 @@ def paused() -> dict[str, str | None]:
     """Paused routes and why."""
     with transaction() as conn:
         return {r.route: r.reason for r in conn.execute(route_pauses.select())}
-
-
-def get_message_view(message_id: int) -> MessageView:
-    """The message as it stands now."""
-    with transaction() as conn:
-        return message_view(conn, int(message_id))
 
 

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
 from .db import is_postgres, utcnow
@@ -128,9 +128,3 @@ def message_views(conn: Connection, *, state: str | None = None, service: str | 
         for c in conn.execute(select(ext_calls).where(ext_calls.c.message_id.in_(ids)).order_by(ext_calls.c.id)):
             calls.setdefault(c.message_id, []).append(c)
     return [view_of(r, calls.get(r.id, ())) for r in rows]
-
-
-def count_by_state(conn: Connection) -> dict[tuple[str, str, str], int]:
-    """Message counts keyed by (service, operation, state)."""
-    query = select(M.service, M.operation, M.state, func.count()).group_by(M.service, M.operation, M.state)
-    return {(s, o, st): n for s, o, st, n in conn.execute(query)}

@@ -210,7 +210,7 @@ async def respond_message(request: Request, message_id: MessageId,
     payload = body.decode_payload(data, mime, charset)
 
     def deliver() -> dict[str, Any]:
-        if not caller.admin and operator.get_message_view(message_id).source_system != caller.source_system:
+        if not caller.admin and producer.get_message(message_id).source_system != caller.source_system:
             raise ApiError(404, f"no message with id {message_id}")
         return operator.respond(message_id, payload).as_dict()
 
