@@ -192,7 +192,7 @@ def test_deploy_procfile_commands_are_accepted_by_their_programs(process, tmp_pa
     """Each command's program knows its subcommand and options (`--help` after them exits 0)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENHUB_VAR_DIR": str(tmp_path / "var"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "FLOWER_USER": "user", "FLOWER_PASSWORD": "password"}
+           "FLOWER_BASIC_AUTH": "user:password"}
     result = subprocess.run(f"{read_procfile()[process]} --help", shell=True, cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -293,7 +293,13 @@ def test_deploy_compose_services_and_policies():
     assert float(env["OPENHUB_VISIBILITY_TIMEOUT"]) > float(env["OPENHUB_STEP_TIMEOUT"]), \
         "Redis would re-deliver a step that is still running"
     assert env["OPENHUB_VAR_DIR"].startswith("/tmp/"), "the image's /app is not writable"
-    assert "--basic-auth" in services["flower"]["command"]
+    # Flower: reachable from this host only, its login from the environment, not the command line.
+    flower = services["flower"]
+    assert "--basic-auth" not in flower["command"] and "FLOWER_BASIC_AUTH" in flower["environment"]
+    assert all(str(p).startswith("127.0.0.1:") for p in flower["ports"]), flower["ports"]
+    commands = [*read_procfile().values(), open(K8S / "flower.yaml").read(),
+                (DEPLOY / "systemd" / "openhub-flower.service").read_text()]
+    assert not [c for c in commands if "basic-auth" in c or "PASSWORD" in c]
 
 
 def compose_env_defaults(environment: dict) -> dict[str, str]:
@@ -405,16 +411,51 @@ def test_deploy_kubernetes_resources_set_everywhere():
             assert "/tmp" in mounts, f"{where}: read-only root needs a writable /tmp"
 
 
+def k8s_secret_example() -> dict[str, str]:
+    """The names and placeholder values of secrets.env.example, from which the Secret is generated."""
+    lines = (K8S / "secrets.env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def kustomize(directory: Path) -> subprocess.CompletedProcess:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    return subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+
+
+def test_deploy_kubernetes_secret_is_generated_never_applied_from_placeholders(tmp_path):
+    assert not [path for path, doc in k8s_manifests() if doc["kind"] == "Secret"], "a Secret manifest in deploy/k8s"
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("secrets.env"))
+    missing = kustomize(copy)
+    assert missing.returncode != 0 and "secrets.env" in missing.stderr  # no file, no apply
+    real = {name: f"value-{i}-" + "x" * 40 for i, name in enumerate(k8s_secret_example())}
+    (copy / "secrets.env").write_text("".join(f"{k}={v}\n" for k, v in real.items()))
+    rendered = kustomize(copy)
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    assert secret["metadata"]["name"].startswith("openhub-secrets-")  # content hash: pods roll on change
+    assert "change-me" not in rendered.stdout
+    refs = {s["secretRef"]["name"] for d in docs if d["kind"] in ("Deployment", "Job", "CronJob")
+            for c in pod_spec(d)["containers"] for s in c["envFrom"] if "secretRef" in s}
+    assert refs == {secret["metadata"]["name"]}
+    for real_file in ("deploy/k8s/secrets.env", "deploy/.env"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", real_file], cwd=ROOT)
+        assert ignored.returncode == 0, f"{real_file} holds real secrets: it must be git-ignored"
+
+
 def test_deploy_kubernetes_configuration_is_openhub_variables():
     settings = hub_setting_names()
     config = k8s_resource("ConfigMap", "openhub-config")["data"]
-    secret = k8s_resource("Secret", "openhub-secrets")["stringData"]
+    secret = k8s_secret_example()
     assert set(config) <= settings
     assert float(config["OPENHUB_VISIBILITY_TIMEOUT"]) > float(config["OPENHUB_STEP_TIMEOUT"])
     # The root filesystem is read-only: scratch files must land on the /tmp emptyDir.
     assert config["OPENHUB_VAR_DIR"].startswith("/tmp/")
     assert config["OPENHUB_WORKER_HEARTBEAT_FILE"].startswith("/tmp/")
-    assert set(secret) - {"FLOWER_USER", "FLOWER_PASSWORD"} <= settings
+    assert set(secret) - {"FLOWER_BASIC_AUTH"} <= settings
     assert {"OPENHUB_DATABASE_URL", "OPENHUB_API_KEYS", "OPENHUB_ADMIN_TOKEN"} <= set(secret)
     assert not set(config) & set(secret)
 

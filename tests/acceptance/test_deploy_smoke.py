@@ -145,7 +145,7 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
     ingress_port, flower_port = free_port(), free_port()
     procfile = tmp_path / "Procfile"
     commands = smoke_procfile(procfile, ingress_port, flower_port)
-    api_key, admin_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    api_key, admin_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     flower_user, flower_password = "smoke", secrets.token_urlsafe(12)
     heartbeat = tmp_path / "worker.heartbeat"
     env = {
@@ -161,8 +161,7 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
         "OPENHUB_POLL_INTERVAL": "1",
         "OPENHUB_VAR_DIR": str(tmp_path / "var"),
         "OPENHUB_WORKER_HEARTBEAT_FILE": str(heartbeat),
-        "FLOWER_USER": flower_user,
-        "FLOWER_PASSWORD": flower_password,
+        "FLOWER_BASIC_AUTH": f"{flower_user}:{flower_password}",
     }
 
     release = subprocess.run(commands["release"], shell=True, cwd=tmp_path, env=env,
