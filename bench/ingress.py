@@ -156,7 +156,7 @@ def bench(workers: int, seconds: float, warmup: float, concurrency: int, workdir
     with redis_server(workdir) as (broker, redis_pid), postgres_database("openhub_bench") as database:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENHUB_", "PROMETHEUS_"))}
         env.update(OPENHUB_DATABASE_URL=database, OPENHUB_BROKER_URL=broker, OPENHUB_ROUTES="routes",
-                   OPENHUB_API_KEYS=f"BENCH={KEY}", OPENHUB_ADMIN_TOKEN=uuid.uuid4().hex,
+                   OPENHUB_API_KEYS=f"BENCH={KEY}", OPENHUB_ADMIN_TOKEN="admin-" + uuid.uuid4().hex,
                    OPENHUB_VAR_DIR=str(workdir / "var"), PYTHONPATH=str(ROOT))
         openhub = str(Path(sys.executable).with_name("openhub"))
         subprocess.run([openhub, "db", "upgrade"], env=env, cwd=ROOT, check=True, capture_output=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, and_, insert, select, update
+from sqlalchemy import Connection, and_, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
@@ -19,10 +20,23 @@ from .errors import InputError, PayloadTooLarge
 from .model import Route
 from .registry import get_registry
 from .schema import messages, transitions
-from .states import Event, State
+from .states import State
 from .store import M, dumps, message_view, message_views, view_of
 
 MAX_ID_LENGTH = 255
+MAX_CHILD_ID = 320  # a split child's correlation id: its parent's plus "#generation.n"
+# C0, DEL, C1 and the Unicode line/paragraph separators: in an id they forge log lines and break
+# terminals. (`#`, the split children's separator, and markup-like text such as "[bold]" are allowed:
+# readers print ids verbatim.)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def identifier(value: Any, what: str, limit: int = MAX_ID_LENGTH, required: bool = True) -> str | None:
+    """An id given by a caller (correlation id, process id, source system): text without control characters."""
+    text = _text(value, what, limit, required)
+    if text is not None and _CONTROL.search(text):
+        raise InputError(f"{what} must not contain control characters")
+    return text
 
 
 def _text(value: Any, what: str, limit: int = MAX_ID_LENGTH, required: bool = True) -> str | None:
@@ -57,6 +71,52 @@ def to_utc(value: datetime | str | None, what: str = "msg_timestamp") -> datetim
     return value
 
 
+def not_in_future(value: datetime, now: datetime, what: str = "msg_timestamp") -> datetime:
+    """`value` (naive UTC) unless it lies beyond OPENHUB_MAX_CLOCK_SKEW after `now`.
+
+    A message's timestamp decides which version of an entity is newest; one dated far ahead would
+    make every genuine later update of that entity obsolete, so it is refused at the door.
+    """
+    skew = get_settings().max_clock_skew
+    if value - now > skew:
+        raise InputError(f"{what} {value.isoformat()}Z is more than OPENHUB_MAX_CLOCK_SKEW="
+                         f"{skew.total_seconds():g} s in the future")
+    return value
+
+
+def nesting_depth(value: Any, limit: int) -> int:
+    """How deeply lists and dicts nest in `value` (a scalar is 0), counting no further than `limit` + 1.
+
+    Iterative, so that a payload too deep for Python's recursion limit is measured, not crashed on.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def shallow(payload: Any, what: str = "payload") -> Any:
+    """`payload`, unless lists and dicts nest in it deeper than OPENHUB_MAX_NESTING (InputError)."""
+    # Every reader (JSON encoders, pydantic, the admin page's renderer) recurses: a payload
+    # nested deeper than they go would be stored fine and then break every read that includes it.
+    limit = get_settings().max_nesting
+    if nesting_depth(payload, limit) > limit:
+        raise InputError(f"{what} is nested deeper than OPENHUB_MAX_NESTING={limit} levels")
+    return payload
+
+
 def _validated(route: Route, payload: Any) -> Any:
     validate = route.validate
     if validate is None:
@@ -89,8 +149,9 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
             funnel: Any = None, entity_type: str | None = None, now: datetime | None = None) -> dict[str, Any]:
     """Check one message and turn it into the columns of a NEW row; InputError names what is wrong."""
     route = get_registry().route(route_name)
-    source_system = _text(source_system, "source_system", 100)
-    correlation_id = _text(correlation_id, "correlation_id")
+    source_system = identifier(source_system, "source_system", 100)
+    correlation_id = identifier(correlation_id, "correlation_id", MAX_ID_LENGTH if parent_id is None else MAX_CHILD_ID)
+    shallow(payload)
     try:
         text = dumps(payload)
     except (TypeError, ValueError) as exc:
@@ -109,14 +170,33 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
     now = now or utcnow()
     return dict(
         source_system=source_system, correlation_id=correlation_id,
-        process_id=_text(process_id, "process_id", required=False),
+        process_id=identifier(process_id, "process_id", required=False),
         service=route.service, operation=route.operation,
         object_id=_text(object_id, "object_id", required=False) or _derived(route, payload, "object_id"),
         entity_type=entity_type or route.entity_type or route.operation,
-        funnel=_text(funnel, "funnel", required=False) or _derived(route, payload, "funnel"),
+        funnel=_funnel(_text(funnel, "funnel", required=False) or _derived(route, payload, "funnel"), source_system),
         parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
         attempt_id=str(uuid.uuid4()), due_at=now + get_settings().lease_grace,
-        received_at=now, msg_timestamp=to_utc(msg_timestamp) or now, updated_at=now)
+        received_at=now, msg_timestamp=_timestamp(msg_timestamp, now, parent_id), updated_at=now)
+
+
+def _funnel(value: str | None, source_system: str | None) -> str | None:
+    # A funnel is one source system's queue: a message of another system, back-dated or failing,
+    # cannot hold it up (guaranteed order compares the timestamps of one system's clock only).
+    if value is None:
+        return None
+    value = f"{source_system}:{value}"
+    if len(value) > MAX_ID_LENGTH:
+        raise InputError(f"funnel (with its source system) is longer than {MAX_ID_LENGTH} characters")
+    return value
+
+
+def _timestamp(value: datetime | str | None, now: datetime, parent_id: int | None) -> datetime:
+    stamp = to_utc(value)
+    if stamp is None:
+        return now
+    # A split child inherits its parent's timestamp, checked when the parent was accepted.
+    return stamp if parent_id is not None else not_in_future(stamp, now)
 
 
 def _floats(value: Any) -> Iterable[Any]:
@@ -135,53 +215,53 @@ def insert_new(conn: Connection, row: dict[str, Any]) -> int | None:
     return insert_new_many(conn, [row])[0]
 
 
+INSERT_CHUNK = 1000  # rows per INSERT: ~20 columns each stays far below PostgreSQL's 65,535 parameters
+
+
 def insert_new_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
-    """Insert NEW messages in one statement: each row's id, or None where it is already stored."""
+    """Insert NEW messages (in chunks, in the caller's transaction): each row's id, or None where it is
+    already stored."""
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = (dialect.insert(messages).values(rows)
-            .on_conflict_do_nothing(index_elements=["source_system", "correlation_id"])
-            .returning(M.id, M.source_system, M.correlation_id))
-    stored = {(ss, cid): i for i, ss, cid in conn.execute(stmt)}
+    # Top-level ids are unique per source system; a split's children are unique per parent (one call
+    # inserts one kind). The partial unique index each namespace has is named by its WHERE clause.
+    children = rows[0]["parent_id"] is not None if rows else False
+    key = (M.parent_id, M.correlation_id) if children else (M.source_system, M.correlation_id)
+    where = M.parent_id.is_not(None) if children else M.parent_id.is_(None)
+    stored: dict[tuple[Any, str], int] = {}
+    for start in range(0, len(rows), INSERT_CHUNK):
+        stmt = (dialect.insert(messages).values(rows[start:start + INSERT_CHUNK])
+                .on_conflict_do_nothing(index_elements=[c.name for c in key], index_where=where)
+                .returning(M.id, *key))
+        stored.update({(a, b): i for i, a, b in conn.execute(stmt)})
     ids: list[int | None] = []
     for row in rows:  # a key twice in one batch: the second is a duplicate of the first
-        ids.append(stored.pop((row["source_system"], row["correlation_id"]), None))
+        ids.append(stored.pop((row[key[0].name], row["correlation_id"]), None))
     history = [dict(message_id=i, at=row["received_at"], event="accepted", from_state=None,
                     to_state=State.NEW.value, step_key=None, detail=None) for i, row in zip(ids, rows) if i]
-    if history:
-        conn.execute(insert(transitions), history)
+    for start in range(0, len(history), INSERT_CHUNK):
+        conn.execute(insert(transitions), history[start:start + INSERT_CHUNK])
     return ids
 
 
 def existing_id(conn: Connection, source_system: str, correlation_id: str) -> int:
     """Id of the message stored under (source system, correlation id)."""
-    return conn.execute(select(M.id).where(and_(M.source_system == source_system,
-                                                 M.correlation_id == correlation_id))).scalar_one()
-
-
-def mark_published(conn: Connection, ids: list[int]) -> set[int]:
-    """NEW -> IN_QUEUE for messages whose chain reached the broker (unless a worker already took them)."""
-    now = utcnow()
-    done = set(conn.execute(update(messages).where(and_(M.id.in_(ids), M.state == State.NEW.value))
-                            .values(state=State.IN_QUEUE.value, updated_at=now).returning(M.id)).scalars())
-    if done:
-        conn.execute(insert(transitions), [dict(message_id=i, at=now, event=Event.PUBLISHED.value,
-                                                from_state=State.NEW.value, to_state=State.IN_QUEUE.value,
-                                                step_key=None, detail=None) for i in sorted(done)])
-    return done
+    return conn.execute(select(M.id).where(and_(M.source_system == source_system, M.correlation_id == correlation_id,
+                                                 M.parent_id.is_(None)))).scalar_one()
 
 
 def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
-    """Publish the chains of freshly committed NEW messages, then record them IN_QUEUE."""
+    """Publish the chains of freshly committed NEW messages; the ids whose chain the broker took.
+
+    Nothing is written back: the message stays NEW until its first task claims it, and one whose
+    chain was refused (or lost) is re-driven by the poller when its due time comes.
+    """
     registry = get_registry()
-    published = []
+    published = set()
     for message_id, row in fresh:
         route = registry.route(f"{row['service']}.{row['operation']}")
         if dispatch.publish(route, message_id, row["attempt_id"]):
-            published.append(message_id)
-    if not published:
-        return set()
-    with transaction() as conn:
-        return mark_published(conn, published)
+            published.add(message_id)
+    return published
 
 
 def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,
@@ -219,23 +299,20 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
                                 msg_timestamp=item.get("msg_timestamp"), now=now))
         except InputError as exc:
             raise type(exc)(f"message #{i + 1}: {exc}" if len(items) > 1 else str(exc)) from None
+    # One transaction: the new rows, and what the duplicates answer with. The chains are published after
+    # it commits; nothing after the commit touches the store, so nothing can fail the stored messages.
     with transaction() as conn:
         ids = insert_new_many(conn, rows)
-        duplicates = {n: existing_id(conn, row["source_system"], row["correlation_id"])
-                      for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
-    fresh = [(i, row) for i, row in zip(ids, rows) if i is not None]
-    published = publish_new(fresh)
-    stored: dict[int, MessageView] = {}
-    if duplicates:  # only duplicates are read back: the stored message is what they answer with
-        with transaction() as conn:
-            stored = {n: message_view(conn, i, duplicate=True) for n, i in duplicates.items()}
+        stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
+                                  duplicate=True)
+                  for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
+    publish_new([(i, row) for i, row in zip(ids, rows) if i is not None])
     views: list[MessageView] = []
     for n, (row, message_id) in enumerate(zip(rows, ids)):
         if message_id is None:
             views.append(stored[n])
         else:  # what was just written; no need to read it back
-            state = State.IN_QUEUE.value if message_id in published else State.NEW.value
-            views.append(view_of(SimpleNamespace(**{**row, "id": message_id, "state": state, "custom_data": None,
+            views.append(view_of(SimpleNamespace(**{**row, "id": message_id, "custom_data": None,
                                                     "business_errors": None, "failed_step": None,
                                                     "failed_error": None, "finished_at": None})))
     return views

@@ -9,7 +9,9 @@ counted for /metrics and logged with its correlation id and message id (never it
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,17 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from ..config import Settings, get_settings
-from . import health, messages, metrics, problems, routes
-from .auth import Credentials
+from ..errors import ConfigurationError, InputError
+from ..producer import identifier
+from . import health, messages, metrics, overview, problems, routes
+from .auth import Credentials, weaknesses
 from .batcher import AcceptBatcher
 from .throttle import Throttle
 
 log = logging.getLogger("openhub.api")
 access_log = logging.getLogger("openhub.api.access")
 ADMIN_DIR = Path(__file__).with_name("admin")
-ROUTERS = [messages.router, routes.router, health.router]
+ROUTERS = [messages.router, routes.router, overview.router, health.router]
 
 
 class AdminFiles(StaticFiles):
@@ -69,24 +73,58 @@ class RequestLog:
             metrics.http_request(scope["method"], template, status)
             state = scope.get("state") or {}
             correlation_id = state.get("correlation_id") or _header(scope, b"x-correlation-id")
-            access_log.info("%s %s %s %.1fms correlation_id=%s message_id=%s", scope["method"], scope["path"], status,
-                            (time.perf_counter() - started) * 1000, correlation_id or "-",
-                            state.get("message_id") or "-")
+            access_log.info("%s %s %s %.1fms correlation_id=%s message_id=%s", scope["method"],
+                            loggable(scope["path"], 200), status, (time.perf_counter() - started) * 1000,
+                            loggable_id(correlation_id), state.get("message_id") or "-")
+
+
+PLAIN = re.compile(r"[A-Za-z0-9._:#@/+-]+")
+LOGGED_ID_CHARS = 64
+
+
+def loggable(text: str, limit: int) -> str:
+    """`text` safe for one log line: as is when plain, else quoted with every special character escaped.
+
+    Truncated to `limit` characters: a client must not be able to write megabytes into the log,
+    break a line or forge a `key=value` field.
+    """
+    cut = text[:limit] + ("…" if len(text) > limit else "")
+    return cut if PLAIN.fullmatch(cut) else json.dumps(cut)
+
+
+def loggable_id(value: str | None) -> str:
+    """A correlation id for the access log: '-' when absent, 'invalid' when no entry would accept it."""
+    if not value:
+        return "-"
+    try:
+        identifier(value, "correlation_id")
+    except InputError:
+        return "invalid"
+    return loggable(value, LOGGED_ID_CHARS)
 
 
 def _header(scope: dict, name: bytes) -> str | None:
     for key, value in scope.get("headers") or ():
         if key == name:
-            return value.decode("latin-1")
+            return value[:1024].decode("latin-1")  # no more is ever logged; 2 MB headers exist
     return None
 
 
 def create_app(dev: bool = False, *, settings: Settings | None = None, credentials: Credentials | None = None,
                throttle: Throttle | None = None, announce: Any = print) -> FastAPI:
-    """The ingress app. In `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed."""
+    """The ingress app. In `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed.
+
+    Outside `dev`, secrets read from the environment are checked (`auth.weaknesses`): placeholders,
+    short or shared secrets stop the start with ConfigurationError.
+    """
     settings = settings or get_settings()
     if credentials is None:
         credentials = Credentials(dict(settings.api_keys), settings.admin_token)
+        unsafe = [] if dev else weaknesses(credentials, settings.database_url)
+        if unsafe:  # only `openhub dev` runs with example or weak secrets
+            raise ConfigurationError("refusing to serve with unsafe secrets: " + "; ".join(unsafe)
+                                     + ". Generate each with e.g. `python -c 'import secrets; "
+                                       "print(secrets.token_urlsafe(32))'`.")
         if dev and not credentials.api_keys:
             generated = Credentials.for_development()
             credentials = Credentials(generated.api_keys, settings.admin_token or generated.admin_token)

@@ -33,6 +33,40 @@ class Credentials:
         return cls({"CRM": "dev-" + secrets.token_urlsafe(18)}, "admin-" + secrets.token_urlsafe(18))
 
 
+MIN_SECRET_CHARS = 32
+PLACEHOLDER = "change-me"  # what deploy/.env.example and deploy/k8s/secrets.env.example hold
+
+
+def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
+    """Why these secrets must not guard a deployed hub (empty: they may). Never quotes a secret.
+
+    Refused: the example files' placeholders, secrets shorter than MIN_SECRET_CHARS characters,
+    and one secret given to two holders (two systems, or a system and the operators), which would
+    let one pass for the other.
+    """
+    from sqlalchemy.engine import make_url
+
+    problems = []
+    named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in credentials.api_keys.items()]
+    if credentials.admin_token:
+        named.append(("OPENHUB_ADMIN_TOKEN", credentials.admin_token))
+    holders: dict[str, list[str]] = {}
+    for name, secret in named:
+        holders.setdefault(secret, []).append(name)
+        if PLACEHOLDER in secret.lower():
+            problems.append(f"{name} is the example placeholder ({PLACEHOLDER}…)")
+        elif len(secret) < MIN_SECRET_CHARS:
+            problems.append(f"{name} is shorter than {MIN_SECRET_CHARS} characters")
+    problems += [f"{' and '.join(names)} are the same secret" for names in holders.values() if len(names) > 1]
+    try:
+        password = make_url(database_url).password if database_url else None
+    except Exception:  # noqa: BLE001 - a malformed URL is reported when the store is opened
+        password = None
+    if password and PLACEHOLDER in str(password).lower():
+        problems.append(f"the password in OPENHUB_DATABASE_URL is the example placeholder ({PLACEHOLDER}…)")
+    return problems
+
+
 @dataclass(frozen=True)
 class Caller:
     """The authenticated caller: a source system, or an operator (admin)."""

@@ -1,4 +1,4 @@
-"""What an operator sees of one message: the view plus children, confirmations and history."""
+"""What an operator sees of one message: the view plus children, confirmations, history and HTTP exchanges."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from ..context import aware
 from ..db import transaction
+from ..exchanges import message_exchanges
 from ..schema import confirmations, ext_calls, messages, transitions
 from ..store import message_view
 
@@ -19,7 +20,8 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def message_detail(message_id: int) -> dict[str, Any]:
-    """The message as `MessageView.as_dict()` with detailed ext calls, children, confirmation and history."""
+    """The message as `MessageView.as_dict()` with detailed ext calls, children, confirmation, history and
+    the HTTP exchanges its steps recorded (`http_exchanges`, oldest first)."""
     with transaction() as conn:
         out = message_view(conn, message_id).as_dict()
         X = ext_calls.c
@@ -42,4 +44,5 @@ def message_detail(message_id: int) -> dict[str, Any]:
             {"at": _iso(r.at), "event": r.event, "from_state": r.from_state, "to_state": r.to_state,
              "step": r.step_key, "detail": r.detail}
             for r in conn.execute(select(transitions).where(T.message_id == message_id).order_by(T.id))]
+        out["http_exchanges"] = message_exchanges(conn, message_id)
     return out

@@ -25,6 +25,7 @@ from . import body, metrics
 from .auth import Caller, admin, reader, source_system
 from .detail import message_detail
 from .problems import ApiError
+from .summary import message_summaries
 
 MAX_ID = 2**63 - 1
 BATCH_MAX_MESSAGES = 1000
@@ -87,10 +88,33 @@ class RestartRequest(BaseModel):
     total: bool = Field(False, description="Also forget OK external calls, so every call is made again.")
 
 
-class MessagePage(BaseModel):
-    """One page of messages, newest first; pass `next_cursor` as `cursor` for the next page."""
+class MessageSummary(BaseModel):
+    """A message as a list shows it: no payload, every field bounded (the detail has the rest)."""
 
-    items: list[dict[str, Any]]
+    id: int
+    route: str
+    service: str
+    operation: str
+    state: str
+    source_system: str
+    correlation_id: str
+    process_id: str | None
+    object_id: str | None
+    entity_type: str | None
+    parent_id: int | None
+    failed_count: int
+    failed_step: str | None
+    failed_error: str | None = Field(description="The last line of the error, at most 500 characters.")
+    error_code: str | None = Field(default=None, description="The last failure's searchable code.")
+    received_at: str
+    msg_timestamp: str | None
+    finished_at: str | None
+
+
+class MessagePage(BaseModel):
+    """One page of message summaries, newest first; pass `next_cursor` as `cursor` for the next page."""
+
+    items: list[MessageSummary]
     next_cursor: int | None
 
 
@@ -145,28 +169,30 @@ def search_messages(
     service: Annotated[str | None, Query(max_length=100)] = None,
     operation: Annotated[str | None, Query(max_length=100)] = None,
     source_system: Annotated[str | None, Query(max_length=100)] = None,
-    correlation_id: Annotated[str | None, Query(max_length=255)] = None,
+    correlation_id: Annotated[str | None, Query(max_length=320)] = None,  # a split child's id is longer
     object_id: Annotated[str | None, Query(max_length=255)] = None,
     parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    error_code: Annotated[str | None, Query(max_length=100, description="The last failure's code.")] = None,
     received_from: datetime | None = None,
     received_to: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
-    """Messages matching every filter, newest first. A source system's key sees only its own messages."""
+    """Summaries (no payloads) of messages matching every filter, newest first; the detail has the payload.
+
+    A source system's key sees only its own messages."""
     _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
-            object_id=object_id)
+            object_id=object_id, error_code=error_code)
     if not caller.admin:
         if source_system is not None and source_system != caller.source_system:
             raise ApiError(403, f"this API key may read only {caller.source_system}'s messages")
         source_system = caller.source_system
-    views = producer.list_messages(
+    items = message_summaries(
         state=state.value if state else None, service=service, operation=operation, source_system=source_system,
-        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, limit=limit,
+        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, error_code=error_code, limit=limit,
         received_from=_utc(received_from, "received_from"), received_to=_utc(received_to, "received_to"),
         before_id=cursor)
-    return {"items": [v.as_dict() for v in views],
-            "next_cursor": views[-1].id if len(views) == limit else None}
+    return {"items": items, "next_cursor": items[-1]["id"] if len(items) == limit else None}
 
 
 @router.get("/messages/{message_id}", responses={s: ERRORS[s] for s in (400, 401, 404, 503)},
@@ -207,7 +233,7 @@ async def respond_message(request: Request, message_id: MessageId,
     request.state.message_id = message_id
     mime, charset = body.media_type(request)
     data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
-    payload = body.decode_payload(data, mime, charset)
+    payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
 
     def deliver() -> dict[str, Any]:
         if not caller.admin and producer.get_message(message_id).source_system != caller.source_system:
@@ -241,12 +267,12 @@ async def submit_message(
     mime, charset = body.media_type(request)
     if not (body.is_json(mime) or body.is_text(mime)):
         raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
-    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
-    payload = body.decode_payload(data, mime, charset)
-
     _utc(x_message_timestamp, "X-Message-Timestamp")
+    # Throttled before the body is read: a refused caller costs no reading or parsing.
     if request.app.state.throttle.applies(system, route.operation):
         await run_in_threadpool(_throttled, request, system, {route.operation: 1})
+    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
+    payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
     view = await request.app.state.batcher.submit(dict(
         route=route.name, payload=payload, source_system=system, correlation_id=x_correlation_id,
         process_id=x_process_id, msg_timestamp=x_message_timestamp))
@@ -254,6 +280,14 @@ async def submit_message(
     if not view.duplicate:
         metrics.accepted(route.name, system)
     return JSONResponse(_accepted(view), status_code=200 if view.duplicate else 202)
+
+
+def _parse_batch(data: bytes, charset: str) -> Batch:
+    try:
+        return Batch.model_validate(body.decode_json(data, charset))
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ApiError(400, detail) from None
 
 
 @router.post("/messages:batch", status_code=202, response_model=BatchAccepted,
@@ -267,13 +301,16 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
     mime, charset = body.media_type(request)
     if not body.is_json(mime):
         raise ApiError(415, "a batch is application/json")
+    throttle = request.app.state.throttle
+    operations = sorted({r.operation for r in get_registry().routes.values()})
+    if throttle.rules:  # refused before reading when nothing in the batch could be accepted now
+        verdict = await run_in_threadpool(throttle.exhausted, system, operations)
+        if not verdict.allowed:
+            raise ApiError(429, f"{system} is over its throttling limits; retry later",
+                           {"Retry-After": str(verdict.retry_after)})
     limit = request.app.state.settings.max_payload_bytes * BATCH_BODY_FACTOR
-    raw = body.decode_json(await body.read_limited(request, limit), charset)
-    try:
-        batch = Batch.model_validate(raw)
-    except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ApiError(400, detail) from None
+    data = await body.read_limited(request, limit)
+    batch = await run_in_threadpool(_parse_batch, data, charset)
     items = []
     counts: dict[str, int] = {}
     for i, item in enumerate(batch.messages):

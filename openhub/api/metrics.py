@@ -24,7 +24,8 @@ Two kinds of series:
     be observed reliably. `ext_calls.updated_at` has no index; on a big table this is a scan
     per scrape (an index on it would make it a range read).
   Every ingress process computes the database series from the same tables, so across replicas
-  take `max`, not `sum`, of them.
+  take `max`, not `sum`, of them. They are read at most once per OPENHUB_METRICS_CACHE seconds
+  (default 5) per process: /metrics needs no credentials, and each read is several queries.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, disable_created_metrics,
                                generate_latest)
@@ -77,9 +79,12 @@ def http_request(method: str, route: str, status: int) -> None:
 class StoreCollector:
     """Series read from the message store at scrape time (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float | None = None) -> None:
         self._lock = threading.Lock()
         self._database: str | None = None
+        self._clock = clock
+        self._ttl = ttl  # None: OPENHUB_METRICS_CACHE
+        self._cached: tuple[float, list[Metric]] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -99,25 +104,36 @@ class StoreCollector:
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        """Query the store and yield every database-derived family."""
+        """Every database-derived family: queried at most once per OPENHUB_METRICS_CACHE seconds.
+
+        /metrics answers anyone; without the cache each request would cost several queries on the
+        message store, so a client polling it in a loop would load the database.
+        """
         with self._lock:
             database = get_settings().database_url
             if database != self._database:  # another store (tests switching backends): start over
                 self._database = database
                 self._reset()
-            routes = sorted(get_registry().routes)
-            gauges: list[Metric] = []
-            try:
-                with transaction() as conn:
-                    gauges = self._gauges(conn, routes)
-                    if self._transition_mark is None:
-                        self._start(conn, database)
-                    self._tail_transitions(conn)
-                    self._tail_calls(conn)
-            except Exception as exc:  # noqa: BLE001 - a scrape must not fail because the store is down
-                log.warning("metrics: message store not readable: %s", type(exc).__name__)
-            yield from gauges
-            yield from self._counters(routes)
+                self._cached = None
+            ttl = self._ttl if self._ttl is not None else get_settings().metrics_cache.total_seconds()
+            now = self._clock()
+            if self._cached is None or now - self._cached[0] >= ttl:
+                self._cached = (now, self._query(database))
+            yield from self._cached[1]
+
+    def _query(self, database: str) -> list[Metric]:
+        routes = sorted(get_registry().routes)
+        gauges: list[Metric] = []
+        try:
+            with transaction() as conn:
+                gauges = self._gauges(conn, routes)
+                if self._transition_mark is None:
+                    self._start(conn, database)
+                self._tail_transitions(conn)
+                self._tail_calls(conn)
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail because the store is down
+            log.warning("metrics: message store not readable: %s", type(exc).__name__)
+        return [*gauges, *self._counters(routes)]
 
     # --- gauges: current non-final rows -------------------------------------------------------
     def _gauges(self, conn, routes: list[str]) -> list[Metric]:  # noqa: ANN001

@@ -29,6 +29,12 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
 }
 
 
+GENERIC_REASONS = {
+    500: "the hub is misconfigured; the operators have been told in its log",
+    503: "the message store is unavailable; nothing was stored, retry later",
+}
+
+
 class ApiError(Exception):
     """An HTTP-level refusal raised by the API itself (auth, media type, throttling)."""
 
@@ -59,9 +65,12 @@ def install(app: FastAPI) -> None:
     async def _openhub_error(request: Request, exc: errors.OpenHubError) -> JSONResponse:
         status = status_for(exc)
         if status >= 500:
+            # The text of a 5xx comes from a driver or a route module (host names, user names,
+            # paths): it goes to the log, and the caller gets the generic reason.
             log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        headers = {"Retry-After": "5"} if isinstance(exc, errors.StoreUnavailable) else None
-        return problem(status, str(exc), headers)
+            return problem(status, GENERIC_REASONS.get(status, "internal error"),
+                           {"Retry-After": "5"} if isinstance(exc, errors.StoreUnavailable) else None)
+        return problem(status, str(exc))
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:

@@ -140,6 +140,27 @@ class Throttle:
         """Whether any rule covers the pair (if not, `check` needs no counter and no I/O)."""
         return best_rule(self.rules, system, operation) is not None
 
+    def exhausted(self, system: str, operations: list[str]) -> Verdict:
+        """Refused when every one of `operations` is throttled for `system` and already at its limit.
+
+        Counts nothing: it lets a batch be refused before its body is read and parsed, when no
+        message in it could be accepted anyway.
+        """
+        waits = []
+        for operation in operations:
+            rule = best_rule(self.rules, system, operation)
+            if rule is None:
+                return Verdict(True)
+            try:
+                count, remaining = self.counters.hit(f"{system}.{operation}", rule.interval, 0)
+            except Exception as exc:  # noqa: BLE001 - Redis down: let traffic through, say so
+                log.warning("throttling counters unavailable (%s); request not throttled", type(exc).__name__)
+                return Verdict(True)
+            if count < rule.limit:
+                return Verdict(True)
+            waits.append(remaining)
+        return Verdict(False, max(1, math.ceil(min(waits)))) if waits else Verdict(True)
+
     def check(self, system: str, operation: str, hits: int = 1) -> Verdict:
         """Count `hits` submissions; refused when the window's count goes over the rule's limit."""
         rule = best_rule(self.rules, system, operation)

@@ -133,17 +133,21 @@ def test_unimportable_routes_module() -> None:
         build_registry(["routes_that_do_not_exist"])
 
 
-def test_two_confirmers_for_one_system() -> None:
-    from openhub import confirmation
-
-    @confirmation("UNIT-SYS")
-    def first(outcome):  # noqa: ANN001, ANN202
-        pass
-
+def test_two_confirmers_for_one_system(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    code = ("from openhub import confirmation\n\n@confirmation('UNIT-SYS')\ndef first(outcome): pass\n\n"
+            "@confirmation('UNIT-SYS')\ndef second(outcome): pass\n")
+    name = _module(tmp_path, monkeypatch, "routes_two_confirmers", code)
     with pytest.raises(ConfigurationError, match="two confirmers"):
-        @confirmation("UNIT-SYS")
-        def second(outcome):  # noqa: ANN001, ANN202
-            pass
+        build_registry([name])
+
+
+def test_confirmers_belong_to_the_registry_that_loaded_them(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    code = "from openhub import confirmation\n\n@confirmation('CRM')\ndef mine(outcome): pass\n"
+    one = _module(tmp_path, monkeypatch, "routes_confirm_one", code)
+    other = _module(tmp_path, monkeypatch, "routes_confirm_other", code.replace("mine", "theirs"))
+    assert build_registry([one]).confirmers["CRM"].__name__ == "mine"
+    assert build_registry([other]).confirmers["CRM"].__name__ == "theirs"  # nothing leaked from the first
+    assert "CRM" not in build_registry(["tests.support.promise_routes"]).confirmers
 
 
 def test_split_and_child_are_plain_data() -> None:
@@ -156,3 +160,12 @@ def test_example_routes_load() -> None:
     registry = build_registry(["routes"])
     assert "customer.setCustomer" in registry.routes
     assert "CRM" in registry.confirmers
+
+
+def test_the_routing_model_imports_no_store_broker_or_web_library() -> None:
+    import subprocess
+
+    code = ("import sys\nfrom openhub import Route, step, Split, Child, confirmation, Outcome, StepContext, Reject\n"
+            "print(','.join(m for m in ('sqlalchemy', 'celery', 'fastapi', 'kombu') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == ""

@@ -85,3 +85,33 @@ def test_admin_page_is_served(client):
     assert r.headers["Content-Security-Policy"].startswith("default-src 'self'")
     assert r.headers["X-Frame-Options"] == "DENY"
     assert client.get("/admin/admin.js").status_code == 200
+
+
+STRONG = "s" * 40
+
+
+@pytest.mark.parametrize("keys, admin, url, why", [
+    ({"CRM": "change-me-crm-key"}, "a" * 40, "", "placeholder"),
+    ({"CRM": STRONG}, "change-me-admin-token", "", "placeholder"),
+    ({"CRM": "x" * 31}, "a" * 40, "", "shorter than 32"),
+    ({"CRM": STRONG, "SHOP": STRONG}, "a" * 40, "", "same secret"),
+    ({"CRM": STRONG}, STRONG, "", "same secret"),
+    ({"CRM": STRONG}, "a" * 40, "postgresql+psycopg://openhub:change-me@db/openhub", "OPENHUB_DATABASE_URL"),
+])
+def test_unsafe_secrets_stop_the_ingress_outside_dev(api_env, keys, admin, url, why):
+    from openhub.api.app import create_app, with_settings
+    from openhub.errors import ConfigurationError
+
+    changes = dict(api_keys=keys, admin_token=admin, **({"database_url": url} if url else {}))
+    with pytest.raises(ConfigurationError, match=why) as refused:
+        create_app(settings=with_settings(**changes))
+    for secret in [*keys.values(), admin]:  # the refusal names the holder, never the secret
+        assert secret not in str(refused.value)
+    create_app(dev=True, settings=with_settings(**changes), announce=lambda _: None)  # dev takes anything
+
+
+def test_safe_secrets_start_the_ingress(api_env):
+    from openhub.api.app import create_app, with_settings
+
+    app = create_app(settings=with_settings(api_keys={"CRM": STRONG, "SHOP": "t" * 32}, admin_token="a" * 40))
+    assert app.state.credentials.api_keys["SHOP"] == "t" * 32

@@ -70,3 +70,32 @@ def test_database_series_follow_the_work_of_workers(api_env, hub, external: Exte
         assert sample(text, "openhub_step_duration_seconds_count", route="test.flow", step="b") >= 1
         assert sample(text, "openhub_ext_call_failures_total", route="test.flow", step="b") >= 1
         assert sample(text, "openhub_messages", route="test.flow", state="PROCESSING") >= 0
+
+
+def test_database_series_are_read_at_most_once_per_cache_period(api_env):
+    from sqlalchemy import event
+
+    from openhub.api.metrics import StoreCollector
+    from openhub.config import get_settings
+    from openhub.db import get_engine
+
+    statements: list[str] = []
+    engine = get_engine(get_settings().database_url)
+
+    def count(conn, cursor, statement, *args):  # noqa: ANN001, ANN002, ANN202
+        statements.append(statement)
+
+    now = [1000.0]
+    collector = StoreCollector(clock=lambda: now[0], ttl=5)
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        first = list(collector.collect())
+        assert statements, "the first scrape reads the store"
+        statements.clear()
+        now[0] += 4.9
+        assert list(collector.collect()) == first and statements == []  # from the cache: no query at all
+        now[0] += 0.2
+        list(collector.collect())
+        assert statements, "once the period is over the store is read again"
+    finally:
+        event.remove(engine, "before_cursor_execute", count)

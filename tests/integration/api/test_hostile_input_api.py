@@ -1,0 +1,163 @@
+"""Hostile input through HTTP on both backends: refused with a 4xx, quickly, and nothing stored."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import openhub
+from openhub.api.throttle import Throttle
+from openhub.config import get_settings
+from tests.integration.api.conftest import ADMIN, CRM, SHOP, make_client
+
+
+def nested_json(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+def submit_raw(client, content, content_type="application/json", **headers):  # noqa: ANN001, ANN003, ANN201
+    cid = headers.pop("cid", None) or uuid.uuid4().hex
+    return cid, client.post("/api/v1/messages/test/flow", content=content,
+                            headers={**CRM, "X-Correlation-Id": cid, "Content-Type": content_type, **headers})
+
+
+@pytest.mark.parametrize("charset", ["punycode", "idna", "rot13", "uu_codec", "zlib", "nonsense"])
+def test_charsets_outside_the_allow_list_are_415_at_once(client, charset):
+    started = time.monotonic()
+    cid, r = submit_raw(client, b"\x80" * 400_000 + b"a", f"text/plain; charset={charset}")
+    assert r.status_code == 415, r.text
+    assert time.monotonic() - started < 3
+    assert openhub.list_messages(correlation_id=cid) == []
+
+
+@pytest.mark.parametrize("content_type, content", [
+    ("text/plain; charset=utf-16", b"\x00\xd8a"),      # odd length and a lone surrogate
+    ("application/json; charset=utf-32", b"\xff\xff\xff\xff"),
+    ("text/plain; charset=ascii", "é".encode()),
+])
+def test_undecodable_bodies_are_400(client, content_type, content):
+    cid, r = submit_raw(client, content, content_type)
+    assert r.status_code == 400, r.text
+    assert openhub.list_messages(correlation_id=cid) == []
+
+
+def test_allowed_charsets_are_decoded(client):
+    cid, r = submit_raw(client, "grüße".encode("utf-16"), "text/plain; charset=UTF-16")
+    assert r.status_code == 202, r.text
+    assert openhub.get_message(r.json()["id"]).payload == "grüße"
+    cid, r = submit_raw(client, "grüße".encode("latin-1"), "text/plain; charset=iso-8859-1")
+    assert r.status_code == 202 and openhub.get_message(r.json()["id"]).payload == "grüße"
+
+
+@pytest.mark.parametrize("depth", [65, 255, 100_000])
+def test_payload_nested_past_the_limit_is_400(client, depth):
+    cid, r = submit_raw(client, nested_json(depth))
+    assert r.status_code == 400, r.text
+    assert openhub.list_messages(correlation_id=cid) == []
+    batch = {"messages": [{"route": "test.flow", "correlation_id": cid, "payload": json.loads(nested_json(64))}]}
+    text = json.dumps(batch).replace(nested_json(64), nested_json(depth)) if depth < 1000 else json.dumps(batch)
+    if depth < 1000:
+        r = client.post("/api/v1/messages:batch", content=text, headers={**CRM, "Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert openhub.list_messages(correlation_id=cid) == []
+
+
+def test_payload_at_the_nesting_limit_is_readable_everywhere(client):
+    deep = json.loads(nested_json(get_settings().max_nesting))
+    cid, r = submit_raw(client, json.dumps(deep))
+    assert r.status_code == 202, r.text
+    message_id = r.json()["id"]
+    assert client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()["payload"] == deep
+    assert client.get("/api/v1/messages", headers=ADMIN).status_code == 200
+    assert client.get(f"/api/v1/messages?correlation_id={cid}", headers=CRM).json()["items"][0]["id"] == message_id
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "a\x1b[2Jb", "a\x00b", "a\u2028b", "a\x85b"])
+def test_control_characters_in_correlation_ids_are_400_in_a_batch(client, bad):
+    cid = uuid.uuid4().hex
+    batch = {"messages": [{"route": "test.flow", "correlation_id": cid + bad, "payload": {}},
+                          {"route": "test.flow", "correlation_id": cid, "payload": {}}]}
+    r = client.post("/api/v1/messages:batch", json=batch, headers=CRM)
+    assert r.status_code == 400, r.text
+    assert "control characters" in r.json()["detail"]
+    assert openhub.list_messages(correlation_id=cid) == []
+
+
+def test_process_id_header_with_control_characters_is_400(client):
+    cid, r = submit_raw(client, "{}", **{"X-Process-Id": "p\x1b[31m"})
+    assert r.status_code == 400, r.text
+
+
+@pytest.mark.parametrize("stamp", ["9999-12-31T23:59:59Z", "2999-01-01T00:00:00+02:00"])
+def test_far_future_timestamp_is_400(client, stamp):
+    cid, r = submit_raw(client, "{}", **{"X-Message-Timestamp": stamp})
+    assert r.status_code == 400 and "OPENHUB_MAX_CLOCK_SKEW" in r.json()["detail"], r.text
+    assert openhub.list_messages(correlation_id=cid) == []
+    batch = {"messages": [{"route": "test.flow", "correlation_id": cid, "payload": {}, "msg_timestamp": stamp}]}
+    assert client.post("/api/v1/messages:batch", json=batch, headers=CRM).status_code == 400
+    soon = (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat()
+    assert submit_raw(client, "{}", **{"X-Message-Timestamp": soon})[1].status_code == 202
+
+
+def test_throttling_is_checked_before_the_body_is_parsed(api_env):
+    prefix = f"t-{uuid.uuid4().hex}:"
+    throttle = Throttle.from_settings("CRM.flow=1/3600", get_settings().redis_url, prefix=prefix)
+    with make_client(throttle=throttle) as client:
+        assert submit_raw(client, "{}")[1].status_code == 202
+        # Over the limit: 429 whatever the body, which is neither read nor parsed.
+        _, r = submit_raw(client, "{not json")
+        assert r.status_code == 429 and r.headers["Retry-After"], r.text
+
+
+def test_a_batch_nothing_of_which_could_be_accepted_is_refused_before_parsing(api_env):
+    throttle = Throttle.from_settings("CRM.*=0/3600", get_settings().redis_url, prefix=f"t-{uuid.uuid4().hex}:")
+    with make_client(throttle=throttle) as client:
+        r = client.post("/api/v1/messages:batch", content=b"[" * 5_000_000,
+                        headers={**CRM, "Content-Type": "application/json"})
+        assert r.status_code == 429 and r.headers["Retry-After"], r.text
+        # another system, not throttled, is parsed as before
+        r = client.post("/api/v1/messages:batch", content=b"[" * 10, headers={**SHOP, "Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+
+
+def test_a_list_carries_summaries_without_payloads(api_env):
+    big = {"blob": "x" * 900_000}
+    with make_client() as client:
+        prefix = uuid.uuid4().hex
+        ids = [submit_raw(client, json.dumps(big), **{"X-Process-Id": prefix})[1].json()["id"] for _ in range(3)]
+        r = client.get("/api/v1/messages", params={"limit": 3}, headers=ADMIN)
+        assert r.status_code == 200
+        assert len(r.content) < 10_000  # three 900 KB payloads are not in the page
+        items = r.json()["items"]
+        assert [m["id"] for m in items] == ids[::-1]
+        assert all("payload" not in m and "custom_data" not in m and m["process_id"] == prefix for m in items)
+        assert client.get(f"/api/v1/messages/{ids[0]}", headers=ADMIN).json()["payload"] == big
+
+
+def test_bodies_are_decoded_off_the_event_loop(client, monkeypatch):
+    import asyncio
+
+    from openhub.api import body
+
+    on_loop: list[bool] = []
+
+    def spy(real):  # noqa: ANN001, ANN202
+        def decode(*args):  # noqa: ANN002, ANN202
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:
+                on_loop.append(False)
+            return real(*args)
+        return decode
+
+    monkeypatch.setattr(body, "decode_payload", spy(body.decode_payload))
+    monkeypatch.setattr(body, "decode_json", spy(body.decode_json))
+    assert submit_raw(client, '{"a": 1}')[1].status_code == 202
+    batch = {"messages": [{"route": "test.flow", "correlation_id": uuid.uuid4().hex, "payload": {}}]}
+    assert client.post("/api/v1/messages:batch", json=batch, headers=CRM).status_code == 202
+    assert on_loop and not any(on_loop), on_loop  # a 10 MB parse would otherwise stall every connection

@@ -1,0 +1,117 @@
+"""Connection-level limits of a real `openhub serve` (uvicorn + openhub.api.server), not a TestClient.
+
+413 readable by a client that sends its whole body first, 431 for oversized headers, 503 past the
+concurrency limit, and an access log that no header can flood or forge.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from tests.support import backends
+from tests.support.waiting import wait_for
+from tests.support.workers import PROJECT
+
+OPENHUB = str(Path(sys.executable).with_name("openhub"))
+KEY = "crm-" + secrets.token_hex(20)
+ADMIN = "admin-" + secrets.token_hex(20)
+
+
+class Served:
+    """A running `openhub serve` and what it logged."""
+
+    def __init__(self, port: int, process: subprocess.Popen) -> None:
+        self.port, self.process, self.base = port, process, f"http://127.0.0.1:{port}"
+
+    def stop(self) -> str:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=30)
+        return out.decode(errors="replace")
+
+
+@pytest.fixture
+def served(backend: backends.Backend) -> Iterator[Served]:
+    backend.activate()
+    port = backends.free_port()
+    env = dict(os.environ, **backend.env, OPENHUB_API_KEYS=f"CRM={KEY}", OPENHUB_ADMIN_TOKEN=ADMIN,
+               OPENHUB_MAX_CONCURRENCY="4", PYTHONPATH=str(PROJECT))
+    process = subprocess.Popen([OPENHUB, "serve", "--port", str(port)], env=env, cwd=PROJECT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Served(port, process)
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{server.base}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            assert process.poll() is None, process.stdout.read().decode()  # type: ignore[union-attr]
+            return False
+
+    try:
+        wait_for(up, 60, "openhub serve to answer /healthz")
+        yield server
+    finally:
+        if process.poll() is None:
+            server.stop()
+
+
+def test_413_is_read_by_a_client_that_sends_the_whole_body_first(served):
+    # urllib sends no `Expect: 100-continue` and asks for `Connection: close`.
+    request = urllib.request.Request(f"{served.base}/api/v1/messages/test/flow", data=b"x" * (32 * 1024 * 1024),
+                                     method="POST", headers={"Authorization": f"Bearer {KEY}",
+                                                             "X-Correlation-Id": uuid.uuid4().hex,
+                                                             "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 413 and b"over the limit" in refused.value.read()
+    assert httpx.get(f"{served.base}/healthz", timeout=5).status_code == 200
+
+
+def test_oversized_headers_are_431_and_the_server_goes_on(served):
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        try:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 5_000_000 + b"\r\n\r\n")
+        except OSError:
+            pass  # the hub stopped reading: the answer is already on its way
+        assert sock.recv(100).startswith(b"HTTP/1.1 431 ")
+    ok = httpx.get(f"{served.base}/healthz", headers={"X-Fine": "a" * 30_000}, timeout=5)
+    assert ok.status_code == 200
+
+
+def test_past_the_concurrency_limit_the_answer_is_503_at_once(served):
+    idle = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(4)]
+    try:
+        r = httpx.get(f"{served.base}/healthz", timeout=5)
+        assert r.status_code == 503
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: httpx.get(f"{served.base}/healthz", timeout=5).status_code == 200, 10, "connections freed")
+
+
+def test_access_log_carries_no_forged_or_oversized_ids(served):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    forged = "c-1 message_id=99 status=200"
+    with httpx.Client(base_url=served.base, timeout=10) as http:
+        http.post("/api/v1/messages/test/flow", content="{}", headers={**headers, "X-Correlation-Id": forged})
+        http.post("/api/v1/messages/test/flow", content="{}",
+                  headers={**headers, "X-Correlation-Id": "z" * 60_000, "Authorization": "Bearer wrong"})
+        http.get("/healthz", headers={"X-Correlation-Id": "a\x1b[31mred"})
+    log = served.stop()
+    lines = [line for line in log.splitlines() if "correlation_id=" in line]
+    assert len(lines) >= 3 and max(len(line) for line in lines) < 400
+    assert f"correlation_id={forged}" not in log and '"c-1 message_id=99 status=200"' in log
+    assert "\x1b" not in log and "correlation_id=invalid" in log
+    assert KEY not in log

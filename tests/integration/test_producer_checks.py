@@ -1,0 +1,99 @@
+"""What every entry refuses before anything is stored (producer checks), through Python on both backends.
+
+The HTTP ingress, the CLI and split children go through the same `producer.prepare`; the HTTP
+side of each refusal is in tests/integration/api/test_hostile_input_api.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import openhub
+from openhub.api.app import with_settings
+from openhub.errors import InputError
+from openhub.producer import nesting_depth
+
+
+@pytest.fixture
+def active(backend):  # noqa: ANN001, ANN201
+    backend.activate()
+    return backend
+
+
+def nested(depth: int) -> object:
+    value: object = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_nesting_depth_is_measured_without_recursion():
+    assert nesting_depth("x", 5) == 0 and nesting_depth({"a": [1]}, 5) == 2
+    assert nesting_depth(nested(100_000), 64) == 65  # stops counting past the limit
+
+
+@pytest.mark.parametrize("payload", [nested(65), nested(255), nested(5000)])
+def test_payload_nested_past_the_limit_is_refused(active, payload):
+    cid = uuid.uuid4().hex
+    with pytest.raises(InputError, match="OPENHUB_MAX_NESTING"):
+        openhub.submit("test.flow", payload, source_system="CRM", correlation_id=cid)
+    assert openhub.list_messages(correlation_id=cid) == []
+
+
+def test_payload_at_the_limit_is_accepted_and_readable(active):
+    view = openhub.submit("test.flow", {"prefix": "/x", "deep": nested(60)}, source_system="CRM",
+                          correlation_id=uuid.uuid4().hex)
+    assert openhub.get_message(view.id).payload["deep"] == nested(60)
+
+
+@pytest.mark.parametrize("field", ["correlation_id", "process_id", "source_system"])
+@pytest.mark.parametrize("bad", ["a\nb", "a\rb", "a\x1b[31mb", "a\x00b", "a\x85b", "a\u2028b", "a\x7fb"])
+def test_control_characters_in_ids_are_refused(active, field, bad):
+    item = {"route": "test.flow", "payload": {}, "source_system": "CRM", "correlation_id": uuid.uuid4().hex,
+            field: bad}
+    with pytest.raises(InputError, match="control characters"):
+        openhub.submit_many([item])
+
+
+def test_markup_and_split_separator_in_ids_are_kept_verbatim(active):
+    cid = f"[bold red]x[/]#1.2-{uuid.uuid4().hex}"
+    view = openhub.submit("test.flow", {}, source_system="CRM", correlation_id=cid)
+    assert openhub.get_message(view.id).correlation_id == cid
+
+
+def test_timestamp_beyond_the_clock_skew_is_refused(active):
+    now = datetime.now(timezone.utc)
+    for far in (now + timedelta(seconds=301), "9999-12-31T23:59:59Z"):
+        cid = uuid.uuid4().hex
+        with pytest.raises(InputError, match="OPENHUB_MAX_CLOCK_SKEW"):
+            openhub.submit("test.flow", {}, source_system="CRM", correlation_id=cid, msg_timestamp=far)
+        assert openhub.list_messages(correlation_id=cid) == []
+    ok = openhub.submit("test.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex,
+                        msg_timestamp=now + timedelta(seconds=200))
+    assert ok.msg_timestamp is not None
+
+
+def test_clock_skew_is_configurable(active, monkeypatch):
+    monkeypatch.setenv("OPENHUB_MAX_CLOCK_SKEW", "0")
+    from openhub.config import Settings
+
+    assert Settings.from_env().max_clock_skew == timedelta(0)
+    monkeypatch.setattr("openhub.producer.get_settings", lambda: with_settings(max_clock_skew=timedelta(0)))
+    with pytest.raises(InputError):
+        openhub.submit("test.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex,
+                       msg_timestamp=datetime.now(timezone.utc) + timedelta(seconds=5))
+
+
+def test_a_funnel_belongs_to_its_source_system(active):
+    shop = openhub.submit("test.funnel", {"group": "g"}, source_system="SHOP", correlation_id=uuid.uuid4().hex)
+    crm = openhub.submit("test.funnel", {"group": "g"}, source_system="CRM", correlation_id=uuid.uuid4().hex)
+    assert shop.funnel != crm.funnel
+
+
+def test_a_response_nested_past_the_limit_is_refused(active):
+    view = openhub.submit("test.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex)
+    with pytest.raises(InputError, match="response is nested deeper"):
+        openhub.respond(view.id, nested(65))
