@@ -77,6 +77,15 @@ class Settings:
     max_payload_bytes: int = 1_048_576
     throttling: str = ""
     redis_url: str | None = None
+    # A worker process whose heartbeat is older than this (while others' go on) is dead: its steps are
+    # repaired at once instead of at the end of their lease. It heartbeats every fifth of it.
+    worker_dead_after: timedelta = timedelta(seconds=15)
+    max_clock_skew: timedelta = timedelta(seconds=300)
+    max_nesting: int = 64
+    max_concurrency: int = 256
+    metrics_cache: timedelta = timedelta(seconds=5)
+    http_record_bytes: int = 4096
+    http_record_days: int = 14
 
     @property
     def embedded(self) -> bool:
@@ -107,6 +116,13 @@ class Settings:
             max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
             throttling=_env("OPENHUB_THROTTLING", ""),
             redis_url=os.environ.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),
+            worker_dead_after=_seconds("OPENHUB_WORKER_DEAD_AFTER", 15),
+            max_clock_skew=_seconds("OPENHUB_MAX_CLOCK_SKEW", 300),
+            max_nesting=_int("OPENHUB_MAX_NESTING", 64),
+            max_concurrency=_int("OPENHUB_MAX_CONCURRENCY", 256),
+            metrics_cache=_seconds("OPENHUB_METRICS_CACHE", 5),
+            http_record_bytes=_int("OPENHUB_HTTP_RECORD_BYTES", 4096),
+            http_record_days=_int("OPENHUB_HTTP_RECORD_DAYS", 14),
         )
 
 

@@ -9,16 +9,16 @@ Sending claims the row first (compare-and-set), so one final state is confirmed 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, insert, select, update
 
 from .config import get_settings
-from .context import MessageView
+from .context import Outcome, first_line
 from .db import transaction, utcnow
 from .registry import get_registry
 from .schema import confirmations
@@ -27,26 +27,6 @@ from .store import message_view
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
 PENDING, SENDING, OK, FAILED, FAILED_END = "PENDING", "SENDING", "OK", "FAILED", "FAILED_END"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a confirmer receives: the message, its final state and its business errors."""
-
-    message: MessageView
-    state: str
-    business_errors: list[dict[str, str]]
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict for sending to the source system."""
-        m = self.message
-        return {"id": m.id, "correlation_id": m.correlation_id, "source_system": m.source_system,
-                "route": m.route, "process_id": m.process_id, "state": self.state,
-                "business_errors": self.business_errors, "failed_error": _first_line(m.failed_error)}
-
-
-def _first_line(text: str | None) -> str | None:
-    return text.strip().splitlines()[-1] if text else None
 
 
 def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: datetime) -> None:
@@ -60,22 +40,25 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     now = now or utcnow()
     # A confirmer may take as long as a step; a shorter lease would let another sender call it again.
     lease = max(get_settings().confirm_interval, get_settings().step_timeout)
-    claim = str(uuid.uuid4())
     with transaction() as conn:
         query = select(C.id).where(and_(C.state.in_((PENDING, FAILED, SENDING)), C.due_at <= now))
         if message_id is not None:
             query = query.where(C.message_id == message_id)
-        query = query.order_by(C.due_at).limit(limit)
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update(skip_locked=True)
-        ids = list(conn.execute(query).scalars())
-        # Claim: a crashed sender's SENDING row becomes due again after the lease.
-        if ids:
-            conn.execute(update(confirmations).where(C.id.in_(ids))
-                         .values(state=SENDING, claim=claim, due_at=now + lease, updated_at=now))
+        ids = list(conn.execute(query.order_by(C.due_at).limit(limit)).scalars())
+    started = time.monotonic()
     sent = 0
     for confirmation_id in ids:
-        sent += _send_one(confirmation_id, claim)
+        # Each one is claimed just before it is sent, its lease starting then: a lease covering a whole
+        # batch ran out under a slow confirmer while the batch's tail still waited, and a second sender
+        # sent that tail too. A crashed sender's SENDING row becomes due again when its lease ends.
+        claimed_at = now + timedelta(seconds=time.monotonic() - started)
+        claim = str(uuid.uuid4())
+        with transaction() as conn:
+            taken = conn.execute(update(confirmations).where(and_(
+                C.id == confirmation_id, C.state.in_((PENDING, FAILED, SENDING)), C.due_at <= claimed_at))
+                .values(state=SENDING, claim=claim, due_at=claimed_at + lease, updated_at=claimed_at)).rowcount
+        if taken:
+            sent += _send_one(confirmation_id, claim)
     return sent
 
 
@@ -95,7 +78,7 @@ def _send_one(confirmation_id: int, claim: str) -> int:
         except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
             error = traceback.format_exc()
             log.warning("confirmation of message %s to %s failed: %s", view.id, view.source_system,
-                        _first_line(error))
+                        first_line(error))
     now = utcnow()
     attempts = row.attempts + 1
     if error is None:

@@ -57,6 +57,7 @@ class MessageView(MessageInfo):
     failed_step: str | None
     failed_error: str | None
     finished_at: datetime | None
+    error_code: str | None = None  # the last failure's searchable code
     ext_calls: list[ExtCallView] = field(default_factory=list)
     duplicate: bool = False
 
@@ -119,3 +120,25 @@ class StepContext:
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
         raise WaitForResponse(timeout)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a confirmer receives: the message, its final state and its business errors."""
+
+    message: MessageView
+    state: str
+    business_errors: list[dict[str, str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict for sending to the source system."""
+        m = self.message
+        return {"id": m.id, "correlation_id": m.correlation_id, "source_system": m.source_system,
+                "route": m.route, "process_id": m.process_id, "state": self.state,
+                "business_errors": self.business_errors, "failed_error": first_line(m.failed_error),
+                "error_code": m.error_code}
+
+
+def first_line(text: str | None) -> str | None:
+    """The last line of an error text (a traceback's own message), or None."""
+    return text.strip().splitlines()[-1] if text else None

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from .config import get_settings
 from .errors import StoreUnavailable
 
-_engines: dict[tuple[int, str, bool], Engine] = {}
+_engines: dict[tuple[int, str], Engine] = {}
 
 
 def utcnow() -> datetime:
@@ -38,7 +38,7 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA synchronous=FULL")  # WAL + NORMAL may lose the last commits on power loss
         cur.execute("PRAGMA busy_timeout=60000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
@@ -50,15 +50,14 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
-def get_engine(url: str | None = None, async_commit: bool = False) -> Engine:
+def get_engine(url: str | None = None) -> Engine:
     """The engine for `url` (default: OPENHUB_DATABASE_URL), one per process.
 
-    `async_commit=True` gives PostgreSQL connections that commit without waiting for the WAL
-    flush: only for transactions whose loss in a crash is harmless (see engine.run_step).
+    Every commit waits for its WAL flush: a commit lost in a crash after the step it guarded
+    called an external system would make the repair call it again.
     """
     url = url or get_settings().database_url
-    async_commit = async_commit and not url.startswith("sqlite")
-    key = (os.getpid(), url, async_commit)
+    key = (os.getpid(), url)
     engine = _engines.get(key)
     if engine is None:
         if url.startswith("sqlite"):
@@ -66,15 +65,14 @@ def get_engine(url: str | None = None, async_commit: bool = False) -> Engine:
         else:
             # No pre-ping round trip per checkout: a restarted server shows up as one
             # StoreUnavailable per process, after which SQLAlchemy recycles the whole pool.
-            options = {"options": "-c synchronous_commit=off"} if async_commit else {}
-            engine = create_engine(url, pool_size=5, max_overflow=5, connect_args=options)
+            engine = create_engine(url, pool_size=5, max_overflow=5)
         _engines[key] = engine
     return engine
 
 
 def dispose_engines() -> None:
     """Close every pooled connection of this process (tests, shutdown)."""
-    for (pid, _url, _async), engine in list(_engines.items()):
+    for (pid, _url), engine in list(_engines.items()):
         if pid == os.getpid():
             engine.dispose()
     _engines.clear()
@@ -86,11 +84,11 @@ def is_postgres(conn: Connection) -> bool:
 
 
 @contextmanager
-def transaction(url: str | None = None, async_commit: bool = False) -> Iterator[Connection]:
+def transaction(url: str | None = None) -> Iterator[Connection]:
     """One database transaction; a lost or refused connection, or a deadlock, becomes StoreUnavailable
     (the transaction had no effect and may be tried again)."""
     try:
-        with get_engine(url, async_commit).begin() as conn:
+        with get_engine(url).begin() as conn:
             yield conn
     except OperationalError as exc:
         if _is_connectivity(exc):

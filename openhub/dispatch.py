@@ -25,7 +25,9 @@ log = logging.getLogger("openhub.dispatch")
 _app: "Celery | None" = None
 POLL_TASK = "openhub.poll"
 CHAIN_FAILED_TASK = "openhub.chain_failed"
-HARD_LIMIT_MARGIN = 10.0  # seconds between the soft time limit (an exception) and the hard kill
+# Seconds between the soft time limit (an exception in the step) and the hard kill of the process: the
+# time a step that ran to its limit still has to record its outcome through a store outage.
+HARD_LIMIT_MARGIN = 60.0
 
 
 def _celeryconfig() -> Any:
@@ -111,3 +113,23 @@ def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
         log.warning("could not publish message %s (%s): %s", message_id, route.name, exc)
         return False
+
+
+def ping_workers(timeout: float = 0.5) -> list[str] | None:
+    """Hostnames of the Celery workers that answered a ping within `timeout` seconds.
+
+    None when the broker cannot be asked (it is down, or a transport without broadcast such as
+    the embedded filesystem one): "unknown", which callers must not show as "no workers".
+    """
+    if local_chains is not None:
+        return None  # LocalHub: there is no broker and no worker
+    try:
+        app = celery_app()
+        with app.connection_for_write() as conn:
+            # One quick connection attempt: Celery's default retries would hold a page for seconds.
+            conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+            replies = app.control.inspect(timeout=timeout, connection=conn).ping() or {}
+    except Exception as exc:  # noqa: BLE001 - any broker error means "unknown", never a failed page
+        log.info("could not ping the workers: %s", exc)
+        return None
+    return sorted(replies)

@@ -27,17 +27,19 @@ from .config import get_settings
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
 from .db import is_postgres, transaction, utcnow
 from .errors import Holdback, Postpone, Reject, StoreUnavailable
+from .failures import error_code, is_fatal
 from .funnel import funnel_blocked, release_funnel
 from .model import RetryPolicy, Route, RouteStep, Split
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
 from .split import dispatch_children, prepare_children, resume_split, settle_parent, write_children
-from .states import Action, Event, State, transition
+from .states import Action, CallState, Event, State, transition
 from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state, update_message
+from .workers import current_id, liveness, running
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
-RECORD_ATTEMPTS = 12  # about a minute of back-off in all
+RECORD_BACKOFF_MAX = 5.0  # seconds between two tries to record an outcome while the store is away
 
 
 class Effects(set):
@@ -57,6 +59,16 @@ class Entered:
     ctx: StepContext
     row: SimpleNamespace
     started: float = field(default_factory=time.monotonic)
+    custom_data: str | None = None  # ctx.custom_data as stored, once the step has run
+    call_ok_id: int | None = None  # the record's last success before this run (kept unless this run succeeds)
+    call_ok_ts: datetime | None = None
+
+
+# The state an external-call record takes for each way a step can end (FAILED for the rest): a
+# waiting step is OK once its response arrives, and a response timeout makes it FAILED (sent again).
+CALL_STATES = {None: CallState.OK, Event.SPLIT: CallState.OK, Event.WAIT_RESPONSE: CallState.WAITING,
+               Event.NO_EFFECT: CallState.NO_EFFECT, Event.POSTPONED: CallState.POSTPONED,
+               Event.HELD_BACK: CallState.POSTPONED}
 
 
 @dataclass
@@ -67,6 +79,11 @@ class Verdict:
     error: str | None = None
     delay: timedelta | None = None
     children: list[Any] = field(default_factory=list)
+    code: str | None = None  # the failure's searchable error code (openhub.failures)
+    call_state: str = ""  # what the external call did (a CallState); by default what the event implies
+
+    def __post_init__(self) -> None:
+        self.call_state = self.call_state or CALL_STATES.get(self.event, CallState.FAILED)
 
 
 def retry_policy(route: Route, item: RouteStep | None) -> RetryPolicy:
@@ -95,7 +112,9 @@ def call_key(row: Row, item: RouteStep, ctx: StepContext) -> str:
     if item.scope == "entity":
         if row.object_id is None:
             raise Reject(f"step {item.key!r} has entity scope but message {row.id} has no object_id")
-        return f"entity:{row.entity_type}:{row.object_id}:{item.key}"
+        # Per source system: otherwise one system's message dated ahead would make another
+        # system's genuine later update of the same entity obsolete (SKIPPED).
+        return f"entity:{row.source_system}:{row.entity_type}:{row.object_id}:{item.key}"
     if item.scope == "custom":
         return f"custom:{item.custom_key(ctx)}:{item.key}"  # type: ignore[misc]
     return f"msg:{row.id}:{item.key}"
@@ -109,47 +128,108 @@ def _info(row: Row) -> MessageInfo:
                        parent_id=row.parent_id)
 
 
-def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False) -> bool:
-    """Run step `index` of the route for the message; True when the chain should go on."""
+@dataclass(frozen=True)
+class StepReport:
+    """What one run of a step came to, for the task that ran it (Flower shows it): true when the chain
+    should go on."""
+
+    go_on: bool
+    outcome: str  # ok, skipped, stopped, or the event the hub recorded (transient, rejected, postponed, ...)
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The step's attempt failed (the hub retries it or has failed the message)."""
+        return self.outcome in (Event.TRANSIENT.value, Event.REJECTED.value)
+
+    def __bool__(self) -> bool:
+        return self.go_on
+
+
+def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False,
+             clock: Callable[[], datetime] = utcnow) -> StepReport:
+    """Run step `index` of the route for the message; `clock` tells the time (LocalHub moves it)."""
     route = get_registry().route(route_name)
+    run_id = str(uuid.uuid4())
+    with running(run_id):  # listed in this process's heartbeat until its outcome is written
+        actions, report = _run_step(route, index, message_id, token, redelivered, run_id, clock)
+    after_commit(route, message_id, actions)
+    return report
+
+
+def _run_step(route: Route, index: int, message_id: int, token: str, redelivered: bool, run_id: str,
+              clock: Callable[[], datetime]) -> tuple[Effects, StepReport]:
     item = route.steps[index]
     actions = Effects()
-    # Committed without waiting for the WAL flush: if it is lost in a crash, so is everything after
-    # it (WAL order), and the record of the step's outcome below is a synchronous commit.
-    with transaction(async_commit=True) as conn:
-        entered = _enter(conn, route, index, message_id, token, redelivered, actions)
+    with transaction() as conn:
+        entered = _enter(conn, route, index, message_id, token, redelivered, run_id, actions, clock())
     if not isinstance(entered, Entered):
-        after_commit(route, message_id, actions)
-        return bool(entered)
-    verdict = _run(item, entered.ctx)
+        return actions, StepReport(bool(entered), "skipped" if entered else "stopped")
+    verdict = _run(route, item, entered.ctx)
     if verdict.event is Event.SPLIT:
         try:
-            verdict.children = prepare_children(entered.row, item, verdict.children, utcnow())
+            verdict.children = prepare_children(entered.row, item, verdict.children, clock())
         except Reject as exc:
-            verdict = Verdict(Event.REJECTED, error=f"Reject: {exc.reason}")
-    # The step has run: its outcome must be written, or a repair would make the call again. The
-    # lease is still ours, so a transaction lost to a deadlock or a database blip is simply retried.
-    for attempt in range(RECORD_ATTEMPTS):
+            verdict = Verdict(Event.REJECTED, error=f"Reject: {exc.reason}", code="SPLIT")
+    try:
+        entered.custom_data = dumps(entered.ctx.custom_data)
+    except (TypeError, ValueError) as exc:  # kept as it was; the call itself is recorded for what it did
+        verdict = Verdict(Event.REJECTED, call_state=verdict.call_state, code="CUSTOM_DATA",
+                          error=f"step {item.key!r} left custom_data that is not JSON-serialisable: {exc}")
+    recorded, go_on, verdict = record_outcome(route, index, message_id, token, entered, verdict, clock)
+    outcome = verdict.event.value if verdict.event else "ok"
+    return recorded, StepReport(go_on, outcome, _short(verdict.error))
+
+
+def record_outcome(route: Route, index: int, message_id: int, token: str, entered: Entered,
+                   verdict: Verdict, clock: Callable[[], datetime] = utcnow) -> tuple[Effects, bool, Verdict]:
+    """Write a step's outcome; never give up while this process lives, or a repair would call again.
+
+    The lease stays ours meanwhile: the heartbeat tells the poller this process is alive. A store
+    that is away is waited for; a write that fails for any other reason (a bug, a follow-up that
+    cannot be carried out) is replaced by a transient failure that still records what the call did.
+    """
+    item = route.steps[index]
+    attempt = 0
+    while True:
         recorded = Effects()
         try:
-            with transaction() as conn:
-                go_on = _record(conn, route, index, message_id, token, entered, verdict, recorded)
-            break
-        except StoreUnavailable as exc:
-            if attempt == RECORD_ATTEMPTS - 1:
-                raise
-            log.warning("message %s: recording step %s failed (%s); retrying", message_id, item.key, exc)
-            time.sleep(min(0.05 * 2 ** attempt, 5.0))  # back off from a conflict or an outage
-    after_commit(route, message_id, recorded)
-    return go_on
+            try:
+                with transaction() as conn:
+                    go_on = _record(conn, route, index, message_id, token, entered, verdict, recorded, clock())
+                return recorded, go_on, verdict
+            except StoreUnavailable as exc:
+                attempt += 1
+                log.warning("message %s: recording step %s failed (%s); trying again", message_id, item.key, exc)
+                _pause_before_retry(min(0.05 * 2 ** min(attempt, 10), RECORD_BACKOFF_MAX))
+        except Exception as exc:  # noqa: BLE001 - see below
+            if _is_interruption(exc):
+                continue  # Celery's soft time limit arrived while recording: the step itself is done
+            if verdict.event is Event.TRANSIENT and verdict.error and verdict.error.startswith(_UNRECORDED):
+                raise  # the fallback failed too: the lease repair takes over
+            log.exception("message %s: recording step %s failed; recorded as a transient failure",
+                          message_id, item.key)
+            verdict = Verdict(Event.TRANSIENT, call_state=verdict.call_state, code="UNRECORDED",
+                              error=f"{_UNRECORDED} {item.key!r}:\n{traceback.format_exc()}")
+
+
+_UNRECORDED = "could not record the outcome of step"
+
+
+def _pause_before_retry(seconds: float) -> None:
+    time.sleep(seconds)  # back off from an outage or a conflict; the step's outcome waits in memory
+
+
+def _is_interruption(exc: BaseException) -> bool:
+    # Celery's SoftTimeLimitExceeded, named rather than imported: the engine does not import Celery.
+    return type(exc).__name__ == "SoftTimeLimitExceeded"
 
 
 def _enter(conn: Connection, route: Route, index: int, message_id: int, token: str, redelivered: bool,
-           actions: set[Action]) -> Entered | bool:
-    now = utcnow()
+           run_id: str, actions: Effects, now: datetime) -> Entered | bool:
     item = route.steps[index]
-    run_id = str(uuid.uuid4())
-    lease = dict(step_run=run_id, due_at=now + step_timeout(item) + get_settings().lease_grace, updated_at=now)
+    lease = dict(step_run=run_id, worker=current_id(), due_at=now + step_timeout(item) + get_settings().lease_grace,
+                 updated_at=now)
     row = _take_lease(conn, message_id, token, now, lease)
     if row is None:  # not a chain going on to its next step: find out why, under the row lock
         row = lock_message(conn, message_id)
@@ -163,75 +243,104 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
         if not _claim(conn, row, route, item, now, lease, actions):
             return False
         row = _with(row, state=State.PROCESSING.value, attempts=row.attempts + 1,
-                    started_at=row.started_at or now, **lease)
+                    started_at=row.started_at or now, blocked_since=None, **lease)
     custom_data = loads(row.custom_data, {})
     ctx = StepContext(payload=loads(row.payload), message=_info(row), idempotency_key=idempotency_key(row, item),
                       attempt=1, redelivered=redelivered, custom_data=custom_data, response=loads(row.response))
     try:
         key = call_key(row, item, ctx)
     except Exception as exc:  # a custom key that cannot be computed is the message's fault
-        _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}"), now, actions)
+        _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}", code="CUSTOM_KEY"), now, actions)
         return False
     call = _take_call(conn, key, row, item, now)
-    if call is not None and call.state == "OK":
-        if call.message_id == row.id:
-            if isinstance(item, Split) and not resume_split(conn, row, now, actions):
-                return False
-            log.debug("message %s: step %s already OK, skipped", message_id, item.key)
-            if index == len(route.steps) - 1:
-                _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
-                return False
-            update_message(conn, row.id, step_run=None, due_at=now + get_settings().lease_grace, updated_at=now)
-            return True
-        if (call.msg_timestamp, call.message_id) > (row.msg_timestamp, row.id):
-            apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, step_run=None, due_at=None,
-                        finished_at=now, detail=f"newer message {call.message_id} already did {key}")
+    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded
+        if isinstance(item, Split) and not resume_split(conn, row, now, actions):
             return False
-    if call is not None and call.state == "PROCESSING" and call.message_id != row.id:
-        other = conn.execute(select(messages.c.state, messages.c.step_run, messages.c.due_at)
-                             .where(messages.c.id == call.message_id)).first()
-        if other is not None and other.state == State.PROCESSING and other.step_run and other.due_at > now:
-            # Two versions of one entity must not call the system at once; the older would win.
-            apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None,
+        log.debug("message %s: step %s already OK, skipped", message_id, item.key)
+        if index == len(route.steps) - 1:
+            _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
+            return False
+        update_message(conn, row.id, step_run=None, worker=None, due_at=now + get_settings().lease_grace,
+                       updated_at=now)
+        return True
+    if call is not None and call.ok_message_id is not None and \
+            (call.ok_msg_timestamp, call.ok_message_id) > (row.msg_timestamp, row.id):
+        apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, due_at=None, finished_at=now,
+                    detail=f"newer message {call.ok_message_id} already did {key}")
+        return False
+    if call is not None and call.state == CallState.PROCESSING and call.message_id != row.id:
+        holder = _in_flight(conn, call.message_id, now)
+        if holder:  # two versions of one entity must not call the system at once; the older would win
+            apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
                         detail=f"{key} is being called by message {call.message_id}",
                         due_at=now + get_settings().postpone_interval)
             return False
     if call is not None:
         ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
         conn.execute(update(ext_calls).where(X.key == key).values(
-            state="PROCESSING", message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
+            state=CallState.PROCESSING.value, message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
             attempts=ctx.attempt))
-    return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row))
+    return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row), call_ok_id=call.ok_message_id if call else None,
+                   call_ok_ts=call.ok_msg_timestamp if call else None)
+
+
+def _in_flight(conn: Connection, message_id: int, now: datetime) -> bool:
+    """Whether a step of the message is running now (its worker's heartbeat lists the run).
+
+    A cancelled message keeps its run until the run ends, so this holds in any state.
+    """
+    other = conn.execute(select(messages.c.step_run, messages.c.worker, messages.c.due_at, messages.c.updated_at)
+                         .where(messages.c.id == message_id)).first()
+    if other is None or other.step_run is None:
+        return False
+    known = liveness(conn).run_in_flight(other.worker, other.step_run, other.updated_at)
+    if known is not None:
+        return known
+    return other.due_at is not None and other.due_at > now  # a worker without heartbeat: its lease
 
 
 _LEASE = (update(messages).where(and_(
     messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
     messages.c.state == State.PROCESSING.value,
     or_(messages.c.step_run.is_(None), messages.c.due_at < bindparam("now"))))
-    .values(step_run=bindparam("run"), due_at=bindparam("lease_until"), updated_at=bindparam("now"))
+    .values(step_run=bindparam("run"), worker=bindparam("holder"), due_at=bindparam("lease_until"),
+            updated_at=bindparam("now"))
     .returning(*messages.c))
 
 
 def _take_lease(conn: Connection, message_id: int, token: str, now: datetime, lease: dict[str, Any]) -> Row | None:
     """The common case in one statement: the chain carrying the message takes the next step's lease."""
     return conn.execute(_LEASE, {"mid": message_id, "token": token, "now": now, "run": lease["step_run"],
-                                 "lease_until": lease["due_at"]}).first()
+                                 "holder": lease["worker"], "lease_until": lease["due_at"]}).first()
 
 
 def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datetime, lease: dict[str, Any],
-           actions: set[Action]) -> bool:
-    """The chain's first task takes a NEW/IN_QUEUE message, unless its route is paused or its funnel busy."""
-    blocked = "route paused" if route.name in paused_routes(conn) else funnel_blocked(conn, row, route)
-    if blocked and route.order_timeout and row.funnel and row.received_at < now - route.order_timeout:
-        apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked,
-                    failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
+           actions: Effects) -> bool:
+    """The chain's first task takes a NEW/IN_QUEUE message, unless its route is paused, its funnel busy,
+    or a run of an earlier chain (cancelled, then restarted) is still calling out."""
+    settings = get_settings()
+    if row.step_run is not None and _in_flight(conn, row.id, now):
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, due_at=now + settings.postpone_interval,
+                    detail="an earlier run of the message is still in flight")
         return False
+    if route.name in paused_routes(conn):
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail="route paused",
+                    due_at=now + settings.postpone_interval)
+        return False
+    blocked = funnel_blocked(conn, row, route)
     if blocked:
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked,
-                    due_at=now + get_settings().postpone_interval)
+        # The order timeout counts from when the message first found its funnel blocked, not from
+        # when it arrived: time spent paused or waiting for a retry is not time blocked.
+        since = row.blocked_since or now
+        if route.order_timeout and since < now - route.order_timeout:
+            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked, error_code="ORDER_TIMEOUT",
+                        failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
+            return False
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked, blocked_since=since,
+                    due_at=now + settings.postpone_interval)
         return False
     apply_event(conn, row, Event.CLAIMED, route, item, now, actions, attempts=row.attempts + 1,
-                started_at=row.started_at or now, **lease)
+                started_at=row.started_at or now, blocked_since=None, **lease)
     return True
 
 
@@ -249,7 +358,7 @@ def _take_call(conn: Connection, key: str, row: Any, item: RouteStep, now: datet
     """
     pg = is_postgres(conn)
     inserted = conn.execute(_NEW_CALL[pg], {
-        "key": key, "message_id": row.id, "step_key": item.key, "scope": item.scope, "state": "PROCESSING",
+        "key": key, "message_id": row.id, "step_key": item.key, "scope": item.scope, "state": CallState.PROCESSING.value,
         "msg_timestamp": row.msg_timestamp, "attempts": 1, "created_at": now, "updated_at": now}).first()
     if inserted is not None:
         return None
@@ -262,7 +371,7 @@ _LOCK_CALL = {False: select(ext_calls).where(X.key == bindparam("call_key")),
               True: select(ext_calls).where(X.key == bindparam("call_key")).with_for_update()}
 
 
-def _run(item: RouteStep, ctx: StepContext) -> Verdict:
+def _run(route: Route, item: RouteStep, ctx: StepContext) -> Verdict:
     try:
         if isinstance(item, Split):
             children = item.fn(ctx)
@@ -272,29 +381,32 @@ def _run(item: RouteStep, ctx: StepContext) -> Verdict:
     except WaitForResponse as exc:
         return Verdict(Event.WAIT_RESPONSE, delay=exc.timeout)
     except NoEffect:
-        return Verdict(Event.NO_EFFECT, error="no effect")
-    except Reject as exc:
-        return Verdict(Event.REJECTED, error=f"Reject: {exc.reason}" + (f" [{exc.code}]" if exc.code else ""))
+        return Verdict(Event.NO_EFFECT, error="no effect", code="NO_EFFECT")
     except Postpone as exc:
         return Verdict(Event.POSTPONED, delay=exc.delay, error=exc.reason)
     except Holdback as exc:
         return Verdict(Event.HELD_BACK, error=exc.reason)
-    except Exception:  # every other exception is transient: a fault to retry, not a verdict
-        return Verdict(Event.TRANSIENT, error=traceback.format_exc())
+    except Exception as exc:  # fatal by class (Reject, fatal=, validation, HTTP 4xx), else transient: a fault to retry
+        code = error_code(exc)
+        if not is_fatal(exc, route.fatal + item.fatal):
+            return Verdict(Event.TRANSIENT, error=traceback.format_exc(), code=code)
+        if isinstance(exc, Reject):
+            return Verdict(Event.REJECTED, error=f"Reject: {exc.reason}" + (f" [{exc.code}]" if exc.code else ""),
+                           code=code)
+        return Verdict(Event.REJECTED, error=traceback.format_exc(), code=code)
 
 
 def _record(conn: Connection, route: Route, index: int, message_id: int, token: str, entered: Entered,
-            verdict: Verdict, actions: set[Action]) -> bool:
+            verdict: Verdict, actions: Effects, now: datetime) -> bool:
     item = route.steps[index]
-    now = utcnow()
     ctx = entered.ctx
     row = entered.row  # still accurate: the step lease kept everyone else off the message
     duration = int((time.monotonic() - entered.started) * 1000)
     succeeded = verdict.event in (None, Event.SPLIT, Event.WAIT_RESPONSE)
     # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
     errors = loads(row.business_errors, []) + (ctx.business_errors if succeeded else [])
-    common = dict(custom_data=dumps(ctx.custom_data), business_errors=dumps(errors) if errors else None,
-                  step_run=None, updated_at=now)
+    common = dict(custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
+                  business_errors=dumps(errors) if errors else None, step_run=None, worker=None, updated_at=now)
     last = index == len(route.steps) - 1
     if verdict.event is None and not last:
         common["due_at"] = now + get_settings().lease_grace  # the next step's task must arrive by then
@@ -302,17 +414,19 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **common}).first()
     if kept is None:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
-        if verdict.event is None:  # the call did succeed: a later run must not make it again
-            conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id,
-                                                      X.state == "PROCESSING")).values(state="OK", updated_at=now))
+        if verdict.call_state == CallState.OK:  # the call did succeed: a later run must not make it again
+            conn.execute(_CALL_DONE.where(X.state == CallState.PROCESSING.value),
+                         _call_done(entered, row, CallState.OK, now, duration))
+        # A cancelled message kept this run as in flight: it has ended now, and the funnel may go on.
+        released = conn.execute(update(messages).where(and_(messages.c.id == message_id,
+                                                            messages.c.step_run == entered.run_id))
+                                .values(step_run=None, worker=None).returning(messages.c.funnel)).first()
+        if released is not None and released.funnel is not None:
+            actions.add(Action.RELEASE_FUNNEL)
         return False
-    # A waiting step is OK once its response arrives; a response timeout makes it FAILED (re-sent).
-    call_state = {None: "OK", Event.SPLIT: "OK", Event.WAIT_RESPONSE: "WAITING", Event.NO_EFFECT: "NO_EFFECT",
-                  Event.POSTPONED: "POSTPONED", Event.HELD_BACK: "POSTPONED"}.get(verdict.event, "FAILED")
-    error = verdict.error[-4000:] if verdict.error and call_state == "FAILED" else None
-    conn.execute(_CALL_DONE, {"call_key": entered.key, "mid": row.id, "state": call_state, "updated_at": now,
-                              "duration_ms": duration, "last_error": error})
-    if call_state in ("OK", "WAITING"):
+    error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
+    conn.execute(_CALL_DONE, _call_done(entered, row, verdict.call_state, now, duration, error))
+    if verdict.call_state in (CallState.OK, CallState.WAITING):
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None and not last:
         return True
@@ -320,8 +434,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     row = _with(row, **common)
     _finish(conn, row, route, item, verdict if verdict.event else Verdict(Event.COMPLETED), now, actions)
     if answered_meanwhile:  # the response came while the step ran: no need to wait for it
-        conn.execute(update(ext_calls).where(and_(X.key == entered.key, X.message_id == row.id))
-                     .values(state="OK", updated_at=now))
+        conn.execute(_CALL_DONE, _call_done(entered, row, CallState.OK, now, duration))
         again, token, start = redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now)
         actions.later.append(partial(publish_all, [(again, row.id, token, start)]))
     return False
@@ -332,7 +445,17 @@ _KEEP = (update(messages).where(and_(
     messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
     messages.c.step_run == bindparam("run"), messages.c.state == State.PROCESSING.value))
     .returning(messages.c.response))
-_CALL_DONE = update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
+_CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
+              .values(ok_message_id=bindparam("ok_id"), ok_msg_timestamp=bindparam("ok_ts")))
+
+
+def _call_done(entered: Entered, row: Any, state: str, now: datetime, duration: int,
+               error: str | None = None) -> dict[str, Any]:
+    """Parameters of _CALL_DONE: a call that succeeded names this message as its last success."""
+    ok = state == CallState.OK
+    return {"call_key": entered.key, "mid": row.id, "state": str(state), "updated_at": now, "duration_ms": duration,
+            "last_error": error, "ok_id": row.id if ok else entered.call_ok_id,
+            "ok_ts": row.msg_timestamp if ok else entered.call_ok_ts}
 
 
 def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: Verdict, now: datetime,
@@ -341,9 +464,9 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
     settings = get_settings()
     event = verdict.event
     assert event is not None
-    values.update(step_run=None)
+    values.update(step_run=None, worker=None)
     if event in (Event.TRANSIENT, Event.REJECTED, Event.NO_EFFECT):
-        values.update(failed_step=item.key, failed_error=verdict.error)
+        values.update(failed_step=item.key, failed_error=verdict.error, error_code=verdict.code)
     if event is Event.POSTPONED:
         values["due_at"] = now + (verdict.delay or settings.postpone_interval)
     elif event is Event.HELD_BACK:
@@ -368,7 +491,7 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: Ro
     if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
         values["due_at"] = now + policy.delay(result.failed_count)
     if result.state in (State.OK, State.FAILED, State.CANCEL, State.SKIPPED):
-        values.update(due_at=None, finished_at=now, step_run=None)
+        values.update(due_at=None, finished_at=now, step_run=None, worker=None)
     if Action.CONFIRM in result.actions:
         if row.source_system in get_registry().confirmers:
             queue_confirmation(conn, row.id, result.state.value, now)
@@ -421,13 +544,32 @@ def after_commit(route: Route, message_id: int, actions: Effects) -> None:
 
 
 def redispatch(conn: Connection, row: Row, event: Event, now: datetime, start: int = 0) -> tuple[Route, str, int]:
-    """Give a message a new fencing token and state IN_QUEUE; publish the returned chain after commit."""
+    """Give a message a new fencing token and state IN_QUEUE; publish the returned chain after commit.
+
+    A run still in flight from a cancelled chain keeps its lease: the new chain waits for it at claim.
+    """
     route = get_registry().route(f"{row.service}.{row.operation}")
     token = str(uuid.uuid4())
     result = transition(row.state, event, row.failed_count)
-    set_state(conn, row, event.value, result.state, now=now, attempt_id=token, step_run=None,
-              due_at=now + get_settings().lease_grace)
+    set_state(conn, row, event.value, result.state, now=now, attempt_id=token,
+              due_at=now + _chain_wait(row, event, now))
     return route, token, start
+
+
+CHAIN_WAIT_MAX = timedelta(hours=1)
+
+
+def _chain_wait(row: Row, event: Event, now: datetime) -> timedelta:
+    """How long a published chain may take to reach its first task before it is published again.
+
+    OPENHUB_LEASE_GRACE, doubled each time the chain was not taken in time (a backlog that outlasts
+    the grace): every republication adds a chain to the queue, and only the newest carries the message.
+    """
+    grace = get_settings().lease_grace
+    if event is not Event.CHAIN_LOST:
+        return grace
+    waited = now - row.updated_at  # since the previous chain was published
+    return max(grace, min(2 * waited, max(grace, CHAIN_WAIT_MAX)))
 
 
 def publish_all(chains: list[tuple[Route, int, str, int]]) -> None:

@@ -9,10 +9,11 @@ folder, so exactly one reader gets it. Selected by `OPENHUB_BROKER_URL=filesyste
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
 from queue import Empty
-from time import monotonic
+from time import monotonic_ns
 
 from kombu.transport import TRANSPORT_ALIASES, filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
@@ -21,11 +22,16 @@ from kombu.utils.json import dumps, loads
 ALIAS = "openhubfs"
 
 
+_sequence = itertools.count()
+
+
 class Channel(filesystem.Channel):
-    """Filesystem channel whose messages appear in the queue folder atomically."""
+    """Filesystem channel whose messages appear in the queue folder atomically, in the order sent."""
 
     def _put(self, queue, payload, **kwargs):  # noqa: ANN001, ANN003, ANN202 - kombu's signature
-        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        # Names sort in the order messages were sent: kombu's millisecond stamp and a random uuid put
+        # two messages of one millisecond (a split's children, published in list order) in any order.
+        name = f"{monotonic_ns():020d}_{os.getpid():08d}_{next(_sequence):012d}_{uuid.uuid4().hex}.{queue}.msg"
         staging = os.path.join(os.path.dirname(os.path.abspath(self.data_folder_out)), "broker-staging")
         os.makedirs(staging, exist_ok=True)
         temp = os.path.join(staging, name)

@@ -27,7 +27,9 @@ def funnel_blocked(conn: Connection, row: Row, route: Route) -> str | None:
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:f))"), {"f": row.funnel})
     # A waiting split parent holds its funnel, but not against its own descendants.
     mine = [row.id, *_ancestors(conn, row)]
-    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, M.state.in_(ACTIVE), M.id.not_in(mine)))
+    # A cancelled message whose last step is still calling out holds its funnel until that call ends.
+    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, or_(M.state.in_(ACTIVE), M.step_run.is_not(None)),
+                                                M.id.not_in(mine)))
                         .limit(1)).scalar()
     if busy is not None:
         return f"funnel {row.funnel!r} busy with message {busy}"

@@ -72,6 +72,7 @@ class Step:
     timeout: timedelta | None = None
     queue: str | None = None
     retry: RetryPolicy | None = None
+    fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail the message at once (besides Reject)
 
     @property
     def name(self) -> str:
@@ -82,11 +83,23 @@ class Step:
         return self.fn(ctx)
 
 
-_STEP_OPTIONS = {"key", "scope", "custom_key", "timeout", "queue", "retry"}
+_STEP_OPTIONS = {"key", "scope", "custom_key", "timeout", "queue", "retry", "fatal"}
+
+
+def _fatal(value: Any, owner: str) -> tuple[type[BaseException], ...]:
+    """`fatal=` as a tuple of exception classes; ConfigurationError for anything else."""
+    if value is None:
+        return ()
+    classes = tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else (value,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise ConfigurationError(f"{owner}: fatal= takes exception classes, got {cls!r}")
+    return classes
 
 
 def step(fn: Callable | None = None, /, **options: Any) -> Any:
-    """Declare a route step: ``@step`` or ``@step(key=..., scope=..., timeout=..., queue=..., retry=...)``."""
+    """Declare a route step: ``@step`` or ``@step(key=..., scope=..., timeout=..., queue=..., retry=...,
+    fatal=(SomeError,))``."""
     unknown = set(options) - _STEP_OPTIONS
     if unknown:
         raise ConfigurationError(f"unknown @step option(s): {', '.join(sorted(unknown))}")
@@ -113,7 +126,7 @@ def step(fn: Callable | None = None, /, **options: Any) -> Any:
             raise ConfigurationError(f"step {key!r}: queue must be a string")
         return Step(fn=func, key=key, scope=scope, custom_key=custom_key,
                     timeout=_seconds(options.get("timeout"), f"step {key!r} timeout"),
-                    queue=queue, retry=retry)
+                    queue=queue, retry=retry, fatal=_fatal(options.get("fatal"), f"step {key!r}"))
 
     if fn is not None:
         return declare(fn)
@@ -152,6 +165,7 @@ class Split:
 
     scope: Scope = field(default="message", init=False)
     retry: RetryPolicy | None = field(default=None, init=False)
+    fatal: tuple[type[BaseException], ...] = field(default=(), init=False)
 
     @property
     def name(self) -> str:
@@ -162,7 +176,7 @@ class Split:
 RouteStep = Union[Step, Split]
 
 _ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exclude_failed", "validate",
-                  "retry", "priority", "queue", "order_timeout"}
+                  "retry", "priority", "queue", "order_timeout", "fatal"}
 
 
 @dataclass(frozen=True, init=False)
@@ -181,6 +195,7 @@ class Route:
     priority: int | None = None
     queue: str | None = None
     order_timeout: timedelta | None = None
+    fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail its messages at once, in every step
 
     def __init__(self, name: str, steps: list[RouteStep] | tuple[RouteStep, ...] = (), **options: Any) -> None:
         unknown = set(options) - _ROUTE_OPTIONS
@@ -221,6 +236,7 @@ class Route:
             default = self.__dataclass_fields__[opt].default
             object.__setattr__(self, opt, options.get(opt, default))
         object.__setattr__(self, "order_timeout", _seconds(self.order_timeout, f"route {name!r} order_timeout"))
+        object.__setattr__(self, "fatal", _fatal(self.fatal, f"route {name!r}"))
 
     @property
     def service(self) -> str:

@@ -14,8 +14,8 @@ from .split import settle_parent
 from .errors import InputError, NotFound, StateConflict
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
-from .states import Event, State, allowed, transition
-from .producer import get_message
+from .states import CallState, Event, State, allowed, transition
+from .producer import get_message, shallow
 from .store import dumps, lock_message, message_view, record_transition, set_state, update_message
 from .confirm import queue_confirmation
 
@@ -40,11 +40,14 @@ def restart(message_id: int, total: bool = False) -> MessageView:
         row = _locked(conn, message_id)
         result = transition(row.state, Event.RESTARTED, row.failed_count)
         now = utcnow()
+        # A run still in flight (the message was cancelled mid-step) keeps its lease: the new chain waits for it.
         values: dict[str, Any] = dict(failed_count=result.failed_count, due_at=now, finished_at=None,
-                                      failed_error=None, failed_step=None, step_run=None,
+                                      failed_error=None, failed_step=None, error_code=None, blocked_since=None,
                                       attempt_id=str(uuid.uuid4()))
         if total:
             conn.execute(delete(ext_calls).where(ext_calls.c.message_id == row.id))
+            conn.execute(update(ext_calls).where(ext_calls.c.ok_message_id == row.id)
+                         .values(ok_message_id=None, ok_msg_timestamp=None))
             values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
         set_state(conn, row, Event.RESTARTED.value, result.state, now=now,
                   detail="total restart" if total else None, **values)
@@ -62,9 +65,12 @@ def cancel(message_id: int) -> MessageView:
         now = utcnow()
         if row.source_system in get_registry().confirmers:
             queue_confirmation(conn, row.id, result.state.value, now)
-        # A new token makes any chain still carrying the message stop without effect.
+        # A new token makes any chain still carrying the message stop without effect. A step already
+        # calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
+        # restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
+        keep_run = {} if row.worker is not None else {"step_run": None}
         set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
-                  step_run=None, attempt_id=str(uuid.uuid4()))
+                  attempt_id=str(uuid.uuid4()), **keep_run)
         effects = Effects(result.actions)
         if row.parent_id is not None:
             settle_parent(conn, row.parent_id, now, effects)
@@ -79,6 +85,7 @@ def respond(message_id: int, payload: Any) -> MessageView:
 
     A response that arrives while the step that will wait for it is still running is kept too.
     """
+    shallow(payload, "response")
     try:
         text = dumps(payload)
     except (TypeError, ValueError) as exc:
@@ -93,8 +100,9 @@ def respond(message_id: int, payload: Any) -> MessageView:
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
         update_message(conn, row.id, response=text)
-        conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id, ext_calls.c.state == "WAITING"))
-                     .values(state="OK", updated_at=utcnow()))
+        conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id, ext_calls.c.state == CallState.WAITING.value))
+                     .values(state=CallState.OK.value, ok_message_id=row.id, ok_msg_timestamp=row.msg_timestamp,
+                             updated_at=utcnow()))
         route, token, start = redispatch(conn, row, Event.RESPONDED, utcnow())
     publish_all([(route, int(message_id), token, start)])
     return get_message(message_id)
@@ -121,8 +129,9 @@ def resume(route: str) -> int:
             messages.select().with_only_columns(M.id).where(and_(
                 M.service == target.service, M.operation == target.operation,
                 M.state.in_(RESUMABLE))))]
-        if ids:
-            conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE))).values(due_at=now))
+        if ids:  # the time they spent paused was not time blocked in their funnel
+            conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE)))
+                         .values(due_at=now, blocked_since=None))
     from .poller import redrive_due_messages
 
     redriven = 0

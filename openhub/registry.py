@@ -13,26 +13,31 @@ from .errors import ConfigurationError, UnknownRouteError
 from .model import Route, Split
 
 if TYPE_CHECKING:
-    from .confirm import Outcome
+    from .context import Outcome
 
 Confirmer = Callable[["Outcome"], None]
-_confirmers: dict[str, Confirmer] = {}
+_MARK = "__openhub_confirms__"
 
 
 def confirmation(source_system: str) -> Callable[[Confirmer], Confirmer]:
-    """Register the function that confirms final messages to `source_system` (one per system)."""
+    """Declare the function that confirms final messages to `source_system` (one per system).
+
+    It only marks the function: the registry collects confirmers from the route modules it loads,
+    as it collects their `routes`, so two registries (two LocalHubs, two test backends) never share one.
+    """
     if not isinstance(source_system, str) or not source_system:
         raise ConfigurationError("@confirmation needs a source system name")
 
-    def register(fn: Confirmer) -> Confirmer:
-        known = _confirmers.get(source_system)
-        if known is not None and (known.__module__, known.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ConfigurationError(f"two confirmers for source system {source_system!r}: "
-                                     f"{known.__module__}.{known.__qualname__} and {fn.__module__}.{fn.__qualname__}")
-        _confirmers[source_system] = fn
+    def mark(fn: Confirmer) -> Confirmer:
+        setattr(fn, _MARK, source_system)
         return fn
 
-    return register
+    return mark
+
+
+def _confirmers_in(module: ModuleType) -> list[tuple[str, Confirmer]]:
+    return [(getattr(value, _MARK), value) for value in vars(module).values()
+            if callable(value) and isinstance(getattr(value, _MARK, None), str)]
 
 
 @dataclass
@@ -57,6 +62,14 @@ class Registry:
         if route.name in self.routes:
             raise ConfigurationError(f"duplicate route {route.name!r} (again in {origin})")
         self.routes[route.name] = route
+
+    def add_confirmer(self, source_system: str, fn: Confirmer) -> None:
+        """Add a confirmer, refusing a second one for the same source system."""
+        known = self.confirmers.get(source_system)
+        if known is not None and known is not fn:
+            raise ConfigurationError(f"two confirmers for source system {source_system!r}: "
+                                     f"{known.__module__}.{known.__qualname__} and {fn.__module__}.{fn.__qualname__}")
+        self.confirmers[source_system] = fn
 
     def check(self) -> None:
         """Cross-route checks: every Split's declared child route exists."""
@@ -86,6 +99,8 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
     registry = Registry()
     for name in module_names:
         for module in _modules(name):
+            for source_system, fn in _confirmers_in(module):
+                registry.add_confirmer(source_system, fn)
             declared = getattr(module, "routes", None)
             if declared is None:
                 continue
@@ -94,7 +109,6 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
             for route in declared:
                 registry.add(route, module.__name__)
     registry.check()
-    registry.confirmers = dict(_confirmers)
     return registry
 
 

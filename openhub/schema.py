@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+
+# Rows not in a final state (states.FINAL, spelled out: this module imports no domain code).
+LIVE_PREDICATE = "state NOT IN ('CANCEL', 'FAILED', 'OK', 'SKIPPED')"
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 Id = BigInteger().with_variant(Integer(), "sqlite")
@@ -28,7 +31,8 @@ class Message(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     source_system: Mapped[str] = mapped_column(String(100))
-    correlation_id: Mapped[str] = mapped_column(String(255))
+    # Submitted ids are up to 255 characters; a split child's is its parent's plus "#generation.n".
+    correlation_id: Mapped[str] = mapped_column(String(320))
     process_id: Mapped[str | None] = mapped_column(String(255))
     service: Mapped[str] = mapped_column(String(100))
     operation: Mapped[str] = mapped_column(String(100))
@@ -43,6 +47,11 @@ class Message(Base):
     attempt_id: Mapped[str | None] = mapped_column(String(36))
     # The step run currently executing (at most one per message), guarded by `due_at` as its lease.
     step_run: Mapped[str | None] = mapped_column(String(36))
+    # The worker process running `step_run` (workers.id): its heartbeat tells a slow step from a dead one.
+    # Kept after a cancel until the run ends, so no second run of the step starts while the first is in flight.
+    worker: Mapped[str | None] = mapped_column(String(36))
+    # Since when the message waits behind another message of its funnel (the order timeout counts from here).
+    blocked_since: Mapped[datetime | None] = mapped_column(DateTime)
     # When the poller must look at the message: next attempt, lease expiry or response timeout.
     due_at: Mapped[datetime | None] = mapped_column(DateTime)
     received_at: Mapped[datetime] = mapped_column(DateTime)
@@ -57,9 +66,15 @@ class Message(Base):
     response: Mapped[str | None] = mapped_column(Text)
     failed_step: Mapped[str | None] = mapped_column(String(100))
     failed_error: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(String(100))  # of the last failure (openhub.failures)
 
     __table_args__ = (
-        UniqueConstraint("source_system", "correlation_id", name="uq_messages_source_correlation"),
+        # A source system's own ids, and its split children's ids per parent: two namespaces, so an id a
+        # source system sends can never be taken for a child's (nor a child's for a genuine new message).
+        Index("uq_messages_source_correlation", "source_system", "correlation_id", unique=True,
+              postgresql_where=text("parent_id IS NULL"), sqlite_where=text("parent_id IS NULL")),
+        Index("uq_messages_child", "parent_id", "correlation_id", unique=True,
+              postgresql_where=text("parent_id IS NOT NULL"), sqlite_where=text("parent_id IS NOT NULL")),
         # Final states clear due_at, so this index holds only the poller's live rows.
         Index("ix_messages_due", "due_at", postgresql_where=text("due_at IS NOT NULL"),
               sqlite_where=text("due_at IS NOT NULL")),
@@ -70,6 +85,21 @@ class Message(Base):
         Index("ix_messages_entity", "entity_type", "object_id"),
         Index("ix_messages_parent", "parent_id"),
         Index("ix_messages_received", "received_at"),
+        Index("ix_messages_error_code", "error_code", "received_at", postgresql_where=text("error_code IS NOT NULL"),
+              sqlite_where=text("error_code IS NOT NULL")),
+        # Only rows with a step in flight: the poller finds a dead worker's messages through it.
+        Index("ix_messages_worker", "worker", postgresql_where=text("worker IS NOT NULL"),
+              sqlite_where=text("worker IS NOT NULL")),
+        # The overview counts messages finished per minute and per route over the last day; without
+        # this index that is a scan of every message ever kept. On PostgreSQL it carries the columns
+        # those counts group by, so they are index-only scans (migration 0006).
+        # The live rows only (final states leave it), by route: the overview's per-route counts and
+        # oldest message are an index-only scan of this, whatever the table holds (migration 0006).
+        # The predicate must read exactly as overview.route_states writes it, so the planner matches them.
+        Index("ix_messages_live", "state", "service", "operation", "received_at",
+              postgresql_where=text(LIVE_PREDICATE), sqlite_where=text(LIVE_PREDICATE)),
+        Index("ix_messages_finished", "finished_at", postgresql_where=text("finished_at IS NOT NULL"),
+              sqlite_where=text("finished_at IS NOT NULL"), postgresql_include=["state", "service", "operation"]),
     )
 
 
@@ -90,6 +120,11 @@ class ExtCall(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime)
     duration_ms: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(Text)
+    # The last message whose call succeeded, kept when another message takes the record over (entity and
+    # custom scopes): that message must never call again, whatever the newer message's call did.
+    # Not a foreign key: the archive may move that message away while the record stays.
+    ok_message_id: Mapped[int | None] = mapped_column(Id)
+    ok_msg_timestamp: Mapped[datetime | None] = mapped_column(DateTime)
 
     __table_args__ = (
         Index("ix_ext_calls_message", "message_id"),
@@ -138,6 +173,18 @@ class Confirmation(Base):
     )
 
 
+class Worker(Base):
+    """One worker process that runs steps, alive while its heartbeat is fresh (see openhub.workers)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # one per process start
+    node: Mapped[str] = mapped_column(String(255))  # host and pid, for operators
+    up_since: Mapped[datetime] = mapped_column(DateTime)  # start of its unbroken run of heartbeats
+    last_seen: Mapped[datetime] = mapped_column(DateTime)
+    runs: Mapped[str | None] = mapped_column(Text)  # the step runs in flight at last_seen, comma-separated
+
+
 class RoutePause(Base):
     """A paused route: nothing of it is processed until an operator resumes it."""
 
@@ -148,8 +195,40 @@ class RoutePause(Base):
     reason: Mapped[str | None] = mapped_column(Text)
 
 
+class HttpExchange(Base):
+    """One recorded HTTP request and its response, made by a step through `openhub.http` with recording on.
+
+    Written in its own short transaction right after the exchange, so it survives a later crash of
+    the step; headers are stored with secrets redacted and bodies truncated (OPENHUB_HTTP_RECORD_BYTES).
+    """
+
+    __tablename__ = "http_exchanges"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    message_id: Mapped[int] = mapped_column(Id, ForeignKey("messages.id"))
+    step_key: Mapped[str] = mapped_column(String(100))
+    attempt: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(10))
+    url: Mapped[str] = mapped_column(Text)
+    status: Mapped[int | None] = mapped_column(Integer)  # None: no response (timeout, connection error)
+    error: Mapped[str | None] = mapped_column(Text)
+    request_headers: Mapped[str | None] = mapped_column(Text)  # JSON object
+    request_body: Mapped[str | None] = mapped_column(Text)
+    response_headers: Mapped[str | None] = mapped_column(Text)  # JSON object
+    response_body: Mapped[str | None] = mapped_column(Text)
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(DateTime)
+
+    __table_args__ = (
+        Index("ix_http_exchanges_message", "message_id"),
+        Index("ix_http_exchanges_at", "at"),  # retention prunes by age
+    )
+
+
 messages = Message.__table__
 ext_calls = ExtCall.__table__
 transitions = Transition.__table__
 confirmations = Confirmation.__table__
 route_pauses = RoutePause.__table__
+workers = Worker.__table__
+http_exchanges = HttpExchange.__table__

@@ -36,8 +36,8 @@ CONFIRMED = frozenset({State.OK, State.FAILED, State.CANCEL})
 class Event(StrEnum):
     """What happened to a message."""
 
-    PUBLISHED = "published"            # its chain reached the broker
     REDRIVEN = "redriven"              # the poller (or a funnel release) published a new chain
+    CHAIN_LOST = "chain_lost"          # no step took the chain in time (a backlog, a flushed broker): a new one
     CLAIMED = "claimed"                # the first task of the chain took it
     COMPLETED = "completed"            # the last step succeeded
     TRANSIENT = "transient"            # a step failed in a way worth retrying
@@ -55,6 +55,17 @@ class Event(StrEnum):
     ORDER_EXPIRED = "order_expired"    # blocked in its guaranteed-order funnel past the limit
     RESTARTED = "restarted"            # an operator restarted a final message
     CANCELLED = "cancelled"            # an operator cancelled a non-final message
+
+
+class CallState(StrEnum):
+    """The states of an external-call record (`ext_calls.state`)."""
+
+    PROCESSING = "PROCESSING"  # a step run is calling (or was, when it died)
+    OK = "OK"                  # the call succeeded: never made again for this key
+    WAITING = "WAITING"        # sent; the answer comes back through openhub.respond()
+    FAILED = "FAILED"          # the attempt failed; the next attempt calls again
+    NO_EFFECT = "NO_EFFECT"    # the step said it had no effect; tried again later
+    POSTPONED = "POSTPONED"    # the step postponed itself or held its route back
 
 
 class Action(StrEnum):
@@ -85,7 +96,6 @@ def _failure(failed_count: int, max_fails: int) -> Transition:
 
 
 _ALLOWED: dict[Event, frozenset[State]] = {
-    Event.PUBLISHED: frozenset({State.NEW}),
     Event.REDRIVEN: frozenset({State.NEW, State.PARTLY_FAILED, State.POSTPONED}),
     Event.CLAIMED: frozenset({State.NEW, State.IN_QUEUE}),
     Event.COMPLETED: frozenset({State.PROCESSING}),
@@ -100,7 +110,8 @@ _ALLOWED: dict[Event, frozenset[State]] = {
     Event.CHILD_FAILED: frozenset({State.WAITING}),
     Event.WAIT_RESPONSE: frozenset({State.PROCESSING}),
     Event.RESPONDED: frozenset({State.WAITING_FOR_RES}),
-    Event.LEASE_EXPIRED: frozenset({State.IN_QUEUE, State.PROCESSING}),
+    Event.CHAIN_LOST: frozenset({State.IN_QUEUE, State.PROCESSING}),
+    Event.LEASE_EXPIRED: frozenset({State.PROCESSING}),
     Event.ORDER_EXPIRED: frozenset({State.POSTPONED, State.NEW, State.IN_QUEUE, State.PARTLY_FAILED}),
     Event.RESTARTED: frozenset({State.OK, State.FAILED, State.CANCEL}),
     Event.CANCELLED: NON_FINAL,
@@ -120,7 +131,7 @@ def transition(state: State | str, event: Event, failed_count: int = 0, max_fail
     if state not in _ALLOWED[event]:
         raise StateConflict(f"{event.value} is not allowed in state {state.value}")
     same = failed_count
-    if event in (Event.PUBLISHED, Event.REDRIVEN, Event.RESPONDED):
+    if event in (Event.REDRIVEN, Event.RESPONDED, Event.CHAIN_LOST):
         return Transition(State.IN_QUEUE, same)
     if event is Event.CLAIMED:
         return Transition(State.PROCESSING, same)
@@ -137,8 +148,9 @@ def transition(state: State | str, event: Event, failed_count: int = 0, max_fail
         return Transition(State.FAILED, failed_count + (event is Event.REJECTED), _FINISHED)
     if event is Event.ORDER_EXPIRED:
         return Transition(State.FAILED, same, _FINISHED)
-    if event is Event.POSTPONED:
-        return Transition(State.POSTPONED, same, frozenset({Action.RELEASE_FUNNEL}))
+    if event is Event.POSTPONED:  # only a running message held its funnel; one refused at claim never did
+        released = frozenset({Action.RELEASE_FUNNEL}) if state is State.PROCESSING else frozenset()
+        return Transition(State.POSTPONED, same, released)
     if event is Event.HELD_BACK:
         return Transition(State.POSTPONED, same, frozenset({Action.PAUSE_ROUTE}))
     if event is Event.OBSOLETE:

@@ -90,6 +90,7 @@ def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> Mes
         parent_id=row.parent_id, state=row.state, payload=loads(row.payload), funnel=row.funnel,
         business_errors=loads(row.business_errors, []), custom_data=loads(row.custom_data, {}),
         failed_step=row.failed_step, failed_error=row.failed_error, finished_at=aware(row.finished_at),
+        error_code=getattr(row, "error_code", None),
         ext_calls=[ExtCallView(key=c.key, step=c.step_key, state=c.state, attempts=c.attempts) for c in calls],
         duplicate=duplicate)
 
@@ -106,13 +107,14 @@ def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> 
 def message_views(conn: Connection, *, state: str | None = None, service: str | None = None,
                   operation: str | None = None, source_system: str | None = None,
                   correlation_id: str | None = None, object_id: str | None = None, parent_id: int | None = None,
+                  error_code: str | None = None,
                   received_from: datetime | None = None, received_to: datetime | None = None,
                   before_id: int | None = None, limit: int = 100) -> list[MessageView]:
     """Messages matching every given filter, newest first (`before_id` pages on)."""
     query = select(messages)
     for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
                           (M.source_system, source_system), (M.correlation_id, correlation_id),
-                          (M.object_id, object_id), (M.parent_id, parent_id)):
+                          (M.object_id, object_id), (M.parent_id, parent_id), (M.error_code, error_code)):
         if value is not None:
             query = query.where(column == value)
     if received_from is not None:

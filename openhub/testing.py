@@ -215,6 +215,7 @@ class LocalHub:
         from .db import dispose_engines
         from .migrate import upgrade
         from .registry import reset_registry
+        from .workers import beat, current_id
 
         self._dir = Path(tempfile.mkdtemp(prefix="openhub-local-"))
         env = {"OPENHUB_DATABASE_URL": f"sqlite:///{self._dir / 'openhub.db'}", "OPENHUB_ROUTES": self.routes,
@@ -226,6 +227,8 @@ class LocalHub:
         dispose_engines()
         upgrade()
         dispatch.local_chains = []
+        # Steps run in this process: it is the one worker, alive as long as the hub is open.
+        beat(current_id(), "LocalHub")
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -252,28 +255,34 @@ class LocalHub:
         return submit(route, payload, source_system=kwargs.pop("source_system", self.source_system),
                       correlation_id=correlation_id or f"local-{self._count}", **kwargs)
 
-    def run(self, limit: int = 10_000) -> int:
-        """Run every published chain (and the chains they publish) to its end; returns how many."""
+    def run(self, limit: int = 10_000, seconds: float = 0.0) -> int:
+        """Run every published chain (and the chains they publish) to its end, `seconds` from now;
+        returns how many."""
         from . import dispatch
+        from .db import utcnow
         from .engine import run_step
         from .registry import get_registry
+
+        def clock() -> Any:
+            return utcnow() + timedelta(seconds=seconds)
 
         done = 0
         while dispatch.local_chains and done < limit:
             name, message_id, token, start = dispatch.local_chains.pop(0)
             for index in range(start, len(get_registry().route(name).steps)):
-                if not run_step(name, index, message_id, token):
+                if not run_step(name, index, message_id, token, clock=clock):
                     break
             done += 1
         return done
 
     def tick(self, seconds: float = 0.0) -> Any:
-        """One poller tick `seconds` from now, then run what it re-drove; returns the tick's report."""
+        """One poller tick `seconds` from now, then run what it re-drove at that time too; returns the
+        tick's report."""
         from .db import utcnow
         from .poller import tick
 
         report = tick(utcnow() + timedelta(seconds=seconds))
-        self.run()
+        self.run(seconds=seconds)
         return report
 
     def get(self, message_id: int) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from openhub import poller
+from openhub import poller, workers
 from openhub.store import record_crash
 from openhub.dispatch import CHAIN_FAILED_TASK, POLL_TASK, celery_app
 
@@ -15,6 +15,7 @@ app = celery_app()
 @app.task(name=POLL_TASK)
 def poll() -> dict:
     """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
+    workers.start_heartbeat()  # a poller's process is a witness of the others' heartbeats
     report = poller.tick()
     return {"redriven": report.redriven, "repaired": report.repaired, "confirmations": report.confirmations,
             "expired": report.expired, "seconds": round(report.seconds, 4)}
@@ -26,6 +27,8 @@ def chain_failed(request, exc, traceback, message_id: int, token: str) -> None: 
 
     The message keeps its state: its lease expires and the poller repairs it as a lost chain.
     """
+    if type(exc).__name__ == "StepFailed":  # a failed attempt the engine recorded, shown as such in Flower
+        return
     task = getattr(request, "task", "?")
     log.error("message %s: task %s crashed outside the step (%r); the poller repairs it when its lease expires",
               message_id, task, exc)

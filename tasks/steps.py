@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery, Task
 from kombu import Queue
 
-from openhub import engine
+from openhub import engine, workers
 from openhub.errors import ConfigurationError, StoreUnavailable
 from openhub.model import Route
 from openhub.registry import get_registry
@@ -15,20 +15,31 @@ STORE_RETRY_SECONDS = 2
 STORE_RETRIES = 30
 
 
+class StepFailed(Exception):
+    """The step's attempt failed and the hub recorded it (retried later, or the message FAILED).
+
+    Raised after the outcome is safely written, only so that Flower shows the task as failed.
+    """
+
+
 def _step_task(app: Celery, route: Route, index: int) -> Task:
-    def run(self: Task, message_id: int, token: str) -> None:
+    def run(self: Task, message_id: int, token: str) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         try:
-            go_on = engine.run_step(route.name, index, message_id, token, redelivered=redelivered)
+            workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
+            report = engine.run_step(route.name, index, message_id, token, redelivered=redelivered)
         except StoreUnavailable as exc:
             # The database restarted or is briefly away: try the same task again, same token.
             raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
-        if not go_on:
+        if not report.go_on:
             self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
+        if report.failed:
+            raise StepFailed(f"message {message_id}: {report.outcome}: {report.error or ''}".strip())
+        return report.outcome
 
     run.__name__ = route.steps[index].key
     run.__doc__ = f"Step {route.steps[index].key} of route {route.name}."
-    return app.task(name=route.task_name(route.steps[index]), bind=True)(run)
+    return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,))(run)
 
 
 def register_step_tasks(app: Celery) -> None:

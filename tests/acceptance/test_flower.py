@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -33,21 +34,54 @@ def flower(hub):  # noqa: ANN001, ANN201
         except httpx.HTTPError:
             return False
 
+    def following() -> bool:
+        """Flower answers before its event receiver is connected: a warm-up message must show up first."""
+        m = openhub.submit("test.flow", {"prefix": f"/flower-warmup-{uuid.uuid4().hex[:8]}"}, source_system="CRM",
+                           correlation_id=f"fl-warmup-{uuid.uuid4().hex}")
+        wait_final(m.id)
+        try:
+            return bool(wait_for(lambda: _tasks_of(url, m.id) or None, 10, "Flower to see the warm-up",
+                                     interval=0.5))
+        except AssertionError:
+            return False
+
     try:
         wait_for(up, 60, "Flower to answer")
+        wait_for(following, 120, "Flower to follow the workers' events")
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=20)
 
 
+def _tasks_of(url: str, message_id: int) -> list[dict]:
+    """The tasks Flower lists for one message (its id is the step task's first argument)."""
+    tasks = httpx.get(f"{url}/api/tasks", params={"limit": 500}, timeout=5).json()
+    return [t for t in tasks.values() if re.search(rf"\b{message_id}\b", str(t.get("args")))]
+
+
 def test_flower_lists_step_tasks_by_name(flower, prefix) -> None:  # noqa: ANN001
     m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
     assert wait_final(m.id).state == "OK"
 
-    def seen() -> dict:
-        tasks = httpx.get(f"{flower}/api/tasks", params={"limit": 500}, timeout=5).json()
-        return {t["name"] for t in tasks.values() if str(m.id) in str(t.get("args"))}
+    def seen() -> set[str]:
+        return {t["name"] for t in _tasks_of(flower, m.id)}
 
     names = wait_for(lambda: (lambda s: s if len(s) == 3 else None)(seen()), 60, "Flower to see the three steps")
     assert names == {"openhub.test.flow.a", "openhub.test.flow.b", "openhub.test.flow.c"}
+
+
+def test_flower_shows_a_failed_attempt_as_a_failed_task(flower, prefix, external) -> None:  # noqa: ANN001
+    external.fail(f"{prefix}/b", times=1)  # billing answers 503 once: the hub retries, Flower must not say SUCCESS
+    m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
+    assert wait_final(m.id).state == "OK"
+
+    def states() -> list[tuple[str, str]] | None:
+        mine = [(t["name"], t["state"], str(t.get("exception") or t.get("result"))) for t in _tasks_of(flower, m.id)]
+        return mine if len([s for s in mine if s[0].endswith(".b")]) >= 2 else None
+
+    seen = wait_for(states, 60, "Flower to see both attempts of step b")
+    b = sorted(s for s in seen if s[0] == "openhub.test.flow.b")
+    assert [state for _n, state, _r in b] == ["FAILURE", "SUCCESS"], b
+    failure = next(r for _n, state, r in b if state == "FAILURE")
+    assert "transient" in failure and "503" in failure, failure

@@ -6,6 +6,7 @@ external effect applied once per idempotency key.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Iterator
 
@@ -46,25 +47,62 @@ def _assert_all_done_once(ids: list[int], prefix: str, steps: list[str], externa
         assert external.effects(f"{prefix}/{s}") == len(ids), s
 
 
-def test_worker_killed_mid_step(chaos, tmp_path) -> None:  # noqa: ANN001
-    backend, external = chaos
-    prefix = "/kill"
+def _killed_mid_step(backend: backends.Backend, external: ExternalSystem, prefix: str, first: Worker) -> tuple[
+        list[int], list[int], float]:
+    """Submit slow messages, SIGKILL `first` while calls are in flight; (ids, in-flight ids, kill time)."""
     external.delay(f"{prefix}/slow", 1.0)  # under the step's 2 s timeout: the kill lands mid-call
-    first = Worker(backend.env, tmp_path / "w1", beat=True).start()
-    backend.workers.append(first)
     ids = _submit("test.slow", prefix, 12)
     wait_for(lambda: external.started_events[f"{prefix}/slow"].is_set(), 60, "a slow call in flight")
     first.kill()
-    in_flight = [v for v in openhub.list_messages(limit=100) if v.state == "PROCESSING"]
+    killed_at = time.monotonic()
+    in_flight = [v.id for v in openhub.list_messages(limit=100) if v.state == "PROCESSING"]
     assert in_flight, "the kill should leave a message mid-step"
+    return ids, in_flight, killed_at
+
+
+def _assert_back_in_seconds(in_flight: list[int], killed_at: float) -> None:
+    # Final long before the step lease (step timeout 20 s + grace 4 s) would have run out: the
+    # poller saw the dead worker's heartbeat stop and repaired its steps at once, +1 failure each.
+    wait_for(lambda: all(openhub.get_message(i).state == "OK" for i in in_flight), 30, "the killed messages")
+    assert time.monotonic() - killed_at < 20
+    repaired = [openhub.get_message(i) for i in in_flight]
+    assert any(v.failed_count == 1 and "died" in (v.failed_error or "") for v in repaired), repaired
+
+
+def test_worker_killed_mid_step_is_repaired_in_seconds(chaos, tmp_path) -> None:  # noqa: ANN001
+    backend, external = chaos
+    prefix = "/kill"
+    first = Worker(backend.env, tmp_path / "w1", beat=True).start()
     second = Worker(backend.env, tmp_path / "w2", beat=True).start()
-    backend.workers.append(second)
+    backend.workers += [first, second]
+    ids, in_flight, killed_at = _killed_mid_step(backend, external, prefix, first)
+    _assert_back_in_seconds(in_flight, killed_at)
     _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
-    # The killed messages were repaired through their expired lease, counted as one failure.
-    repaired = [openhub.get_message(v.id) for v in in_flight]
-    assert all(v.failed_count >= 1 and "lease expired" in (v.failed_error or "") or v.failed_count == 0
-               for v in repaired)
-    assert any(v.failed_count >= 1 for v in repaired)
+
+
+def test_worker_restarted_under_its_own_name_repairs_its_own_steps(chaos, tmp_path) -> None:  # noqa: ANN001
+    backend, external = chaos
+    prefix = "/restart"
+    first = Worker(backend.env, tmp_path / "w", beat=True).start()
+    backend.workers.append(first)
+    ids, in_flight, _killed_at = _killed_mid_step(backend, external, prefix, first)
+    again = Worker(backend.env, tmp_path / "w", beat=True, name=first.name).start()
+    backend.workers.append(again)
+    _assert_back_in_seconds(in_flight, time.monotonic())  # counted from when the new worker is ready
+    _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+
+
+def test_a_slow_step_on_a_live_worker_is_never_repeated(chaos, tmp_path) -> None:  # noqa: ANN001
+    backend, external = chaos
+    prefix = "/patient"
+    external.delay(f"{prefix}/patient", 6.0)  # three times as long as a dead worker takes to be noticed
+    for name in ("w1", "w2"):
+        w = Worker(backend.env, tmp_path / name, beat=True).start()
+        backend.workers.append(w)
+    ids = _submit("test.patient", prefix, 2)
+    views = [wait_final(i, timeout=60) for i in ids]
+    assert [(v.state, v.failed_count) for v in views] == [("OK", 0), ("OK", 0)]
+    assert external.count(f"{prefix}/patient") == 2  # each call made once: no repair ran it again
 
 
 def test_broker_flushed_mid_run(chaos, tmp_path) -> None:  # noqa: ANN001
@@ -97,6 +135,33 @@ def test_postgres_restarted_mid_run(tmp_path) -> None:  # noqa: ANN001
                 wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
                 pg.pg_ctl("restart")  # every connection of every process is cut
                 _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+            finally:
+                worker.stop()
+    finally:
+        pg.remove()
+        external.stop()
+
+
+def test_postgres_away_for_longer_than_a_retry_budget(tmp_path) -> None:  # noqa: ANN001
+    """Issue 9, case 2: the store goes away right after calls were made and stays away for 35 s
+    (a failover's length; the old engine gave up recording after ~26 s and the repair called again)."""
+    external = ExternalSystem().start()
+    pg = backends.PostgresServer.start()
+    try:
+        with backends.backend("redis-pg", tmp_path / "hub", {"OPENHUB_TEST_EXTERNAL_URL": external.url},
+                              pg_server=pg.url) as backend:
+            prefix = "/pgaway"
+            external.delay(f"{prefix}/b", 1.0)
+            worker = Worker(backend.env, tmp_path / "w", beat=True).start()
+            backend.workers.append(worker)
+            try:
+                ids = _submit("test.flow", prefix, 6)
+                wait_for(lambda: external.started_events[f"{prefix}/b"].is_set(), 60, "a call of b in flight")
+                pg.pg_ctl("stop")
+                time.sleep(35)  # the outage itself: how long the store stays away is the fault being injected
+                pg.pg_ctl("start")
+                _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+                assert external.count(f"{prefix}/b", status=200) == len(ids)  # no call made twice
             finally:
                 worker.stop()
     finally:

@@ -31,7 +31,7 @@ def test_postgresql_schema_matches_the_models() -> None:
             dispose_engines()
 
 
-@pytest.mark.parametrize("index", ["ix_messages_due", "ix_messages_funnel", "ix_confirmations_due"])
+@pytest.mark.parametrize("index", ["ix_messages_due", "ix_messages_funnel", "ix_confirmations_due", "ix_messages_finished"])
 def test_partial_indexes_exist_on_postgresql(index: str) -> None:
     with postgres_database("openhub_migrate") as url:
         try:
@@ -42,3 +42,27 @@ def test_partial_indexes_exist_on_postgresql(index: str) -> None:
         finally:
             dispose_engines()
     assert definition is not None and " WHERE " in definition
+
+
+def test_upgrade_keeps_in_flight_entity_records_and_funnels_working(tmp_path) -> None:  # noqa: ANN001
+    """0003 moves entity records and funnels to their source system's namespace, and marks OK records as
+    their owner's last success, so a message mid-retry does not call its done entity step again."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url, "0001")
+    now = "2026-11-23 12:00:00"
+    with get_engine(url).begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO messages (id, source_system, correlation_id, service, operation, object_id, entity_type, "
+            "funnel, payload, state, failed_count, received_at, msg_timestamp, updated_at, attempts, generation) "
+            f"VALUES (1, 'CRM', 'c-1', 'customer', 'set', '42', 'customer', 'sku-1', '{{}}', 'PARTLY_FAILED', 1, "
+            f"'{now}', '{now}', '{now}', 1, 0)")
+        conn.exec_driver_sql(
+            "INSERT INTO ext_calls (key, message_id, step_key, scope, state, msg_timestamp, attempts, created_at, "
+            f"updated_at) VALUES ('entity:customer:42:mno', 1, 'mno', 'entity', 'OK', '{now}', 1, '{now}', '{now}')")
+    upgrade(url)
+    with get_engine(url).connect() as conn:
+        call = conn.exec_driver_sql("SELECT key, ok_message_id FROM ext_calls").one()
+        funnel = conn.exec_driver_sql("SELECT funnel FROM messages").scalar()
+    dispose_engines()
+    assert tuple(call) == ("entity:CRM:customer:42:mno", 1)
+    assert funnel == "CRM:sku-1"

@@ -306,3 +306,29 @@ def test_a_response_faster_than_its_step_is_kept(prefix, external) -> None:
     done = wait_final(m.id)
     assert done.state == "OK" and done.custom_data["answer"] == {"early": True}
     assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
+
+
+def test_another_systems_later_dated_version_does_not_make_an_entity_update_obsolete(prefix, external) -> None:
+    entity = f"shared-{prefix}"
+    ahead = datetime.now(timezone.utc) + timedelta(seconds=60)  # within OPENHUB_MAX_CLOCK_SKEW
+    shop = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="SHOP",
+                          correlation_id=f"e-{uuid.uuid4().hex}", msg_timestamp=ahead)
+    assert wait_final(shop.id).state == "OK"
+    crm = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
+                         correlation_id=f"e-{uuid.uuid4().hex}")
+    done = wait_final(crm.id)
+    assert done.state == "OK", done.failed_error
+    assert external.effects(f"{prefix}/sync") == 2
+
+
+def test_another_systems_back_dated_failure_does_not_block_an_ordered_funnel(prefix, external) -> None:
+    group = uuid.uuid4().hex
+    now = datetime.now(timezone.utc)
+    shop = openhub.submit("test.ordered", {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}},
+                          source_system="SHOP", correlation_id=f"o-{uuid.uuid4().hex}",
+                          msg_timestamp=now - timedelta(days=365))
+    assert wait_final(shop.id).state == "FAILED"  # would block the funnel's later messages (order_timeout 3 s)
+    crm = openhub.submit("test.ordered", {"prefix": prefix, "group": group}, source_system="CRM",
+                         correlation_id=f"o-{uuid.uuid4().hex}", msg_timestamp=now)
+    done = wait_final(crm.id, timeout=60)
+    assert done.state == "OK", done.failed_error

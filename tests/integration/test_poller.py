@@ -67,11 +67,25 @@ def test_poller_query_reads_only_the_partial_index(backend) -> None:  # noqa: AN
 
 
 @pytest.mark.parametrize("state", ["IN_QUEUE", "PROCESSING"])
-def test_expired_lease_counts_a_failure_and_is_retried(hub, prefix, external, state) -> None:  # noqa: ANN001
+def test_a_lost_chain_is_published_again_without_a_failure(hub, prefix, external, state) -> None:  # noqa: ANN001
     (message_id,) = _due_messages(prefix, 1)
-    with transaction() as conn:  # as if the chain was lost in the broker or its worker died
+    with transaction() as conn:  # as if the chain was lost in the broker (or still waits in a backlog)
         conn.execute(update(messages).where(messages.c.id == message_id)
-                     .values(state=state, failed_count=0, attempt_id="lost", due_at=utcnow() - timedelta(seconds=1)))
+                     .values(state=state, failed_count=0, attempt_id="lost", step_run=None,
+                             due_at=utcnow() - timedelta(seconds=1)))
+    done = wait_final(message_id)
+    assert done.state == "OK" and done.failed_count == 0
+    with transaction() as conn:
+        events = list(conn.execute(select(transitions.c.event).where(transitions.c.message_id == message_id)).scalars())
+    assert "chain_lost" in events
+
+
+def test_a_step_whose_worker_is_gone_counts_a_failure_and_is_retried(hub, prefix, external) -> None:  # noqa: ANN001
+    (message_id,) = _due_messages(prefix, 1)
+    with transaction() as conn:  # a step lease held by a worker that left no heartbeat
+        conn.execute(update(messages).where(messages.c.id == message_id)
+                     .values(state="PROCESSING", failed_count=0, attempt_id="lost", step_run="gone",
+                             worker="unknown-worker", due_at=utcnow() - timedelta(seconds=1)))
     done = wait_final(message_id)
     assert done.state == "OK" and done.failed_count == 1
-    assert f"lease expired in {state}" in done.failed_error
+    assert "its worker is gone" in done.failed_error

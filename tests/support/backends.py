@@ -33,7 +33,9 @@ TEST_SETTINGS = {
     "OPENHUB_LEASE_GRACE": "4",
     "OPENHUB_STEP_TIMEOUT": "20",
     "OPENHUB_CONFIRM_INTERVAL": "0.3",
+    "OPENHUB_WORKER_DEAD_AFTER": "2",
     "OPENHUB_ROUTES": "tests.support.routes",
+    "OPENHUB_METRICS_CACHE": "0",  # scrapes read the store each time, so tests compare with it at once
 }
 
 

@@ -85,6 +85,12 @@ def slow(ctx: StepContext) -> None:
     call(ctx, "slow")
 
 
+@step(timeout=timedelta(seconds=30))
+def patient(ctx: StepContext) -> None:
+    """A call that may take longer than a dead worker takes to be noticed, on a live worker."""
+    call(ctx, "patient")
+
+
 @step
 def wait_answer(ctx: StepContext) -> None:
     """Send a request and park until the answer is posted back."""
@@ -138,6 +144,7 @@ routes = [
     Route("test.custom", steps=[charge]),
     Route("test.fragile", steps=[step_a, fragile]),
     Route("test.slow", steps=[step_a, slow, step_c]),
+    Route("test.patient", steps=[patient]),
     Route("test.wait", steps=[wait_answer, use_answer]),
     Route("test.order", steps=[step_a, Split(lines, route="test.line"), after_lines]),
     Route("test.line", steps=[book_line]),

@@ -13,7 +13,6 @@ FIN = {A.CONFIRM, A.RELEASE_FUNNEL, A.NOTIFY_PARENT}
 # max_fails is 3 in every row.
 TABLE = [
     # accepted NEW -> IN_QUEUE once its chain is published
-    (S.NEW, E.PUBLISHED, 0, S.IN_QUEUE, 0, set()),
     # the chain's first task claims it
     (S.IN_QUEUE, E.CLAIMED, 0, S.PROCESSING, 0, set()),
     (S.NEW, E.CLAIMED, 0, S.PROCESSING, 0, set()),
@@ -29,7 +28,8 @@ TABLE = [
     (S.PROCESSING, E.REJECTED, 0, S.FAILED, 1, FIN),
     # Postpone / Holdback
     (S.PROCESSING, E.POSTPONED, 1, S.POSTPONED, 1, {A.RELEASE_FUNNEL}),
-    (S.IN_QUEUE, E.POSTPONED, 0, S.POSTPONED, 0, {A.RELEASE_FUNNEL}),
+    (S.IN_QUEUE, E.POSTPONED, 0, S.POSTPONED, 0, set()),  # refused at claim: it never held its funnel
+    (S.NEW, E.POSTPONED, 0, S.POSTPONED, 0, set()),
     (S.PROCESSING, E.HELD_BACK, 0, S.POSTPONED, 0, {A.PAUSE_ROUTE}),
     # obsolete entity message
     (S.PROCESSING, E.OBSOLETE, 1, S.SKIPPED, 1, {A.RELEASE_FUNNEL, A.NOTIFY_PARENT}),
@@ -43,7 +43,9 @@ TABLE = [
     (S.WAITING_FOR_RES, E.TRANSIENT, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
     # worker died / chain lost
     (S.PROCESSING, E.LEASE_EXPIRED, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
-    (S.IN_QUEUE, E.LEASE_EXPIRED, 3, S.FAILED, 4, FIN),
+    (S.PROCESSING, E.LEASE_EXPIRED, 3, S.FAILED, 4, FIN),
+    (S.IN_QUEUE, E.CHAIN_LOST, 3, S.IN_QUEUE, 3, set()),  # a chain that never ran costs no failure
+    (S.PROCESSING, E.CHAIN_LOST, 1, S.IN_QUEUE, 1, set()),
     # the poller re-drives
     (S.PARTLY_FAILED, E.REDRIVEN, 2, S.IN_QUEUE, 2, set()),
     (S.POSTPONED, E.REDRIVEN, 0, S.IN_QUEUE, 0, set()),
@@ -72,6 +74,7 @@ REFUSED = [
     *[(s, E.CANCELLED) for s in FINAL],
     (S.OK, E.CLAIMED), (S.PROCESSING, E.CLAIMED), (S.OK, E.COMPLETED), (S.IN_QUEUE, E.RESPONDED),
     (S.OK, E.REDRIVEN), (S.PROCESSING, E.REDRIVEN), (S.WAITING, E.TRANSIENT),
+    (S.IN_QUEUE, E.LEASE_EXPIRED), (S.PARTLY_FAILED, E.CHAIN_LOST),
 ]
 
 

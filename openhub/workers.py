@@ -1,0 +1,161 @@
+"""Worker liveness: each process that runs steps keeps a heartbeat row, and a stale one is dead.
+
+A step's lease names the process running it (`messages.worker`), and each heartbeat lists the
+step runs in flight in that process. The poller repairs at once a run whose process is dead, or
+whose live process no longer lists it (its task crashed), and extends the lease of a listed run
+however long its step takes: a killed worker's messages are back in seconds and a merely slow
+step is never run twice.
+
+A heartbeat also stops when the database is away, so "dead" needs a witness: a process is dead
+only when another process kept heartbeating without a break for `OPENHUB_WORKER_DEAD_AFTER`
+after its last heartbeat. The database was there all that time, and the silent process did not
+use it. After an outage every process starts a new unbroken run, and nobody is declared dead
+until one of them has lasted that long.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select, update
+
+from .config import get_settings
+from .db import transaction, utcnow
+from .schema import workers
+
+log = logging.getLogger("openhub.workers")
+W = workers.c
+FORGET_AFTER = timedelta(days=1)  # rows of processes gone this long are deleted
+
+_lock = threading.Lock()
+_current: tuple[int, str] | None = None  # (pid, worker id) of this process
+_beating: int | None = None  # pid whose heartbeat thread runs
+_runs: set[str] = set()  # the step runs in flight in this process
+
+
+@contextmanager
+def running(run_id: str) -> Iterator[None]:
+    """Keep `run_id` listed in this process's heartbeat while the block runs (from before its lease
+    is taken until its outcome is recorded, or its task crashed)."""
+    current_id()
+    _runs.add(run_id)
+    try:
+        yield
+    finally:
+        _runs.discard(run_id)
+
+
+def current_id() -> str:
+    """This process's worker id (a new one after a fork: a child is a worker of its own)."""
+    global _current
+    pid = os.getpid()
+    if _current is None or _current[0] != pid:
+        with _lock:
+            if _current is None or _current[0] != pid:
+                _current = (pid, str(uuid.uuid4()))
+                _runs.clear()  # a forked child runs none of its parent's steps
+    return _current[1]
+
+
+def start_heartbeat(url: str | None = None) -> str:
+    """Make sure this process heartbeats (once per process); returns its worker id.
+
+    Called by the Celery adapter before a task runs. Processes that never call it (a web app
+    submitting, `openhub.testing.LocalHub`) have no row: their leases end only when they expire.
+    """
+    global _beating
+    worker_id = current_id()
+    pid = os.getpid()
+    if _beating != pid:
+        with _lock:
+            if _beating != pid:
+                url = url or get_settings().database_url
+                node = f"{socket.gethostname()}:{pid}"[:255]
+                beat(worker_id, node, url, broken=True)  # the first row is written before any step runs
+                thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url), daemon=True,
+                                          name="openhub-heartbeat")
+                thread.start()
+                _beating = pid
+    return worker_id
+
+
+def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = False,
+         now: datetime | None = None) -> None:
+    """Record one heartbeat; `broken` starts a new unbroken run (the previous beat failed)."""
+    now = now or utcnow()
+    runs = ",".join(sorted(_runs))  # taken after `now`: a run leased after `now` is not missing from it
+    values: dict[str, Any] = {"last_seen": now, "runs": runs}
+    if broken:
+        values["up_since"] = now
+    with transaction(url) as conn:
+        if conn.execute(update(workers).where(W.id == worker_id).values(**values)).rowcount == 0:
+            conn.execute(insert(workers).values(id=worker_id, node=node, up_since=now, last_seen=now, runs=runs))
+            forget_gone(conn, now)  # a process's first heartbeat clears out the long gone
+
+
+def _heartbeat(worker_id: str, node: str, url: str) -> None:
+    interval = max(get_settings().worker_dead_after.total_seconds() / 5, 0.05)
+    broken = False
+    stop = threading.Event()
+    while not stop.wait(interval):
+        try:
+            beat(worker_id, node, url, broken=broken)
+            broken = False
+        except Exception as exc:  # noqa: BLE001 - the database is away; the next beat starts a new run
+            if not broken:
+                log.warning("worker %s: heartbeat failed (%s)", worker_id, exc)
+            broken = True
+
+
+def dead_among(rows: Iterable[Any], dead_after: timedelta) -> set[str]:
+    """The ids of the processes that a witness saw fall silent for `dead_after` (see the module doc)."""
+    rows = list(rows)
+    dead = set()
+    for silent in rows:
+        for witness in rows:
+            if witness.id != silent.id and \
+                    witness.last_seen - max(witness.up_since, silent.last_seen) >= dead_after:
+                dead.add(silent.id)
+                break
+    return dead
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """What the heartbeats say at one moment: which processes live, which are dead, what runs where."""
+
+    alive: dict[str, Any]  # worker id -> its row
+    dead: set[str]
+
+    def run_in_flight(self, worker: str | None, step_run: str | None, leased_at: datetime) -> bool | None:
+        """Whether a step run leased at `leased_at` by `worker` is still running (None: cannot tell).
+
+        A live process that heartbeated after the lease was taken lists the run if it still runs it.
+        """
+        if step_run is None or worker in self.dead:
+            return False
+        row = self.alive.get(worker or "")
+        if row is None:
+            return None
+        return step_run in (row.runs or "").split(",") or row.last_seen <= leased_at
+
+
+def liveness(conn: Connection) -> Liveness:
+    """The heartbeats as the store shows them now."""
+    rows = conn.execute(select(workers)).all()
+    dead = dead_among(rows, get_settings().worker_dead_after)
+    return Liveness({r.id: r for r in rows if r.id not in dead}, dead)
+
+
+def forget_gone(conn: Connection, now: datetime) -> None:
+    """Delete the rows of processes silent for a day."""
+    conn.execute(delete(workers).where(W.last_seen < now - FORGET_AFTER))

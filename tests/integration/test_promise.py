@@ -1,0 +1,343 @@
+"""The promise on every path (issue 9): no successful external call made twice, no message stuck or
+wrongly failed. Each test reproduces one path that broke it, in-process on LocalHub, with the
+fault placed exactly where it hurt: in the middle of a step's call, or right after it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Iterator
+
+import pytest
+from sqlalchemy import select
+
+import openhub
+from openhub import engine, poller
+from openhub.db import transaction, utcnow
+from openhub.errors import StoreUnavailable
+from openhub.schema import ext_calls, transitions
+from openhub.testing import LocalHub
+from tests.support import promise_routes as routes
+from tests.support.backends import postgres_database
+
+
+@pytest.fixture
+def hub() -> Iterator[LocalHub]:
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_RETRY_INTERVAL="60",
+                  OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3") as local:
+        yield local
+    routes.reset()
+
+
+def _history(message_id: int) -> list[str]:
+    with transaction() as conn:
+        return list(conn.execute(select(transitions.c.event).where(transitions.c.message_id == message_id)
+                                 .order_by(transitions.c.id)).scalars())
+
+
+def _calls_of(message_id: int) -> dict[str, tuple[str, int | None]]:
+    with transaction() as conn:
+        return {r.step_key: (r.state, r.ok_message_id) for r in conn.execute(
+            select(ext_calls).where(ext_calls.c.message_id == message_id))}
+
+
+# --- 1. an error while recording a successful step -------------------------------------------------
+
+def test_custom_data_that_is_not_json_keeps_the_call_and_fails_the_message_once(hub: LocalHub) -> None:
+    view = hub.submit("p.stamp", {})
+    hub.run()
+    for minutes in (10, 20, 30):
+        hub.tick(seconds=minutes * 60)
+    done = hub.get(view.id)
+    assert routes.calls("stamp") == 1
+    assert done.state == "FAILED" and "custom_data" in (done.failed_error or "")
+    assert _calls_of(view.id)["stamp"] == ("OK", view.id)
+    assert routes.CONFIRMED == [(view.id, "FAILED")]
+
+
+def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    real = engine.queue_confirmation
+    failures = []
+
+    def fails_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a fault injected into our own code
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("confirmation queue broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "queue_confirmation", fails_once)
+    view = hub.submit("p.flow", {})
+    hub.run()
+    assert hub.get(view.id).state == "PARTLY_FAILED"
+    hub.tick(seconds=120)
+    assert hub.get(view.id).state == "OK"
+    assert routes.calls("first") == 1 and routes.calls("second") == 1
+
+
+# --- 2. the store away right after a call, longer than any fixed number of retries -------------------
+
+def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(hub: LocalHub,
+                                                                              monkeypatch) -> None:  # noqa: ANN001
+    real = engine.transaction
+    outage = {"left": 0}
+
+    def away(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the store refuses every transaction meanwhile
+        if outage["left"]:
+            outage["left"] -= 1
+            raise StoreUnavailable("message store unavailable: connection refused")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "transaction", away)
+    monkeypatch.setattr(engine, "_pause_before_retry", lambda seconds: None)
+    routes.HOOKS["first"] = lambda ctx: outage.update(left=100)  # far more tries than the old limit of 12
+    view = hub.submit("p.flow", {})
+    hub.run()
+    assert outage["left"] == 0
+    assert hub.get(view.id).state == "OK"
+    assert routes.calls("first") == 1
+
+
+# --- 3. an entity record taken over by a newer message whose call failed -------------------------------
+
+def test_an_entity_call_that_succeeded_is_not_made_again_after_a_newer_message_failed_it(hub: LocalHub) -> None:
+    now = utcnow()
+
+    def second_fails_for_the_first_message(ctx):  # noqa: ANN001, ANN202
+        if ctx.message.correlation_id == "older" and ctx.attempt == 1 and ctx.message.failed_count == 0:
+            raise RuntimeError("billing answered 503")
+
+    def sync_fails_for_the_newer_message(ctx):  # noqa: ANN001, ANN202
+        if ctx.message.correlation_id == "newer" and ctx.message.failed_count == 0:
+            raise RuntimeError("the network operator answered 503")
+
+    routes.HOOKS["second"] = second_fails_for_the_first_message
+    routes.HOOKS["sync"] = sync_fails_for_the_newer_message
+    older = hub.submit("p.entity", {"id": "42"}, correlation_id="older", msg_timestamp=now - timedelta(minutes=1))
+    hub.run()
+    assert hub.get(older.id).state == "PARTLY_FAILED"
+    newer = hub.submit("p.entity", {"id": "42"}, correlation_id="newer", msg_timestamp=now)
+    hub.run()
+    assert hub.get(newer.id).state == "PARTLY_FAILED"
+    hub.tick(seconds=120)
+    older_key = "CONFIRMED/older/sync"
+    assert routes.calls("sync", older_key) == 1, routes.CALLS
+    assert hub.get(older.id).state in ("OK", "SKIPPED") and hub.get(newer.id).state == "OK"
+
+
+# --- 4. cancel while a step is calling out -------------------------------------------------------------
+
+def test_a_restart_after_a_cancel_mid_step_waits_for_the_call_in_flight(hub: LocalHub) -> None:
+    def cancel_restart_and_run_again(ctx):  # noqa: ANN001, ANN202
+        if ctx.message.failed_count == 0 and not routes.MOST.get("restarted"):
+            routes.MOST["restarted"] = 1
+            openhub.cancel(ctx.message.id)
+            openhub.restart(ctx.message.id)
+            hub.run()  # the restarted chain runs now, while this call is still in flight
+
+    routes.HOOKS["first"] = cancel_restart_and_run_again
+    view = hub.submit("p.flow", {})
+    hub.run()
+    assert routes.MOST["first"] == 1, "the step ran a second time while its first call was in flight"
+    hub.tick(seconds=60)
+    assert hub.get(view.id).state == "OK"
+    assert routes.calls("first") == 1 and routes.calls("second") == 1
+
+
+def test_a_cancelled_message_holds_its_funnel_until_its_call_ends(hub: LocalHub) -> None:
+    started: list[int] = []
+
+    def cancel_and_let_the_next_one_try(ctx):  # noqa: ANN001, ANN202
+        started.append(ctx.message.id)
+        if len(started) == 1:
+            openhub.cancel(ctx.message.id)
+            hub.submit("p.funnel", {"group": "g"}, correlation_id="next")
+            hub.run()  # the next message of the funnel tries to start while this call is in flight
+            assert started == [ctx.message.id], "a second message of the funnel called out at the same time"
+
+    routes.HOOKS["first"] = cancel_and_let_the_next_one_try
+    cancelled = hub.submit("p.funnel", {"group": "g"}, correlation_id="cancelled")
+    hub.run()
+    assert routes.MOST["first"] == 1
+    hub.tick(seconds=60)
+    assert hub.get(cancelled.id).state == "CANCEL"
+    assert [v.state for v in openhub.list_messages(correlation_id="next")] == ["OK"]
+
+
+# --- 8. a message postponed because its funnel is busy does not re-drive itself -----------------------
+
+def test_a_message_behind_a_busy_funnel_waits_quietly(hub: LocalHub) -> None:
+    waiting = hub.submit("p.waiting", {"group": "g"})
+    hub.run()
+    assert hub.get(waiting.id).state == "WAITING_FOR_RES"
+    behind = hub.submit("p.waiting", {"group": "g"})
+    assert hub.run() <= 2  # its own chain, and no loop of re-drives
+    assert hub.get(behind.id).state == "POSTPONED"
+    assert len(_history(behind.id)) <= 3
+
+
+# --- 9. a backlog in the broker is not a lost chain -----------------------------------------------------
+
+def test_a_chain_waiting_in_a_backlog_costs_no_failure(hub: LocalHub) -> None:
+    view = hub.submit("p.flow", {})
+    published = []
+    for minutes in range(5, 125, 5):  # two hours of backlog, the poller looking every five minutes
+        report = poller.tick(utcnow() + timedelta(minutes=minutes, seconds=1))
+        published.append(report.redriven)
+        current = hub.get(view.id)
+        assert current.state in ("NEW", "IN_QUEUE") and current.failed_count == 0
+    # Published again after 5, 15, 35, 75 minutes...: each wait twice the last, not every grace period.
+    assert sum(published) <= 5, published
+    hub.run()  # the stale chains stop at their fencing token, the newest carries the message
+    assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0
+    assert routes.calls("first") == 1 and routes.calls("second") == 1
+
+
+def test_a_slow_step_on_a_live_worker_is_never_repaired(hub: LocalHub) -> None:
+    reports = []
+    routes.HOOKS["first"] = lambda ctx: reports.append(poller.tick(utcnow() + timedelta(hours=2)))
+    view = hub.submit("p.flow", {})
+    hub.run()
+    assert reports[0].repaired == 0
+    assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0
+    assert routes.calls("first") == 1
+
+
+# --- 10. pausing a guaranteed-order route is not being blocked in its funnel ----------------------------
+
+def test_pausing_a_guaranteed_order_route_does_not_fail_its_messages(hub: LocalHub) -> None:
+    openhub.pause("p.ordered")
+    ids = [hub.submit("p.ordered", {"group": "g"}).id for _ in range(2)]
+    hub.run()
+    for minutes in (1, 5, 30):
+        hub.tick(seconds=minutes * 60)
+    assert [hub.get(i).state for i in ids] == ["POSTPONED", "POSTPONED"]
+    openhub.resume("p.ordered")
+    hub.run()
+    for _ in range(3):
+        hub.tick()
+    assert [hub.get(i).state for i in ids] == ["OK", "OK"]
+
+
+# --- 5. the transaction before a call commits durably ---------------------------------------------------
+
+def test_every_store_connection_commits_synchronously_on_postgresql() -> None:
+    from openhub import db
+
+    routes.reset()
+    with postgres_database("openhub_promise") as url:
+        with LocalHub("tests.support.promise_routes", OPENHUB_DATABASE_URL=url) as local:
+            view = local.submit("p.flow", {})
+            local.run()
+            assert local.get(view.id).state == "OK"
+            settings = set()
+            for engine_ in db._engines.values():
+                with engine_.connect() as conn:
+                    settings.add(conn.exec_driver_sql("SHOW synchronous_commit").scalar())
+    assert settings == {"on"}
+    routes.reset()
+
+
+def test_a_restarted_message_starts_its_order_wait_anew(hub: LocalHub) -> None:
+    from openhub.schema import messages
+
+    routes.HOOKS["first"] = lambda ctx: (_ for _ in ()).throw(openhub.Reject("refused")) \
+        if ctx.message.correlation_id == "head" else None
+    head = hub.submit("p.ordered", {"group": "g"}, correlation_id="head")
+    hub.run()
+    behind = hub.submit("p.ordered", {"group": "g"}, correlation_id="behind")
+    hub.run()
+    assert (hub.get(head.id).state, hub.get(behind.id).state) == ("FAILED", "POSTPONED")
+    assert poller.expire_guaranteed_order(utcnow() + timedelta(seconds=10)) == 1  # blocked past the timeout
+    assert hub.get(behind.id).state == "FAILED"
+    openhub.restart(behind.id)
+    with transaction() as conn:
+        since = conn.execute(select(messages.c.blocked_since).where(messages.c.id == behind.id)).scalar()
+    assert since is None  # its wait behind the funnel starts again when it is next refused
+
+
+def test_local_hub_ticks_move_the_engines_clock_too(hub: LocalHub) -> None:
+    routes.HOOKS["first"] = lambda ctx: (_ for _ in ()).throw(openhub.Reject("refused")) \
+        if ctx.message.correlation_id == "head" else None
+    hub.submit("p.ordered", {"group": "g"}, correlation_id="head")
+    hub.run()
+    behind = hub.submit("p.ordered", {"group": "g"}, correlation_id="behind")
+    hub.run()
+    assert hub.get(behind.id).state == "POSTPONED"
+    hub.tick(seconds=10)  # re-driven and refused again ten seconds later: past its 3 s order timeout
+    assert hub.get(behind.id).state == "FAILED"
+    assert "longer than" in (hub.get(behind.id).failed_error or "")
+
+
+# --- 6. a slow confirmer: each confirmation's lease covers its own send only -----------------------
+
+def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatch) -> None:  # noqa: ANN001
+    import time
+
+    from openhub.confirm import send_confirmations
+
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_CONFIRM_INTERVAL="1",
+                  OPENHUB_STEP_TIMEOUT="1") as local:  # a confirmation's lease: one second
+        calls = {"n": 0}
+        routes.HOOKS["confirm"] = lambda outcome: (_ for _ in ()).throw(RuntimeError("CRM is down"))
+        ids = [local.submit("p.flow", {}).id for _ in range(5)]
+        local.run()  # all five OK; each first confirmation fails and waits for the poller
+
+        def slow(outcome) -> None:  # noqa: ANN001
+            calls["n"] += 1
+            time.sleep(0.4)  # the CRM takes 0.4 s per confirmation: this is its behaviour under test
+            if calls["n"] == 4:  # 1.2 s in, past a lease taken for the whole batch: a second sender starts
+                send_confirmations(now=utcnow())
+
+        routes.HOOKS["confirm"] = slow
+        from sqlalchemy import update
+
+        from openhub.schema import confirmations
+        with transaction() as conn:  # their retry is due now
+            conn.execute(update(confirmations).values(due_at=utcnow()))
+        send_confirmations(now=utcnow())
+        confirmed = sorted(routes.CONFIRMED)
+    routes.reset()
+    assert confirmed == sorted((i, "OK") for i in ids)  # each final state confirmed exactly once
+
+
+# --- 11. a split larger than one statement's parameters -----------------------------------------------
+
+def test_a_split_of_five_thousand_children_and_a_batch_as_large_are_stored_on_postgresql() -> None:
+    routes.reset()
+    with postgres_database("openhub_promise") as url:
+        with LocalHub("tests.support.promise_routes", OPENHUB_DATABASE_URL=url) as local:
+            parent = local.submit("p.big", {"children": 5000})
+            local.run(limit=1)  # the parent's chain only: it writes its children and waits for them
+            assert local.get(parent.id).state == "WAITING"
+            assert len(openhub.list_messages(parent_id=parent.id, limit=1000)) == 1000
+            views = openhub.submit_many([{"route": "p.leaf", "payload": {}, "source_system": "BULK",
+                                          "correlation_id": f"b-{n}"} for n in range(5000)])
+            assert len({v.id for v in views}) == 5000
+            with transaction() as conn:
+                from sqlalchemy import func
+
+                from openhub.schema import messages
+                children = conn.execute(select(func.count()).where(messages.c.parent_id == parent.id)).scalar()
+            assert children == 5000
+    routes.reset()
+
+
+# --- 7. split children's ids never collide with a source system's own ---------------------------------
+
+def test_a_source_systems_own_id_that_looks_like_a_childs_does_not_stop_the_split(hub: LocalHub) -> None:
+    mine = hub.submit("p.leaf", {}, correlation_id="P#0.1")  # the source system's own id, sent first
+    parent = hub.submit("p.big", {"children": 2}, correlation_id="P")
+    hub.run()
+    assert hub.get(parent.id).state == "OK"
+    assert len(openhub.list_messages(parent_id=parent.id)) == 2
+    later = hub.submit("p.leaf", {}, correlation_id="P#0.2")  # after the children exist: a new message
+    assert not later.duplicate and later.id not in (mine.id, *[c.id for c in openhub.list_messages(parent_id=parent.id)])
+
+
+def test_a_parent_with_the_longest_id_can_split(hub: LocalHub) -> None:
+    parent = hub.submit("p.big", {"children": 12}, correlation_id="x" * 255)
+    hub.run()
+    assert hub.get(parent.id).state == "OK"
+    assert len(openhub.list_messages(parent_id=parent.id)) == 12

@@ -1,0 +1,14 @@
+"""The embedded SQLite store keeps what it answered: a commit survives a power loss."""
+
+from __future__ import annotations
+
+from openhub.db import get_engine
+from openhub.testing import LocalHub
+
+
+def test_sqlite_store_syncs_every_commit() -> None:
+    # WAL with synchronous=NORMAL may roll back the last commits on power loss: an "accepted"
+    # message or an OK ext-call record could vanish and the call be made again.
+    with LocalHub("tests.support.routes"):
+        with get_engine().connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL

@@ -1,0 +1,112 @@
+"""Routes for the promise tests: each step's "external call" is a line in CALLS, and a test can
+hook code into a step (run mid-call) to cancel, restart or fail at exactly that point.
+
+The tests run them in-process on `openhub.testing.LocalHub`, so a hook runs while its step's
+call is in flight, as a concurrent operator or worker would.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+from openhub import Child, Outcome, Route, Split, StepContext, confirmation, step
+
+CALLS: list[tuple[str, str]] = []  # (step, idempotency key) of every call that succeeded
+ACTIVE: dict[str, int] = {}  # step -> calls in flight now
+MOST: dict[str, int] = {}  # step -> most calls in flight at once
+HOOKS: dict[str, Callable[[StepContext], Any]] = {}  # step -> run mid-call (may raise to fail it)
+CONFIRMED: list[tuple[int, str]] = []
+
+
+def reset() -> None:
+    """Forget every call, hook and confirmation."""
+    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED):
+        registry.clear()
+
+
+def calls(name: str, key: str | None = None) -> int:
+    """How many calls of step `name` (with idempotency key `key`) succeeded."""
+    return sum(1 for s, k in CALLS if s == name and (key is None or k == key))
+
+
+def external(name: str) -> Callable[[StepContext], None]:
+    """A step whose call runs the test's hook in flight, then succeeds (unless the hook raised)."""
+    def run(ctx: StepContext) -> None:
+        ACTIVE[name] = ACTIVE.get(name, 0) + 1
+        MOST[name] = max(MOST.get(name, 0), ACTIVE[name])
+        try:
+            hook = HOOKS.get(name)
+            if hook is not None:
+                hook(ctx)
+            CALLS.append((name, ctx.idempotency_key))
+        finally:
+            ACTIVE[name] -= 1
+    run.__name__ = name
+    return run
+
+
+first, second = step(external("first")), step(external("second"))
+sync = step(key="sync", scope="entity")(external("sync"))
+waits = external("waits")
+
+
+@step
+def stamp(ctx: StepContext) -> None:
+    """A successful call that leaves a datetime in custom_data (not JSON)."""
+    external("stamp")(ctx)
+    ctx.custom_data["when"] = datetime(2026, 11, 23)
+
+
+@step
+def wait_reply(ctx: StepContext) -> None:
+    """A call whose answer comes back later through openhub.respond()."""
+    waits(ctx)
+    ctx.wait_for_response(timedelta(hours=1))
+
+
+class OutOfStock(Exception):
+    """A business refusal the route declares fatal."""
+
+
+@step(fatal=OutOfStock)
+def reserve(ctx: StepContext) -> None:
+    """Raises what the payload says: fatal by declaration, an HTTP answer, or a plain fault."""
+    what = ctx.payload.get("raise")
+    if what == "out_of_stock":
+        raise OutOfStock("sku 7 is out of stock")
+    if what == "http":
+        import httpx
+
+        httpx.post(ctx.payload["url"], headers={"Idempotency-Key": ctx.idempotency_key}).raise_for_status()
+    if what == "bug":
+        raise KeyError("price")
+    external("reserve")(ctx)
+
+
+def many(ctx: StepContext) -> list[Child]:
+    """As many children as the payload asks for."""
+    return [Child("p.leaf", payload={"n": n}) for n in range(ctx.payload["children"])]
+
+
+routes = [
+    Route("p.big", steps=[Split(many, route="p.leaf")]),
+    Route("p.leaf", steps=[first]),
+    Route("p.reserve", steps=[reserve]),
+    Route("p.flow", steps=[first, second]),
+    Route("p.stamp", steps=[stamp, second]),
+    Route("p.entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing"),
+    Route("p.funnel", steps=[first], funnel=lambda p: p["group"]),
+    Route("p.waiting", steps=[wait_reply], funnel=lambda p: p["group"]),
+    Route("p.ordered", steps=[first], funnel=lambda p: p["group"], guaranteed_order=True,
+          order_timeout=timedelta(seconds=3)),
+]
+
+
+@confirmation("CONFIRMED")
+def confirm(outcome: Outcome) -> None:
+    """Note what was confirmed (after the test's hook, which may fail it or be slow)."""
+    hook = HOOKS.get("confirm")
+    if hook is not None:
+        hook(outcome)
+    CONFIRMED.append((outcome.message.id, outcome.state))

@@ -1,0 +1,49 @@
+"""Worker liveness rules: who is dead needs a witness, and a live worker vouches only for the runs it lists."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+
+from openhub.workers import Liveness, dead_among
+
+T0 = datetime(2026, 11, 23, 12, 0, 0)
+DEAD_AFTER = timedelta(seconds=15)
+
+
+def _w(name: str, up: float, seen: float, runs: str = "") -> SimpleNamespace:
+    return SimpleNamespace(id=name, up_since=T0 + timedelta(seconds=up), last_seen=T0 + timedelta(seconds=seen),
+                           runs=runs)
+
+
+def test_a_worker_silent_while_another_kept_beating_is_dead() -> None:
+    assert dead_among([_w("killed", 0, 10), _w("other", 0, 26)], DEAD_AFTER) == {"killed"}
+
+
+def test_nobody_is_dead_right_after_an_outage_that_silenced_everyone() -> None:
+    # Both stopped at 10 s when the store went away; the store came back at 100 s and "other" beat first.
+    assert dead_among([_w("slow-to-beat", 0, 10), _w("other", 100, 101)], DEAD_AFTER) == set()
+
+
+def test_after_an_outage_a_worker_that_never_came_back_is_dead_once_a_witness_lasted() -> None:
+    assert dead_among([_w("gone", 0, 10), _w("other", 100, 116)], DEAD_AFTER) == {"gone"}
+
+
+def test_a_worker_restarted_under_its_own_name_witnesses_its_old_self() -> None:
+    assert dead_among([_w("old-incarnation", 0, 10), _w("new-incarnation", 20, 36)], DEAD_AFTER) == \
+        {"old-incarnation"}
+
+
+def test_a_lone_worker_is_never_declared_dead() -> None:
+    assert dead_among([_w("alone", 0, 10)], DEAD_AFTER) == set()
+
+
+def test_a_live_worker_vouches_only_for_the_runs_it_lists() -> None:
+    live = Liveness({"w": _w("w", 0, 30, runs="r1,r2")}, dead={"d"})
+    leased = T0 + timedelta(seconds=20)
+    assert live.run_in_flight("w", "r1", leased) is True
+    assert live.run_in_flight("w", "r3", leased) is False  # its task crashed: the heartbeat after it omits it
+    assert live.run_in_flight("w", "r4", T0 + timedelta(seconds=40)) is True  # leased after the last heartbeat
+    assert live.run_in_flight("d", "r1", leased) is False
+    assert live.run_in_flight("unknown", "r1", leased) is None
+    assert live.run_in_flight("w", None, leased) is False
