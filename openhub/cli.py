@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -110,8 +111,11 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
     log_config["loggers"]["openhub"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
     from .api.server import PROTOCOL
 
+    # Over OPENHUB_MAX_CONCURRENCY connections or requests (per worker) uvicorn answers 503 at once,
+    # instead of taking in work until the process runs out of memory.
     uvicorn.run("openhub.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, log_config=log_config, access_log=False, proxy_headers=True, http=PROTOCOL)
+                log_level=log_level, log_config=log_config, access_log=False, proxy_headers=True, http=PROTOCOL,
+                limit_concurrency=get_settings().max_concurrency)
 
 
 @main.command()
@@ -165,6 +169,7 @@ def messages() -> None:
 @click.option("--correlation-id")
 @click.option("--object-id")
 @click.option("--parent-id", type=int)
+@click.option("--error-code", help="The last failure's code (e.g. HTTP_422, TIMEOUT, WORKER_LOST).")
 @click.option("--from", "received_from", help="Received at or after (ISO 8601, UTC if no zone).")
 @click.option("--to", "received_to", help="Received before (ISO 8601).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
@@ -172,32 +177,34 @@ def messages() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def messages_list(state: str | None, service: str | None, operation: str | None, route: str | None,
                   source_system: str | None, correlation_id: str | None, object_id: str | None,
-                  parent_id: int | None, received_from: str | None, received_to: str | None, limit: int,
+                  parent_id: int | None, error_code: str | None, received_from: str | None,
+                  received_to: str | None, limit: int,
                   cursor: int | None, as_json: bool) -> None:
     """Messages matching every filter, newest first."""
-    import openhub
-
     if route:
         if "." not in route:
             raise click.BadParameter("expected service.operation", param_hint="--route")
         service, operation = route.split(".", 1)
-    views = openhub.list_messages(state=state.upper() if state else None, service=service, operation=operation,
-                                  source_system=source_system, correlation_id=correlation_id, object_id=object_id,
-                                  parent_id=parent_id, limit=limit, before_id=cursor,
-                                  received_from=_timestamp(received_from, "--from"),
-                                  received_to=_timestamp(received_to, "--to"))
+    from .api.summary import message_summaries
+
+    items = message_summaries(state=state.upper() if state else None, service=service, operation=operation,
+                              source_system=source_system, correlation_id=correlation_id, object_id=object_id,
+                              parent_id=parent_id, error_code=error_code, limit=limit, before_id=cursor,
+                              received_from=_timestamp(received_from, "--from"),
+                              received_to=_timestamp(received_to, "--to"))
     if as_json:
-        click.echo(json.dumps([v.as_dict() for v in views], indent=2, ensure_ascii=False))
+        click.echo(json.dumps(items, indent=2, ensure_ascii=False))
         return
     from rich.table import Table
 
     table = Table("id", "route", "state", "source", "correlation id", "object id", "fails", "received")
-    for v in views:
-        table.add_row(str(v.id), v.route, _state(v.state), v.source_system, v.correlation_id, v.object_id or "",
-                      str(v.failed_count), v.received_at.strftime("%Y-%m-%d %H:%M:%S"))
+    for m in items:
+        table.add_row(str(m["id"]), _verbatim(m["route"]), _state(m["state"]), _verbatim(m["source_system"]),
+                      _verbatim(m["correlation_id"]), _verbatim(m["object_id"]), str(m["failed_count"]),
+                      m["received_at"][:19].replace("T", " "))
     _console().print(table)
-    if len(views) == limit:
-        _console().print(f"[dim]more: --cursor {views[-1].id}[/dim]")
+    if len(items) == limit:
+        _console().print(f"[dim]more: --cursor {items[-1]['id']}[/dim]")
 
 
 @messages.command("show")
@@ -218,12 +225,13 @@ def messages_show(message_id: int, as_json: bool) -> None:
     for name in ("id", "route", "state", "correlation_id", "source_system", "object_id", "process_id", "parent_id",
                  "failed_count", "failed_step", "received_at", "finished_at"):
         value = m.get(name)
-        fields.add_row(name, _state(value) if name == "state" else ("" if value is None else str(value)))
+        fields.add_row(name, _state(value) if name == "state" else _verbatim(value))
     console.print(fields)
-    console.print("[bold]payload[/bold]", json.dumps(m["payload"], indent=2, ensure_ascii=False), markup=True,
-                  highlight=False)
+    console.print("[bold]payload[/bold]")
+    console.print(_verbatim(json.dumps(m["payload"], indent=2, ensure_ascii=False)), highlight=False)
     if m["failed_error"]:
-        console.print("[bold]last error[/bold]", m["failed_error"].strip(), highlight=False)
+        console.print("[bold]last error[/bold]")
+        console.print(_verbatim(m["failed_error"].strip()), highlight=False)
     for title, rows, columns in (
             ("external calls", m["ext_calls"], ("step", "key", "state", "attempts", "duration_ms", "last_error")),
             ("history", m["history"], ("at", "event", "from_state", "to_state", "step", "detail")),
@@ -233,8 +241,114 @@ def messages_show(message_id: int, as_json: bool) -> None:
             continue
         table = Table(*columns, title=title, title_justify="left")
         for row in rows:
-            table.add_row(*("" if row.get(c) is None else _short(str(row[c])) for c in columns))
+            table.add_row(*(_verbatim(None if row.get(c) is None else _short(str(row[c]))) for c in columns))
         console.print(table)
+    for x in m.get("http_exchanges", []):
+        outcome = str(x["status"]) if x["status"] is not None else f"no response: {x['error']}"
+        console.print(f"[bold]HTTP[/bold] step {x['step']} attempt {x['attempt']}: {x['method']} {x['url']} -> "
+                      f"{outcome} ({x['duration_ms']} ms, {x['at']})", markup=True, highlight=False)
+        for label, headers, body in (("request", x["request_headers"], x["request_body"]),
+                                     ("response", x["response_headers"], x["response_body"])):
+            lines = [f"  {k}: {v}" for k, v in headers.items()]
+            if body:
+                lines.append(f"  {body}")
+            if lines:
+                console.print(f"  [dim]{label}[/dim]", markup=True, highlight=False)
+                console.print("\n".join(lines), markup=False, highlight=False)
+
+
+@main.command()
+@click.option("--watch", "watch", type=float, default=None, is_flag=False, flag_value=5.0,
+              help="Redraw every N seconds (default 5) until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one JSON document per refresh).")
+@click.option("--no-workers", is_flag=True, help="Do not ping the Celery workers (saves the half-second ping).")
+def status(watch: float | None, as_json: bool, no_workers: bool) -> None:
+    """The overview: live messages per route and state, throughput, failures, parked confirmations, workers."""
+    from .overview import overview, workers
+
+    def snapshot() -> dict[str, Any]:
+        figures = overview()
+        figures["workers"] = None if no_workers else workers(timeout=0.5)
+        return figures
+
+    if watch is None:
+        figures = snapshot()
+        click.echo(json.dumps(figures, ensure_ascii=False)) if as_json else _console().print(_status_view(figures))
+        return
+    if watch <= 0:
+        raise click.BadParameter("must be a positive number of seconds", param_hint="--watch")
+    try:
+        if as_json:
+            while True:
+                click.echo(json.dumps(snapshot(), ensure_ascii=False))
+                time.sleep(watch)
+        from rich.live import Live
+
+        with Live(_status_view(snapshot()), console=_console(), screen=False, auto_refresh=False) as live:
+            while True:
+                time.sleep(watch)
+                live.update(_status_view(snapshot()), refresh=True)
+    except KeyboardInterrupt:
+        pass
+
+
+def _status_view(o: dict[str, Any]) -> Any:
+    """The overview as rich renderables, one table per question."""
+    from rich.console import Group
+    from rich.table import Table
+
+    parts: list[Any] = []
+    hour, day = o["finished"]["hour_total"], o["finished"]["day_total"]
+    live = ", ".join(f"{_state(k)} {v}" for k, v in sorted(o["live_by_state"].items())) or "none"
+    parts.append(f"[bold]openhub status[/bold] at {o['now']}\n"
+                 f"finished last hour: {hour['finished']} ({hour['finished'] / 60:.2f}/min), "
+                 f"failed {hour['failed']} ({hour['failure_rate']:.1%})\n"
+                 f"finished last day:  {day['finished']} ({day['finished'] / 1440:.2f}/min), "
+                 f"failed {day['failed']} ({day['failure_rate']:.1%})\n"
+                 f"live messages: {live}")
+    routes = Table("route", "state", "count", "oldest id", "oldest age", title="messages by route and state "
+                   "(live states in full, final states finished in the last day)", title_justify="left")
+    for r in o["routes"]:
+        age = "" if r["oldest_age_seconds"] is None else _age(r["oldest_age_seconds"])
+        routes.add_row(r["route"], _state(r["state"]), str(r["count"]),
+                       "" if r["oldest_id"] is None else str(r["oldest_id"]), age)
+    parts.append(routes if o["routes"] else "[dim]no messages live or finished in the last day[/dim]")
+    c = o["confirmations"]
+    parts.append(f"confirmations not OK: {', '.join(f'{k} {v}' for k, v in sorted(c['by_state'].items())) or 'none'}"
+                 + (f"; parked (FAILED_END) messages: {', '.join(str(p['message_id']) for p in c['parked'])}"
+                    if c["parked"] else ""))
+    paused = ", ".join(f"{p['route']} ({p['reason'] or 'no reason'})" for p in o["paused_routes"])
+    parts.append(f"paused routes: {paused or 'none'}")
+    w = o.get("workers")
+    if w is not None:
+        parts.append(f"workers: {', '.join(w['workers']) or 'none answered'}" if w["available"]
+                     else "workers: unknown (the broker could not be asked)")
+    return Group(*parts)
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@main.group()
+def exchanges() -> None:
+    """HTTP requests and responses recorded by steps (HttpCall(record=True))."""
+
+
+@exchanges.command("prune")
+@click.option("--days", type=int, default=None, help="Keep this many days (default: OPENHUB_HTTP_RECORD_DAYS).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def exchanges_prune(days: int | None, as_json: bool) -> None:
+    """Delete recorded HTTP exchanges older than the retention period."""
+    from .exchanges import prune_exchanges
+
+    deleted = prune_exchanges(days=days)
+    click.echo(json.dumps({"deleted": deleted}) if as_json else f"{deleted} recorded HTTP exchanges deleted")
 
 
 @messages.command("restart")
@@ -386,9 +500,22 @@ _STATE_STYLE = {"OK": "green", "FAILED": "red", "PARTLY_FAILED": "yellow", "POST
                 "SKIPPED": "dim"}
 
 
-def _state(state: Any) -> str:
-    style = _STATE_STYLE.get(str(state))
-    return f"[{style}]{state}[/{style}]" if style else str(state)
+def _state(state: Any) -> Any:
+    from rich.text import Text
+
+    return Text(str(state), style=_STATE_STYLE.get(str(state), ""))
+
+
+# Control characters would move the cursor or recolour the terminal; they are shown escaped.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _verbatim(value: Any) -> Any:
+    """Stored data as a rich Text: printed as it is (never read as markup), control characters escaped."""
+    from rich.text import Text
+
+    text = "" if value is None else str(value)
+    return Text(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text))
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -3,6 +3,10 @@
 `update_billing` runs once per message; `activate_sim` has entity scope: it runs once per
 customer version, and an older message for the same customer that is retried after a newer
 one succeeded is SKIPPED as obsolete instead of overwriting newer data (seed 003).
+
+Both calls go through `openhub.http.HttpCall`: it sends the idempotency key and correlation id,
+retries 5xx and timeouts, and records each request and response with the message (shown in
+/admin and `openhub messages show`).
 """
 
 from __future__ import annotations
@@ -13,28 +17,28 @@ from datetime import timedelta
 import httpx
 
 from openhub import Outcome, Route, RetryPolicy, StepContext, confirmation, step
+from openhub.http import HttpCall
 
 EXTERNAL = os.environ.get("OPENHUB_EXAMPLE_URL", "http://127.0.0.1:8765")
+
+# 409: the customer exists already, which billing's callers must hear about but which is no failure.
+billing = HttpCall(business_errors={409: "E410"}, reject={400, 422}, record=True, timeout=10)
+mno = HttpCall(reject={400, 404, 422}, record=True, timeout=10)
 
 
 @step
 def update_billing(ctx: StepContext) -> None:
     """Create or update the customer in billing; 409 is a business error, 5xx is retried."""
-    r = httpx.post(f"{EXTERNAL}/billing/customers", json=ctx.payload,
-                   headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10)
-    if r.status_code == 409:
-        ctx.business_error("E410", "customer already exists in billing")
-        return
-    r.raise_for_status()
-    ctx.custom_data["billing_id"] = r.json().get("id")
+    r = billing.post(ctx, f"{EXTERNAL}/billing/customers", json=ctx.payload)
+    if r.is_success:
+        ctx.custom_data["billing_id"] = r.json().get("id")
 
 
 @step(key="mno", scope="entity", timeout=timedelta(seconds=30))
 def activate_sim(ctx: StepContext) -> None:
     """Activate the customer's SIM at the network operator, with the billing id from the first step."""
     body = {"customer": ctx.payload["externalCustomerId"], "billing_id": ctx.custom_data.get("billing_id")}
-    httpx.post(f"{EXTERNAL}/mno/activations", json=body, headers={"Idempotency-Key": ctx.idempotency_key},
-               timeout=10).raise_for_status()
+    mno.post(ctx, f"{EXTERNAL}/mno/activations", json=body)
 
 
 def _has_customer_id(payload: dict) -> bool:

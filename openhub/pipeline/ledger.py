@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import OpenHubError
 
-ARCHIVED_TABLES = ("messages", "ext_calls", "transitions", "confirmations")
+ARCHIVED_TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges")
 DEPENDANT_TABLES = ARCHIVED_TABLES[1:]
 
 
@@ -49,6 +49,11 @@ class Manifest:
     rows: dict[str, list[list[int]]]
     withdrawn: list[int] = field(default_factory=list)
     settled: bool = False
+
+    def __post_init__(self) -> None:
+        # A batch written before a table was archived (http_exchanges) simply holds none of its rows.
+        for table in DEPENDANT_TABLES:
+            self.rows.setdefault(table, [])
 
     def as_json(self) -> str:
         """The manifest as JSON text."""

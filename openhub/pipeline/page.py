@@ -32,6 +32,8 @@ SECTIONS = [
     (None, "slowest_routes", "Slowest routes", "The routes with the highest p95 processing time."),
     ("business_errors", "business_errors", "Business errors",
      "Codes recorded with ctx.business_error: occurrences and distinct messages."),
+    (None, "http_statuses", "HTTP answers per step",
+     "Exchanges recorded by HttpCall(record=True) per route, step and status (empty status: no response)."),
 ]
 
 CSS = """

@@ -14,6 +14,8 @@ recompute in SQL and which the HTML page repeats for its readers:
 - `ext_call_failures`: per route and step, calls, FAILED calls, failure rate, attempts, mean duration.
 - `slowest_routes`: the ten routes with the highest p95 processing time.
 - `business_errors`: per error code, occurrences and distinct messages that carry it.
+- `http_statuses`: per route, step and HTTP status of the exchanges recorded by `HttpCall(record=True)`
+  (status null: no response, a timeout or connection error), exchanges and mean/max duration.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ if TYPE_CHECKING:  # pragma: no cover
 MESSAGE_COLUMNS = ["id", "source_system", "service", "operation", "state", "attempts", "failed_count",
                    "received_at", "finished_at", "business_errors"]
 EXT_CALL_COLUMNS = ["id", "message_id", "step_key", "state", "attempts", "duration_ms"]
+EXCHANGE_COLUMNS = ["id", "message_id", "step_key", "status", "duration_ms"]
 FINAL_STATES = sorted(s.value for s in FINAL)
 PERCENTILES = (0.5, 0.95, 0.99)
 SLOWEST = 10
 # The order of the stages is the order of the progress bar and of the page's sections.
 TABLES = ("counts", "route_rates", "processing_time", "throughput_hourly", "ext_call_failures",
-          "slowest_routes", "business_errors")
+          "slowest_routes", "business_errors", "http_statuses")
 
 
 @dataclass
@@ -153,6 +156,17 @@ def business_errors(m: DataFrame) -> DataFrame:
             .orderBy(F.desc("occurrences"), "code"))
 
 
+def http_statuses(m: DataFrame, exchanges: DataFrame) -> DataFrame:
+    """Recorded HTTP exchanges per route, step and status, with their mean and longest duration."""
+    from pyspark.sql import functions as F
+
+    routed = exchanges.join(m.select(F.col("id").alias("message_id"), "route"), "message_id")
+    return (routed.groupBy("route", "step_key", "status")
+            .agg(F.count("*").alias("exchanges"), F.avg("duration_ms").alias("avg_duration_ms"),
+                 F.max("duration_ms").alias("max_duration_ms"))
+            .orderBy("route", "step_key", "status"))
+
+
 def _write_table(table: Any, directory: Path) -> None:
     """Write an Arrow table as the single Parquet file of `directory`, replacing what was there."""
     import shutil
@@ -175,6 +189,7 @@ def build_report(spark: SparkSession, source: Source, out: Path, start: datetime
     # Cached: every table below reads these rows, and from JDBC each read would query the store again.
     m = _prepared_messages(read_messages(spark, source, start, end, MESSAGE_COLUMNS)).persist()
     calls = read_dependants(spark, source, "ext_calls", m, start, end, EXT_CALL_COLUMNS).persist()
+    exchanges = read_dependants(spark, source, "http_exchanges", m, start, end, EXCHANGE_COLUMNS)
     report = Report(str(source), start, end, generated_at or utcnow())
     try:
         times = None
@@ -193,6 +208,8 @@ def build_report(spark: SparkSession, source: Source, out: Path, start: datetime
             elif name == "slowest_routes":
                 assert times is not None
                 df = slowest_routes(times)
+            elif name == "http_statuses":
+                df = http_statuses(m, exchanges)
             else:
                 df = business_errors(m)
             # The tables are small: one Spark job collects each as Arrow, and the driver writes it.

@@ -35,6 +35,7 @@ TABLES: dict[str, Table] = {
     "ext_calls": schema.ext_calls,
     "transitions": schema.transitions,
     "confirmations": schema.confirmations,
+    "http_exchanges": schema.http_exchanges,
 }
 # Rows a PostgreSQL read partition should hold at least: below this, another JDBC connection
 # and task cost more than they save.

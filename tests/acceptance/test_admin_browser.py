@@ -94,6 +94,7 @@ def test_search_and_resume_a_paused_route(hub, prefix, page):
 
     cid = uuid.uuid4().hex
     view = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=cid)
+    page.click("#tabs button[data-tab=search]")  # the page opens on the overview
     page.fill("#search-form input[name=correlation_id]", cid)
     page.click("#search-form button[type=submit]")
     expect(page.locator("#results tbody tr")).to_have_count(1)

@@ -40,7 +40,7 @@ STEPS = {
     "billing.invoice": ("issue_invoice", "send_pdf"),
 }
 ERROR_CODES = ("E410", "E422", "E500", "W100")
-TABLES = ("messages", "ext_calls", "transitions", "confirmations")
+TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges")
 
 
 @pytest.fixture(scope="session", name="spark")
@@ -172,6 +172,16 @@ class _Builder:
                 "created_at": row["received_at"], "updated_at": row["updated_at"],
                 "duration_ms": rng.randrange(5, 3000) if state != "PROCESSING" else None,
                 "last_error": "HTTP 503" if state == "FAILED" else None})
+            call_id = self.ids["ext_calls"]
+            # Recorded by an HttpCall(record=True): archived with its message. Chosen by id, not by
+            # `rng`, so the rest of the generated store is what it was before exchanges existed.
+            if call_id % 3 == 0:
+                self.rows["http_exchanges"].append({
+                    "id": self.next_id("http_exchanges"), "message_id": row["id"], "step_key": step, "attempt": 1,
+                    "method": "POST", "url": f"http://ext/{step}", "status": 503 if state == "FAILED" else 200,
+                    "error": None, "request_headers": '{"Authorization": "[redacted]"}', "request_body": '{"n": 1}',
+                    "response_headers": "{}", "response_body": "é ✓", "duration_ms": (call_id * 37) % 900,
+                    "at": row["received_at"] + timedelta(milliseconds=7)})
 
     def _history(self, row: dict[str, Any]) -> None:
         rng = self.rng
@@ -220,7 +230,7 @@ def generate_store(url: str, roots: int = 200, seed: int = 5, now: datetime = NO
 
 
 def snapshot(url: str) -> dict[str, dict[int, dict[str, Any]]]:
-    """Every row of the four archived tables, by table and id, as Python values."""
+    """Every row of the archived tables, by table and id, as Python values."""
     result = {}
     with get_engine(url).connect() as conn:
         for table in TABLES:
@@ -315,6 +325,13 @@ def sql_report(url: str, start: datetime | None = None, end: datetime | None = N
             r["failure_rate"] = r["failed"] / r["calls"]
             r["avg_duration_ms"] = float(r["avg_duration_ms"]) if r["avg_duration_ms"] is not None else None
         out["ext_call_failures"] = calls
+        exchanges = rows(f"SELECT {route} AS route, x.step_key, x.status, count(*) AS exchanges, "
+                         "avg(x.duration_ms) AS avg_duration_ms, max(x.duration_ms) AS max_duration_ms "
+                         f"FROM http_exchanges x JOIN messages m ON m.id = x.message_id WHERE {where} "
+                         f"GROUP BY {route}, x.step_key, x.status")
+        for r in exchanges:
+            r["avg_duration_ms"] = float(r["avg_duration_ms"])
+        out["http_statuses"] = exchanges
         out["business_errors"] = rows(f"SELECT code, count(*) AS occurrences, count(DISTINCT id) AS messages "
                                       f"FROM ({codes}) e WHERE code IS NOT NULL GROUP BY code")
     per_route = [r for r in out["processing_time"] if r["route"] != "*"]

@@ -22,6 +22,8 @@ from tests.support.waiting import wait_for
 from tests.support.workers import PROJECT, Worker
 
 OPENHUB = str(Path(sys.executable).with_name("openhub"))
+CLI_KEY = "cli-key-" + uuid.uuid4().hex  # `openhub serve` refuses keys shorter than 32 characters
+CLI_ADMIN = "cli-admin-" + uuid.uuid4().hex
 
 
 @pytest.fixture
@@ -57,6 +59,10 @@ def test_submit_then_duplicate(cli, prefix, tmp_path):
     (["messages", "show", "987654321"], "no message with id 987654321"),
     (["messages", "restart", "987654321"], "no message"),
     (["pause", "no.such"], "unknown route"),
+    (["submit", "test.flow", "-s", "CRM", "-c", "a\x1b[2Jb", "--payload", "{}"], "control characters"),
+    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "[" * 100 + "]" * 100], "OPENHUB_MAX_NESTING"),
+    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{}", "--msg-timestamp", "9999-01-01T00:00:00Z"],
+     "OPENHUB_MAX_CLOCK_SKEW"),
     (["messages", "list", "--from", "yesterday"], "not an ISO 8601 timestamp"),
     (["messages", "list", "--to", "9999-12-31T23:00:00-05:00"], "out of range"),
     (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{}", "--msg-timestamp", "0001-01-01T00:00+05:00"],
@@ -90,6 +96,19 @@ def test_messages_list_show_cancel_restart(cli, prefix):
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
 
 
+def test_list_and_show_print_markup_and_control_characters_verbatim(cli, prefix):
+    cid = f"[/]x[bold red]{uuid.uuid4().hex[:8]}"
+    payload = {"prefix": prefix, "note": "[/red] closing tag", "esc": "\x1b[2J"}
+    view = openhub.submit("test.held", payload, source_system="CLI", correlation_id=cid)
+    table = cli("messages", "list", "--source-system", "CLI", "--correlation-id", cid)
+    assert table.exit_code == 0 and cid in table.output, table.output
+    shown = cli("messages", "show", str(view.id))
+    assert shown.exit_code == 0 and cid in shown.output and "[/red] closing tag" in shown.output
+    assert "\x1b" not in shown.output and "\\u001b[2J" in shown.output
+    listed = json.loads(cli("messages", "list", "--correlation-id", cid, "--json").output)
+    assert listed[0]["correlation_id"] == cid and "payload" not in listed[0]
+
+
 def test_pause_resume_and_routes(cli):
     assert json.loads(cli("pause", "test.held", "--json").output) == {"route": "test.held", "paused": True}
     assert "test.held" in openhub.paused()
@@ -107,7 +126,7 @@ def _sample(text: str, start: str) -> float:
 def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
     backend.activate()
     port = backends.free_port()
-    env = dict(os.environ, **backend.env, OPENHUB_API_KEYS="CRM=cli-key", OPENHUB_ADMIN_TOKEN="cli-admin",
+    env = dict(os.environ, **backend.env, OPENHUB_API_KEYS=f"CRM={CLI_KEY}", OPENHUB_ADMIN_TOKEN=CLI_ADMIN,
                PYTHONPATH=str(PROJECT))
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     server = subprocess.Popen([OPENHUB, "serve", "--port", str(port), "--workers", "2"], env=env, cwd=PROJECT,
@@ -125,7 +144,7 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
         with httpx.Client(base_url=base, timeout=10) as http:
             for _ in range(6):  # connections spread over both workers
                 r = http.post("/api/v1/messages/test/flow", json={"prefix": prefix},
-                              headers={"Authorization": "Bearer cli-key", "X-Correlation-Id": uuid.uuid4().hex})
+                              headers={"Authorization": f"Bearer {CLI_KEY}", "X-Correlation-Id": uuid.uuid4().hex})
                 assert r.status_code == 202, r.text
             text = http.get("/metrics").text
         assert _sample(text, 'openhub_messages_accepted_total{route="test.flow",source_system="CRM"}') == 6.0
@@ -145,7 +164,7 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
         os.killpg(server.pid, signal.SIGTERM)
         out, _ = server.communicate(timeout=30)
     log = out.decode(errors="replace")
-    assert "cli-key" not in log and "correlation_id=" in log
+    assert CLI_KEY not in log and "correlation_id=" in log
 
 
 def test_demo_runs_the_example_routes_to_final_states(tmp_path, external: ExternalSystem):

@@ -28,6 +28,7 @@ KEYS = {
     "throughput_hourly": ("hour",),
     "ext_call_failures": ("route", "step_key"),
     "business_errors": ("code",),
+    "http_statuses": ("route", "step_key", "status"),
 }
 
 
@@ -144,7 +145,7 @@ def test_report_page_is_self_contained_with_charts(spark, report_store, tmp_path
         png = base64.b64decode(src[len(prefix):], validate=True)
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000, chart
     assert {"counts", "route_rates", "processing_time", "throughput_hourly", "ext_call_failures",
-            "slowest_routes", "business_errors"} <= set(page.tables)
+            "slowest_routes", "business_errors", "http_statuses"} <= set(page.tables)
     for table in ("counts", "route_rates", "processing_time"):
         assert any(p.name.endswith(".parquet") for p in (out / table).iterdir()), table
 

@@ -181,6 +181,7 @@ async function showMessage(id, quiet) {
       tr.addEventListener("click", () => showMessage(m.children[i].id));
     });
     fillTable("#d-confirmation", m.confirmation, ["outcome", "state", "attempts", "updated_at", "last_error"]);
+    renderExchanges(m.http_exchanges || []);
     const final = ["OK", "FAILED", "CANCEL"].includes(m.state);
     $("#d-restart").disabled = !final;
     $("#d-restart-total").disabled = !final;
@@ -206,19 +207,21 @@ async function act(path, body, confirmText) {
 function selectTab(name) {
   document.querySelectorAll("#tabs button").forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
   document.querySelectorAll(".tab").forEach((s) => { s.hidden = s.id !== "tab-" + name; });
+  if (name === "overview") startOverview(); else stopOverview();
+  if (name === "search" && !$("#results tbody").rows.length) search(false);
   if (name === "failed") loadFailed();
   if (name === "routes") loadRoutes();
 }
 
 function logout() {
   sessionStorage.removeItem(TOKEN_KEY);
+  stopOverview();
   $("#main").hidden = true; $("#tabs").hidden = true; $("#logout").hidden = true; $("#login").hidden = false;
 }
 
 async function openMain() {
   $("#login").hidden = true; $("#main").hidden = false; $("#tabs").hidden = false; $("#logout").hidden = false;
-  selectTab("search");
-  await search(false);
+  selectTab("overview");  // what an operator asks first: is traffic flowing, what fails, what is stuck
 }
 
 $("#login-form").addEventListener("submit", async (ev) => {

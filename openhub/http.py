@@ -1,0 +1,207 @@
+"""HTTP steps: one declaration of how an external API's answers map onto step outcomes.
+
+    billing = HttpCall(business_errors={409: "E410"}, reject={400, 404, 422}, record=True)
+
+    @step
+    def update_billing(ctx: StepContext) -> None:
+        r = billing.post(ctx, f"{BILLING}/customers", json=ctx.payload)
+        if r.is_success:
+            ctx.custom_data["billing_id"] = r.json()["id"]
+
+Every request carries `Idempotency-Key: ctx.idempotency_key`, `X-Correlation-Id` and, when the
+message has one, `X-Process-Id`. Answers become outcomes at this one boundary:
+
+    timeout, connection error            -> TransientError, code TIMEOUT / CONNECTION (retried)
+    5xx, 408, 425                        -> TransientError, code HTTP_<status> (retried)
+    429 with Retry-After (seconds/date)  -> Postpone(delay), no failure counted; 429 without it: transient
+    a code in `business_errors`          -> ctx.business_error(code, text); the response is returned
+    any other 4xx (and `reject`)         -> Reject, code HTTP_<status>: the request itself is wrong, FAILED
+                                            at once (openhub.failures, as for raise_for_status())
+    2xx, 3xx                             -> the response is returned
+
+With `record=True` each exchange (method, URL, status, redacted headers, bodies cut to
+OPENHUB_HTTP_RECORD_BYTES, duration) is stored with the message; see `openhub.exchanges`.
+One pooled `httpx.Client` per process is shared by every HttpCall (a forked worker builds its own).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import httpx
+
+from .context import StepContext
+from .db import utcnow
+from .errors import ConfigurationError, Postpone, Reject, TransientError
+from .failures import RETRYABLE_4XX, error_code
+from .exchanges import Exchange, record_exchange
+
+log = logging.getLogger("openhub.http")
+
+_clients: dict[int, httpx.Client] = {}
+_clients_lock = threading.Lock()
+_TRANSIENT_STATUSES = {408, 429}
+
+
+def pooled_client() -> httpx.Client:
+    """The process's shared client: keep-alive connections are reused across steps and messages."""
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is None:
+        with _clients_lock:
+            client = _clients.get(pid)
+            if client is None:
+                client = _clients[pid] = httpx.Client(limits=httpx.Limits(max_connections=100,
+                                                                          max_keepalive_connections=20))
+    return client
+
+
+def step_key_of(ctx: StepContext) -> str:
+    """The step's key, recovered from its idempotency key `source/correlation/key[/generation]`."""
+    prefix = f"{ctx.message.source_system}/{ctx.message.correlation_id}/"
+    rest = ctx.idempotency_key.removeprefix(prefix)
+    head, _, tail = rest.rpartition("/")
+    return head if head and tail.isdigit() else rest
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> timedelta | None:
+    """The delay a Retry-After header asks for (delta-seconds or an HTTP date); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return timedelta(seconds=int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(when - (now or datetime.now(timezone.utc)), timedelta(0))
+
+
+class HttpCall:
+    """How a step calls one HTTP API: status mapping, recording, timeout and default headers.
+
+    Declare it once at module level (options are checked there, so a typo fails at import) and
+    call `get/post/put/patch/delete/request(ctx, url, ...)` inside steps; keyword arguments go to
+    `httpx.Client.request` (json=, content=, params=, headers=...).
+    """
+
+    def __init__(self, *, business_errors: Mapping[int, str] | None = None, reject: Iterable[int] = (),
+                 record: bool = False, timeout: float | timedelta = 10.0,
+                 headers: Mapping[str, str] | None = None) -> None:
+        self.business_errors = dict(business_errors or {})
+        self.reject = frozenset(reject)
+        for code in (*self.business_errors, *self.reject):
+            if not isinstance(code, int) or not 400 <= code <= 499 or code in _TRANSIENT_STATUSES:
+                raise ConfigurationError(f"HttpCall maps only 4xx codes other than 408/429 to outcomes, got {code!r}")
+        both = set(self.business_errors) & self.reject
+        if both:
+            raise ConfigurationError(f"HttpCall: {sorted(both)} both a business error and a Reject")
+        self.record = record
+        self.timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        self.headers = dict(headers or {})
+
+    def __repr__(self) -> str:
+        return (f"HttpCall(business_errors={self.business_errors}, reject={sorted(self.reject)}, "
+                f"record={self.record}, timeout={self.timeout})")
+
+    def get(self, ctx: StepContext, url: str, **kwargs: Any) -> httpx.Response:
+        """GET `url`; see `request`."""
+        return self.request(ctx, "GET", url, **kwargs)
+
+    def post(self, ctx: StepContext, url: str, **kwargs: Any) -> httpx.Response:
+        """POST to `url`; see `request`."""
+        return self.request(ctx, "POST", url, **kwargs)
+
+    def put(self, ctx: StepContext, url: str, **kwargs: Any) -> httpx.Response:
+        """PUT to `url`; see `request`."""
+        return self.request(ctx, "PUT", url, **kwargs)
+
+    def patch(self, ctx: StepContext, url: str, **kwargs: Any) -> httpx.Response:
+        """PATCH `url`; see `request`."""
+        return self.request(ctx, "PATCH", url, **kwargs)
+
+    def delete(self, ctx: StepContext, url: str, **kwargs: Any) -> httpx.Response:
+        """DELETE `url`; see `request`."""
+        return self.request(ctx, "DELETE", url, **kwargs)
+
+    def request(self, ctx: StepContext, method: str, url: str, *, record: bool | None = None,
+                **kwargs: Any) -> httpx.Response:
+        """Send one request for the step and turn its answer into the step's outcome (module docstring)."""
+        headers = {**self.headers, **(kwargs.pop("headers", None) or {})}
+        headers.setdefault("Idempotency-Key", ctx.idempotency_key)
+        headers.setdefault("X-Correlation-Id", ctx.message.correlation_id)
+        if ctx.message.process_id:
+            headers.setdefault("X-Process-Id", ctx.message.process_id)
+        kwargs.setdefault("timeout", self.timeout)
+        client = pooled_client()
+        req = client.build_request(method, url, headers=headers, **kwargs)
+        at, started = utcnow(), time.perf_counter()
+        try:
+            response = client.send(req)
+            response.read()
+        except httpx.HTTPError as exc:  # timeouts, refused and reset connections, protocol errors
+            self._record(ctx, record, req, None, f"{type(exc).__name__}: {exc}", started, at)
+            raise _transient(f"{method} {url}: {type(exc).__name__}: {exc}", error_code(exc)) from exc
+        self._record(ctx, record, req, response, None, started, at)
+        return self._outcome(ctx, response)
+
+    def _outcome(self, ctx: StepContext, response: httpx.Response) -> httpx.Response:
+        status = response.status_code
+        what = f"{response.request.method} {response.request.url} answered {status}"
+        if status < 400:
+            return response
+        text = f"{what}: {_short(response.text)}"
+        if status == 429:
+            delay = retry_after(response.headers.get("Retry-After"))
+            if delay is not None:
+                raise Postpone(delay, reason=f"{what}, Retry-After {response.headers['Retry-After']}")
+        if status in self.business_errors:
+            ctx.business_error(self.business_errors[status], text)
+            return response
+        if status in self.reject or (status < 500 and status not in RETRYABLE_4XX):
+            raise Reject(text, code=f"HTTP_{status}")
+        raise _transient(text, f"HTTP_{status}")
+
+    def _record(self, ctx: StepContext, record: bool | None, request: httpx.Request,
+                response: httpx.Response | None, error: str | None, started: float, at: datetime) -> None:
+        if not (self.record if record is None else record):
+            return
+        exchange = Exchange(
+            message_id=ctx.message.id, step_key=step_key_of(ctx), attempt=ctx.attempt, method=request.method,
+            url=str(request.url), status=response.status_code if response is not None else None, error=error,
+            request_headers=dict(request.headers), request_body=_request_body(request),
+            response_headers=dict(response.headers) if response is not None else {},
+            response_body=response.content if response is not None else None,
+            duration_ms=round((time.perf_counter() - started) * 1000), at=at)
+        try:
+            record_exchange(exchange)
+        except Exception as exc:  # noqa: BLE001 - a lost record must not turn a good call into a failed step
+            ctx.log.warning("could not record the HTTP exchange %s %s: %s", request.method, request.url, exc)
+
+
+def _request_body(request: httpx.Request) -> bytes | None:
+    try:
+        return request.content or None
+    except httpx.RequestNotRead:  # a streamed upload: not kept
+        return b"[streamed body not recorded]"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _transient(text: str, code: str) -> TransientError:
+    error = TransientError(text)
+    error.code = code  # type: ignore[attr-defined] - read by openhub.failures.error_code
+    return error

@@ -1,0 +1,223 @@
+"""openhub.http.HttpCall against a real local HTTP server, run through LocalHub.
+
+Each answer class (2xx, mapped 409, mapped 4xx Reject, unmapped 4xx, 5xx, 429 with and without
+Retry-After, timeout, refused connection) ends in the state DESIGN.md §3 gives it, and a recorded
+exchange keeps what was sent and received with secrets redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from openhub.api.detail import message_detail
+from openhub.db import utcnow
+from openhub.errors import ConfigurationError
+from openhub.exchanges import prune_exchanges, redact_headers, truncate_body
+from openhub.http import HttpCall, retry_after
+from openhub.testing import LocalHub
+
+
+class ScriptedServer:
+    """Answers each path with the next (status, headers, body, delay) of its script, then 200."""
+
+    def __init__(self) -> None:
+        self.scripts: dict[str, list[tuple[int, dict[str, str], bytes, float]]] = defaultdict(list)
+        self.requests: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                script = server.scripts[self.path]
+                status, headers, answer, delay = script.pop(0) if script else (200, {}, b'{"id": "x-1"}', 0)
+                if delay:
+                    server.release.wait(delay)  # a slow system: released at the end of the test
+                self.send_response(status)
+                for name, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def answer(self, path: str, status: int, headers: dict[str, str] | None = None, body: bytes = b"{}",
+               delay: float = 0) -> None:
+        self.scripts[path].append((status, headers or {}, body, delay))
+
+    def stop(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
+    s = ScriptedServer()
+    monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", s.url)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def hub() -> Iterator[LocalHub]:
+    with LocalHub("tests.support.http_routes", OPENHUB_RETRY_INTERVAL="60", OPENHUB_HTTP_RECORD_BYTES="64") as h:
+        yield h
+
+
+def run(hub: LocalHub, payload: dict, correlation_id: str | None = None, **kwargs: Any) -> Any:
+    view = hub.submit(kwargs.pop("route", "http.call"), payload, correlation_id=correlation_id, **kwargs)
+    hub.run()
+    return hub.get(view.id)
+
+
+def test_success_sends_idempotency_correlation_and_process_ids_and_records(hub, server) -> None:  # noqa: ANN001
+    view = run(hub, {"path": "/ok", "pad": "x" * 200}, correlation_id="corr-1", process_id="proc-9")
+    assert view.state == "OK" and view.custom_data["id"] == "x-1"
+    sent = server.requests[0]["headers"]
+    assert sent["Idempotency-Key"] == "TEST/corr-1/call_api"
+    assert sent["X-Correlation-Id"] == "corr-1" and sent["X-Process-Id"] == "proc-9"
+    [x] = message_detail(view.id)["http_exchanges"]
+    assert (x["step"], x["attempt"], x["method"], x["status"]) == ("call_api", 1, "POST", 200)
+    assert x["url"] == f"{server.url}/ok" and x["duration_ms"] >= 0 and x["error"] is None
+    assert x["request_headers"]["authorization"] == "[redacted]" and x["request_headers"]["x-api-key"] == "[redacted]"
+    assert x["request_headers"]["idempotency-key"] == "TEST/corr-1/call_api"
+    assert x["request_body"].startswith('{"path":"/ok"') and "more bytes not recorded" in x["request_body"]
+    assert x["response_body"] == '{"id": "x-1"}' and x["response_headers"]["content-type"] == "application/json"
+
+
+def test_mapped_409_is_a_business_error_and_the_route_goes_on(hub, server) -> None:  # noqa: ANN001
+    server.answer("/dup", 409, body=b'{"error": "exists"}')
+    view = run(hub, {"path": "/dup"})
+    assert view.state == "OK" and "id" not in view.custom_data
+    [error] = view.business_errors
+    assert error["code"] == "E409" and "answered 409" in error["text"] and "exists" in error["text"]
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_mapped_4xx_rejects_without_retry(hub, server, status: int) -> None:  # noqa: ANN001
+    server.answer("/bad", status, body=b'{"error": "no such customer"}')
+    view = run(hub, {"path": "/bad"})
+    assert view.state == "FAILED" and f"[HTTP_{status}]" in view.failed_error and view.error_code == f"HTTP_{status}"
+    assert hub.tick(seconds=3600).redriven == 0 and len(server.requests) == 1
+
+
+def test_unmapped_4xx_rejects_too_the_request_itself_is_wrong(hub, server) -> None:  # noqa: ANN001
+    server.answer("/forbidden", 403, body=b"no")
+    view = run(hub, {"path": "/forbidden"})
+    assert (view.state, view.error_code) == ("FAILED", "HTTP_403")
+    assert hub.tick(seconds=3600).redriven == 0 and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("status", [500, 503, 408, 429])
+def test_5xx_408_and_bare_429_are_transient_then_retried(hub, server, status: int) -> None:  # noqa: ANN001
+    server.answer("/flaky", status, body=b"down")
+    view = run(hub, {"path": "/flaky"})
+    assert view.state == "PARTLY_FAILED" and view.failed_count == 1 and view.error_code == f"HTTP_{status}"
+    assert f"answered {status}" in view.failed_error and "TransientError" in view.failed_error
+    hub.tick(seconds=61)
+    view = hub.get(view.id)
+    assert view.state == "OK" and len(server.requests) == 2
+    attempts = [(x["attempt"], x["status"]) for x in message_detail(view.id)["http_exchanges"]]
+    assert attempts == [(1, status), (2, 200)]
+    assert len({r["headers"]["Idempotency-Key"] for r in server.requests}) == 1  # the same key each attempt
+
+
+def test_429_with_retry_after_postpones_without_counting_a_failure(hub, server) -> None:  # noqa: ANN001
+    server.answer("/busy", 429, headers={"Retry-After": "120"})
+    view = run(hub, {"path": "/busy"})
+    assert view.state == "POSTPONED" and view.failed_count == 0
+    assert hub.tick(seconds=60).redriven == 0  # not before the server said
+    hub.tick(seconds=121)
+    assert hub.get(view.id).state == "OK"
+
+
+def test_timeout_and_refused_connection_are_transient_and_recorded(hub, server, monkeypatch) -> None:  # noqa: ANN001
+    server.answer("/slow", 200, delay=10)  # the route's timeout is 2 s
+    view = run(hub, {"path": "/slow"})
+    assert view.state == "PARTLY_FAILED" and "ReadTimeout" in view.failed_error
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", f"http://127.0.0.1:{closed}")
+    refused = run(hub, {"path": "/gone"})
+    assert refused.state == "PARTLY_FAILED" and "ConnectError" in refused.failed_error
+    [x] = message_detail(refused.id)["http_exchanges"]
+    assert x["status"] is None and x["error"].startswith("ConnectError") and x["response_body"] is None
+
+
+def test_nothing_is_recorded_unless_asked(hub, server) -> None:  # noqa: ANN001
+    view = run(hub, {"path": "/q"}, route="http.quiet")
+    assert view.state == "OK" and message_detail(view.id)["http_exchanges"] == []
+    assert server.requests[0]["headers"]["Idempotency-Key"].endswith("/call_quietly")
+
+
+def test_retention_prunes_old_exchanges_only(hub, server) -> None:  # noqa: ANN001
+    view = run(hub, {"path": "/ok"})
+    assert prune_exchanges(days=14) == 0
+    assert prune_exchanges(now=utcnow() + timedelta(days=15), days=14) == 1
+    assert message_detail(view.id)["http_exchanges"] == []
+
+
+def test_declaration_fails_fast_on_codes_it_cannot_map() -> None:
+    for bad in ({"business_errors": {500: "E"}}, {"reject": {429}}, {"reject": {200}},
+                {"business_errors": {409: "E"}, "reject": {409}}):
+        with pytest.raises(ConfigurationError):
+            HttpCall(**bad)
+
+
+def test_redaction_truncation_and_retry_after_parsing() -> None:
+    headers = redact_headers([("Authorization", "Bearer x"), ("Cookie", "a=b"), ("Set-Cookie", "s"),
+                              ("X-Auth-Token", "t"), ("X-Client-Secret", "s"), ("Accept", "json")])
+    assert headers == {"Authorization": "[redacted]", "Cookie": "[redacted]", "Set-Cookie": "[redacted]",
+                       "X-Auth-Token": "[redacted]", "X-Client-Secret": "[redacted]", "Accept": "json"}
+    assert truncate_body(b"abcdef", 4) == "abcd… [2 more bytes not recorded]" and truncate_body(None, 4) is None
+    assert retry_after("30") == timedelta(seconds=30)
+    assert retry_after("Mon, 23 Nov 2026 08:01:00 GMT", now=datetime.fromisoformat("2026-11-23T08:00:00+00:00")) \
+        == timedelta(minutes=1)
+    assert retry_after("soon") is None and retry_after(None) is None
+
+
+def test_messages_show_prints_each_exchange_per_step_and_attempt(hub, server) -> None:  # noqa: ANN001
+    from click.testing import CliRunner
+
+    from openhub.cli import main
+
+    server.answer("/twice", 503, body=b"busy")
+    view = run(hub, {"path": "/twice"})
+    hub.tick(seconds=61)
+    shown = CliRunner().invoke(main, ["messages", "show", str(view.id)], catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    assert f"step call_api attempt 1: POST {server.url}/twice -> 503" in shown.output
+    assert f"step call_api attempt 2: POST {server.url}/twice -> 200" in shown.output
+    assert "authorization: [redacted]" in shown.output and "s3cret" not in shown.output
+    as_json = CliRunner().invoke(main, ["messages", "show", str(view.id), "--json"], catch_exceptions=False)
+    assert [x["status"] for x in json.loads(as_json.output)["http_exchanges"]] == [503, 200]
+
+
+def test_exchanges_prune_command(hub, server) -> None:  # noqa: ANN001
+    from click.testing import CliRunner
+
+    from openhub.cli import main
+
+    run(hub, {"path": "/ok"})
+    kept = CliRunner().invoke(main, ["exchanges", "prune", "--json"], catch_exceptions=False)
+    assert json.loads(kept.output) == {"deleted": 0}
+    gone = CliRunner().invoke(main, ["exchanges", "prune", "--days", "-1"], catch_exceptions=False)
+    assert gone.exit_code == 0 and "1 recorded HTTP exchanges deleted" in gone.output

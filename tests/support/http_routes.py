@@ -1,0 +1,40 @@
+"""Routes that call a scripted HTTP server through `openhub.http.HttpCall` (tests/integration/test_http.py).
+
+The payload names the path to call; the server's script for that path decides the answer.
+"""
+
+from __future__ import annotations
+
+import os
+
+from openhub import Route, StepContext, step
+from openhub.http import HttpCall
+
+api = HttpCall(business_errors={409: "E409"}, reject={400, 404, 422}, record=True, timeout=2,
+               headers={"Authorization": "Bearer s3cret", "X-Api-Key": "k-123"})
+quiet = HttpCall()  # records nothing
+
+
+def server() -> str:
+    """The test's scripted server (read per call: each test starts its own)."""
+    return os.environ["OPENHUB_TEST_HTTP_URL"]
+
+
+@step
+def call_api(ctx: StepContext) -> None:
+    """POST the payload; keep the answer's id when there is one."""
+    r = api.post(ctx, f"{server()}{ctx.payload['path']}", json=ctx.payload)
+    if r.is_success:
+        ctx.custom_data["id"] = r.json().get("id")
+
+
+@step
+def call_quietly(ctx: StepContext) -> None:
+    """The same call without recording."""
+    quiet.post(ctx, f"{server()}{ctx.payload['path']}", json=ctx.payload)
+
+
+routes = [
+    Route("http.call", steps=[call_api]),
+    Route("http.quiet", steps=[call_quietly]),
+]
