@@ -36,7 +36,9 @@ check-deploy: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS) tests/acceptance -k deploy
 
 bench: install
-	$(PY) bench/throughput.py
+	$(PIP) install -q -e '.[bench]'
+	PYTHONPATH=. $(PY) bench/peers.py
+	PYTHONPATH=. $(PY) bench/throughput.py
 
 clean:
 	rm -rf var .pytest_cache

@@ -1,0 +1,422 @@
+"""openhub side by side with a plain Celery chain and DBOS Transact (issue 10).
+
+    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3] [--variants plain,hub,hub1,dbos]
+
+The same 3-step route body (one POST per step to a local keep-alive no-op server, the pooled
+httpx client of bench/flows.py) run as
+  (a) plain  - a plain Celery chain of 3 tasks (bench/plain_tasks.py), apply_async per chain
+  (b) hub    - openhub, today's chain mode, submit_many in batches of 100
+      hub1   - openhub, chain mode, one openhub.submit() per message
+  (c) fused  - openhub fused mode: NOT IMPLEMENTED YET (slot: add a runner to RUNNERS)
+  (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
+               2 worker processes with worker_concurrency=1, enqueued with DBOSClient
+each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
+Celery variants: one `celery -A tasks worker` (prefork, concurrency 2, no beat).
+
+Per variant and run: messages/s end to end (first submit to last message done, after a
+200-message warm-up); worker CPU ms/message (/proc utime+stime of the worker processes and
+all their descendants, before/after); PostgreSQL CPU ms/message (/proc utime+stime of the
+backends connected to the variant's database, before/after; backends that exit in between are
+not counted - pools keep theirs open); commits, inserted+updated+deleted tuples per message
+(pg_stat_database deltas, minus the benchmark's own polling transactions); store bytes per
+finished message (pg_total_relation_size of the store's tables / messages stored).
+Then submit figures with no worker running: openhub.submit() one per message from one
+thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import sqlalchemy  # noqa: E402
+
+from bench.throughput import serve_noop  # noqa: E402
+from tests.support.backends import RedisServer, activate, free_port, postgres_database  # noqa: E402
+from tests.support.workers import Worker  # noqa: E402
+
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+WARMUP = 200
+
+
+# ---------------------------------------------------------------- measuring
+def _stat(pid: int) -> tuple[int, int]:
+    """(ppid, utime+stime ticks) of a process, (0, 0) if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[11]) + int(fields[12])
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0, 0
+
+
+def tree_cpu_ms(roots: list[int]) -> float:
+    """CPU ms of the processes `roots` and all their live descendants."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parents.setdefault(_stat(int(entry))[0], []).append(int(entry))
+    total, todo, seen = 0, list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _stat(pid)[1]
+        todo += parents.get(pid, [])
+    return total * TICK_MS
+
+
+class PgMeter:
+    """CPU of a database's backends and its pg_stat_database counters, before/after."""
+
+    def __init__(self, url: str, schemas: tuple[str, ...]) -> None:
+        self.db = url.rsplit("/", 1)[1]
+        self.schemas = schemas
+        self.engine = sqlalchemy.create_engine(url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT",
+                                               poolclass=sqlalchemy.pool.NullPool)
+
+    def snapshot(self) -> dict[str, object]:
+        time.sleep(0.6)  # PostgreSQL 15 flushes backend statistics at most every 500 ms
+        with self.engine.connect() as conn:
+            pids = [r[0] for r in conn.exec_driver_sql(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.db,))]
+            row = conn.exec_driver_sql(
+                "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted FROM pg_stat_database "
+                "WHERE datname = %s", (self.db,)).one()
+        return {"cpu": {pid: _stat(pid)[1] for pid in pids}, "commits": row[0], "writes": row[1] + row[2] + row[3]}
+
+    @staticmethod
+    def delta(before: dict, after: dict) -> dict[str, float]:
+        cpu = sum(t - before["cpu"].get(pid, 0) for pid, t in after["cpu"].items()) * TICK_MS
+        return {"pg_ms": cpu, "commits": after["commits"] - before["commits"],
+                "writes": after["writes"] - before["writes"]}
+
+    def store_bytes(self, url: str) -> int:
+        engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        with engine.connect() as conn:
+            size = conn.exec_driver_sql(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r' AND n.nspname = ANY(%s) "
+                "AND c.relname <> 'alembic_version'", (list(self.schemas),)).scalar()
+        engine.dispose()
+        return int(size)
+
+
+class Poller:
+    """Waits for a count query to reach n on its own connection, counting its own transactions."""
+
+    def __init__(self, url: str, query: str) -> None:
+        self.engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self.query = query
+        self.polls = 0
+
+    def wait(self, n: int, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.polls += 1
+            if self.conn.exec_driver_sql(self.query).scalar() >= n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.query} < {n}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+# ---------------------------------------------------------------- the variants
+class Env:
+    """A fresh database, a private redis-server and the OPENHUB_* environment pointing at them."""
+
+    def __init__(self, workdir: Path, http_port: int, url: str) -> None:
+        self.redis = RedisServer.start(workdir / "redis")
+        self.url, self.workdir = url, workdir
+        self.env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": self.redis.url,
+                    "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
+                    "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+                    "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1"}
+        activate(self.env)
+        from openhub.migrate import upgrade
+
+        upgrade(url)
+
+    def worker(self) -> Worker:
+        worker = Worker(self.env, self.workdir, beat=False, concurrency=2)
+        worker.args += ["--include", "bench.plain_tasks"]
+        return worker.start()
+
+
+def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:  # noqa: ANN001
+    before_pg, before_cpu = pg.snapshot(), tree_cpu_ms(roots)
+    started = time.perf_counter()
+    submit(n)
+    wait(n)
+    elapsed = time.perf_counter() - started
+    after_cpu, after_pg = tree_cpu_ms(roots), pg.snapshot()
+    d = PgMeter.delta(before_pg, after_pg)
+    return {"rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
+            "commits": d["commits"], "writes": d["writes"] / n}
+
+
+def run_plain(env: Env, n: int) -> dict[str, float]:
+    import redis
+    from celery import chain
+
+    from openhub.dispatch import celery_app
+
+    app = celery_app()
+    counter = redis.Redis(host="127.0.0.1", port=env.redis.port, db=1)
+
+    def submit(k: int) -> None:
+        for i in range(k):
+            chain(app.signature("bench.plain.first", args=(i,), immutable=True),
+                  app.signature("bench.plain.second", args=(i,), immutable=True),
+                  app.signature("bench.plain.third", args=(i,), immutable=True)).apply_async()
+
+    def wait(k: int) -> None:
+        while int(counter.get("bench:plain:done") or 0) < k:
+            time.sleep(0.02)
+
+    worker = env.worker()
+    try:
+        submit(WARMUP)
+        wait(WARMUP)
+        counter.delete("bench:plain:done")
+        pg = PgMeter(env.url, ("public",))
+        result = _measure(pg, [worker.process.pid], submit, wait, n)
+    finally:
+        worker.stop()
+    result["commits"] /= n
+    result["store_b"] = 0.0
+    return result
+
+
+def _hub(env: Env, n: int, batch: int) -> dict[str, float]:
+    import openhub
+
+    seq = iter(range(10**9))
+
+    def submit(k: int) -> None:
+        if batch == 1:
+            for _ in range(k):
+                i = next(seq)
+                openhub.submit("bench.flow", {"i": i}, source_system="BENCH", correlation_id=f"p-{i}")
+        else:
+            for start in range(0, k, batch):
+                items = []
+                for _ in range(min(batch, k - start)):
+                    i = next(seq)
+                    items.append({"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH",
+                                  "correlation_id": f"p-{i}"})
+                openhub.submit_many(items)
+
+    poller = Poller(env.url, "SELECT count(*) FROM messages WHERE state = 'OK'")
+    done = {"n": 0}
+
+    def wait(k: int) -> None:
+        poller.wait(done["n"] + k)
+        done["n"] += k
+
+    worker = env.worker()
+    try:
+        submit(WARMUP)
+        wait(WARMUP)
+        pg = PgMeter(env.url, ("public",))
+        polls = poller.polls
+        result = _measure(pg, [worker.process.pid], submit, wait, n)
+        result["commits"] = (result["commits"] - (poller.polls - polls)) / n
+        result["store_b"] = pg.store_bytes(env.url) / (n + WARMUP)
+    finally:
+        worker.stop()
+        poller.close()
+    return result
+
+
+def run_hub(env: Env, n: int) -> dict[str, float]:
+    return _hub(env, n, 100)
+
+
+def run_hub1(env: Env, n: int) -> dict[str, float]:
+    return _hub(env, n, 1)
+
+
+def _dbos_url(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _dbos_workers(env: Env) -> list[subprocess.Popen]:
+    procs = []
+    for k in range(2):
+        log = open(env.workdir / f"dbos-{k}.log", "ab")
+        p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_app.py"), _dbos_url(env.url)],
+                             env=dict(os.environ, **env.env, DBOS__VMID=f"peers-{k}", PYTHONPATH=str(ROOT)),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        procs.append(p)
+    for p in procs:
+        line = p.stdout.readline()
+        if "ready" not in line:
+            raise RuntimeError(f"DBOS worker did not start: {(env.workdir / 'dbos-0.log').read_text()[-2000:]}")
+    return procs
+
+
+def _dbos_client(env: Env):  # noqa: ANN202
+    from dbos import DBOSClient
+
+    return DBOSClient(system_database_url=_dbos_url(env.url), application_name="openhub-peers")
+
+
+def run_dbos(env: Env, n: int) -> dict[str, float]:
+    procs = _dbos_workers(env)  # they create the system database's schema
+    client = _dbos_client(env)
+    seq = iter(range(10**9))
+    options = {"workflow_name": "peers_flow", "queue_name": "peers", "app_version": "bench"}
+
+    def submit(k: int) -> None:
+        for _ in range(k):
+            client.enqueue(options, next(seq))
+
+    poller = Poller(env.url, "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'")
+    done = {"n": 0}
+
+    def wait(k: int) -> None:
+        poller.wait(done["n"] + k)
+        done["n"] += k
+
+    try:
+        submit(WARMUP)
+        wait(WARMUP)
+        pg = PgMeter(env.url, ("dbos",))
+        polls = poller.polls
+        result = _measure(pg, [p.pid for p in procs], submit, wait, n)
+        result["commits"] = (result["commits"] - (poller.polls - polls)) / n
+        result["store_b"] = pg.store_bytes(env.url) / (n + WARMUP)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+        client.destroy()
+        poller.close()
+    return result
+
+
+RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "dbos": run_dbos}
+# "fused": openhub fused mode (issue 10, the engine rewrite) - add its runner here when it exists.
+
+
+# ---------------------------------------------------------------- submit side alone
+def submit_figures(env: Env, n: int) -> dict[str, tuple[float, float]]:
+    """(messages/s, CPU ms per message of this process) with no worker running."""
+    import openhub
+
+    out = {}
+    for name, batch in (("submit", 1), ("submit_many/100", 100)):
+        items = [{"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH",
+                  "correlation_id": f"{name}-{i}"} for i in range(n)]
+        cpu, wall = time.process_time(), time.perf_counter()
+        if batch == 1:
+            for item in items:
+                openhub.submit(item["route"], item["payload"], source_system="BENCH",
+                               correlation_id=item["correlation_id"])
+        else:
+            for s in range(0, n, batch):
+                openhub.submit_many(items[s:s + batch])
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out[name] = (n / wall, cpu * 1000 / n)
+    from openhub.db import dispose_engines
+
+    dispose_engines()
+    return out
+
+
+def dbos_enqueue_figure(env: Env, n: int) -> tuple[float, float]:
+    procs = _dbos_workers(env)  # create the schema, then stop consuming
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=30)
+    client = _dbos_client(env)
+    options = {"workflow_name": "peers_flow", "queue_name": "peers", "app_version": "bench"}
+    client.enqueue(options, -1)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for i in range(n):
+        client.enqueue(options, i)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    client.destroy()
+    return n / wall, cpu * 1000 / n
+
+
+# ---------------------------------------------------------------- main
+def fresh(workdir: Path, http_port: int, tag: str, fn):  # noqa: ANN001, ANN201
+    sub = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=workdir))
+    with postgres_database(f"openhub_peers_{tag}") as url:
+        env = Env(sub, http_port, url)
+        try:
+            return fn(env)
+        finally:
+            env.redis.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--variants", default="plain,hub,hub1,dbos")
+    parser.add_argument("--submits", type=int, default=1000, help="messages for the submit-only figures (0: skip)")
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+
+    workdir = Path(tempfile.mkdtemp(prefix="openhub-peers-"))
+    http_port = free_port()
+    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
+    server.start()
+    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    try:
+        for run in range(args.runs):
+            for v in variants:  # interleaved: plain, hub, hub1, dbos, plain, ...
+                r = fresh(workdir, http_port, v, lambda env, v=v: RUNNERS[v](env, args.messages))
+                results[v].append(r)
+                print(f"run {run + 1} {v:6s} " + " ".join(f"{k}={x:.2f}" for k, x in r.items()), flush=True)
+        subs = []
+        if args.submits:
+            for _ in range(args.runs):
+                subs.append(fresh(workdir, http_port, "submit", lambda env: submit_figures(env, args.submits)))
+                if "dbos" in variants:
+                    subs[-1]["dbos enqueue"] = fresh(workdir, http_port, "enq",
+                                                     lambda env: dbos_enqueue_figure(env, args.submits))
+    finally:
+        server.terminate()
+
+    def med(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+    print(f"\n{args.messages} messages per run, {args.runs} runs interleaved, {os.cpu_count()} cores, "
+          f"load average before: {os.getloadavg()}; median (min-max)")
+    print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | commits/msg | tuples written/msg | store B/msg |")
+    print("|---|---|---|---|---|---|---|---|")
+    plain = results.get("plain")
+    for v, rs in results.items():
+        ratio = (med([r["rate"] / p["rate"] for r, p in zip(rs, plain)]) if plain else "-")
+        print(f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
+              f"{med([r['pg_ms'] for r in rs])} | {med([r['commits'] for r in rs])} | "
+              f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} |")
+    print("| fused | (not implemented yet) | | | | | | |")
+    if subs:
+        print("\n| submit side, no worker | msg/s | CPU ms/msg (submitting process) |\n|---|---|---|")
+        for k in subs[0]:
+            print(f"| {k} | {med([s[k][0] for s in subs])} | {med([s[k][1] for s in subs])} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""How long a SIGKILLed worker's in-flight messages take to be final again, at DEFAULT settings.
+
+    cd /work/wtsoak && PYTHONPATH=. /work/main/.venv/bin/python bench/repair.py [--runs 3]
+
+Issue 9's repair target is <= 30 s with OPENHUB_WORKER_DEAD_AFTER 15 s, poll interval 5 s,
+lease grace 300 s, step timeout 300 s (the test suite's short TEST_SETTINGS are overridden back).
+Each run: a private redis-server, a fresh PostgreSQL database, two workers with beat, 10
+messages on test.patient whose call takes 3 s; one worker is SIGKILLed while its calls are in
+flight; we time kill -> final for each message it had in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import openhub  # noqa: E402
+from openhub.states import FINAL  # noqa: E402
+from openhub.testing import ExternalSystem  # noqa: E402
+from tests.support import backends  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
+from tests.support.workers import Worker  # noqa: E402
+
+DEFAULTS = {"OPENHUB_WORKER_DEAD_AFTER": "15", "OPENHUB_POLL_INTERVAL": "5", "OPENHUB_LEASE_GRACE": "300",
+            "OPENHUB_STEP_TIMEOUT": "300", "OPENHUB_RETRY_INTERVAL": "60", "OPENHUB_POSTPONE_INTERVAL": "5",
+            "OPENHUB_CONFIRM_INTERVAL": "60"}
+
+
+def in_flight_of(victim: Worker) -> list[int]:
+    """Messages PROCESSING on one of the victim's pool processes (workers.node is host:pid)."""
+    from sqlalchemy import select
+
+    from openhub.db import transaction
+    from openhub.schema import messages, workers
+
+    pids = {str(p) for p in victim.child_pids()} | {str(victim.process.pid)}
+    with transaction() as conn:
+        ids = [w for (w, node) in conn.execute(select(workers.c.id, workers.c.node))
+               if node.rsplit(":", 1)[-1] in pids]
+        if not ids:
+            return []
+        return [i for (i,) in conn.execute(select(messages.c.id).where(
+            messages.c.state == "PROCESSING", messages.c.worker.in_(ids)))]
+
+
+def one_run(workdir: Path) -> list[float]:
+    external = ExternalSystem().start()
+    prefix = f"/repair{uuid.uuid4().hex[:6]}"
+    external.delay(f"{prefix}/patient", 3.0)
+    try:
+        with backends.backend("redis-pg", workdir, {"OPENHUB_TEST_EXTERNAL_URL": external.url, **DEFAULTS}) as b:
+            ws = [Worker(b.env, workdir / n, beat=True).start() for n in ("w1", "w2")]
+            try:
+                ids = [v.id for v in openhub.submit_many([
+                    {"route": "test.patient", "payload": {"prefix": prefix}, "source_system": "CRM",
+                     "correlation_id": uuid.uuid4().hex} for _ in range(10)])]
+                victim = ws[0]
+                victim_ids = wait_for(lambda: in_flight_of(victim), 60, "the victim to have steps in flight")
+                time.sleep(0.5)  # into the 3 s call
+                victim_ids = in_flight_of(victim) or victim_ids
+                victim.kill()
+                killed = time.monotonic()
+                done: dict[int, float] = {}
+                deadline = killed + 400
+                while len(done) < len(victim_ids) and time.monotonic() < deadline:
+                    for i in victim_ids:
+                        if i not in done and openhub.get_message(i).state in FINAL:
+                            done[i] = time.monotonic() - killed
+                    time.sleep(0.1)
+                missing = [i for i in victim_ids if i not in done]
+                if missing:
+                    raise SystemExit(f"not final 400 s after the kill: {missing}")
+                print(f"  victim {victim.name}: {len(victim_ids)} in flight, repaired in "
+                      + ", ".join(f"{done[i]:.1f}" for i in victim_ids) + " s", flush=True)
+                # Not part of the target: messages the victim had only prefetched (never started) are
+                # found by the chain-lost check, on its own (default, longer) clock.
+                others = [i for i in ids if openhub.get_message(i).state not in FINAL]
+                print(f"  other messages not final yet at that point: {others}", flush=True)
+                return [done[i] for i in victim_ids]
+            finally:
+                for w in ws:
+                    w.stop()
+    finally:
+        external.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--target", type=float, default=30.0)
+    args = p.parse_args()
+    worst_per_run = []
+    for r in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="openhub-repair-") as d:
+            times = one_run(Path(d))
+        worst_per_run.append(max(times))
+        print(f"run {r + 1}: slowest repair {max(times):.1f} s", flush=True)
+    print(f"kill -> final (slowest message per run), {args.runs} runs: min {min(worst_per_run):.1f} s, "
+          f"median {statistics.median(worst_per_run):.1f} s, max {max(worst_per_run):.1f} s; target <= {args.target} s")
+    return 0 if max(worst_per_run) <= args.target else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
