@@ -1,6 +1,6 @@
 """How long a SIGKILLed worker's in-flight messages take to be final again, at DEFAULT settings.
 
-    cd /work/wtsoak && PYTHONPATH=. /work/main/.venv/bin/python bench/repair.py [--runs 3]
+    PYTHONPATH=. .venv/bin/python bench/repair.py [--runs 3]
 
 Issue 9's repair target is <= 30 s with OPENHUB_WORKER_DEAD_AFTER 15 s, poll interval 5 s,
 lease grace 300 s, step timeout 300 s (the test suite's short TEST_SETTINGS are overridden back).

@@ -1,7 +1,7 @@
 """Soak under chaos: the promise (issue 9) checked over every route kind while faults are injected.
 
-    cd /work/wtsoak && PYTHONPATH=. /work/main/.venv/bin/python bench/soak.py                      # 10,000 messages
-    cd /work/wtsoak && PYTHONPATH=. /work/main/.venv/bin/python bench/soak.py --messages 1500 --minutes 8 --seed 1
+    PYTHONPATH=. .venv/bin/python bench/soak.py                      # 10,000 messages
+    PYTHONPATH=. .venv/bin/python bench/soak.py --messages 1500 --minutes 8 --seed 1
 
 Not a test, not run in CI. A private redis-server and a private PostgreSQL cluster, two
 workers with beat, the routes of tests/support/routes.py (flow, entity, custom, split, funnel,
