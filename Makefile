@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 PYTEST_ARGS ?=
 
-.PHONY: run test install system-deps check-deploy bench clean
+.PHONY: run test lint install system-deps check-deploy bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,7 +29,12 @@ run: install
 	$(VENV)/bin/openhub db upgrade
 	$(VENV)/bin/openhub dev
 
-test: install system-deps
+# Lint and type-check first (seconds), then the whole suite.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install system-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
 check-deploy: install system-deps

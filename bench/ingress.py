@@ -32,10 +32,10 @@ from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.wire import read_message  # noqa: E402
 from tests.support.backends import RedisServer, free_port, postgres_database  # noqa: E402
 from tests.support.waiting import wait_for  # noqa: E402
 
-from bench.wire import read_message  # noqa: E402
 KEY = "bench-" + uuid.uuid4().hex
 SECTION = "## Ingress (issue 4)"
 
@@ -227,7 +227,8 @@ def record(results: list[dict], args: argparse.Namespace) -> None:
                "benchmark's database); busy is the share of the whole machine's CPU in use during the run.\n\n"
                "| uvicorn workers | connections | accepted/s | p50 ms | p99 ms | ingress CPU ms | PG CPU ms | "
                "machine busy | other answers |\n"
-               "|---|---|---|---|---|---|---|---|---|\n" + rows + "\n\n" + (args.note.strip() + "\n\n" if args.note else ""))
+               "|---|---|---|---|---|---|---|---|---|\n" + rows + "\n\n"
+               + (args.note.strip() + "\n\n" if args.note else ""))
     if SECTION in text:
         start = text.index(SECTION)
         following = text.find("\n## ", start + len(SECTION))

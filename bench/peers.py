@@ -403,7 +403,8 @@ def main() -> None:
 
     print(f"\n{args.messages} messages per run, {args.runs} runs interleaved, {os.cpu_count()} cores, "
           f"load average before: {os.getloadavg()}; median (min-max)")
-    print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | commits/msg | tuples written/msg | store B/msg |")
+    print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | commits/msg | tuples written/msg "
+          "| store B/msg |")
     print("|---|---|---|---|---|---|---|---|")
     plain = results.get("plain")
     for v, rs in results.items():

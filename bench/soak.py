@@ -168,8 +168,9 @@ class Soak:
             if w.process is not None and w.process.poll() is not None:
                 self.log("worker_exited_by_itself", f"{w.name} rc={w.process.returncode}")
                 self.retired.append(w)
-                self.workers[self.workers.index(w)] = Worker(self.b.env, self.workdir / f"w-{w.name}-r{len(self.retired)}",
-                                                             beat=True, name=w.name).start(timeout=120)
+                workdir = self.workdir / f"w-{w.name}-r{len(self.retired)}"
+                self.workers[self.workers.index(w)] = Worker(self.b.env, workdir, beat=True,
+                                                             name=w.name).start(timeout=120)
 
     # --- run --------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -185,7 +186,8 @@ class Soak:
         n = 0
         while time.monotonic() < chaos_end or submitted < a.messages:
             now = time.monotonic()
-            due = min(a.messages, int(a.messages * min(1.0, (now - start) / (submit_end - start))) + a.messages // batches)
+            share = min(1.0, (now - start) / (submit_end - start))
+            due = min(a.messages, int(a.messages * share) + a.messages // batches)
             while submitted < due:
                 items = []
                 for _ in range(min(50, a.messages - submitted - len(items))):
@@ -288,7 +290,8 @@ def main() -> int:
             ex_conf, bad_conf = classify(confirms, soak.events)
             overlaps = list(external.overlaps)
             failed = rows("SELECT id, service, operation, failed_step, failed_error FROM messages WHERE state='FAILED'")
-            evidence = {"not_final": not_final, "unexplained_repeats": bad_calls, "unexplained_confirm_repeats": bad_conf,
+            evidence = {"not_final": not_final, "unexplained_repeats": bad_calls,
+                        "unexplained_confirm_repeats": bad_conf,
                         "explained_repeats": ex_calls, "explained_confirm_repeats": ex_conf, "overlaps": overlaps,
                         "failed": [list(map(str, r)) for r in failed], "events": soak.events}
             for key in ("not_final", "unexplained_repeats", "unexplained_confirm_repeats"):
@@ -303,7 +306,8 @@ def main() -> int:
                             mid = None
                     if mid is not None:
                         evidence.setdefault("histories", {})[str(mid)] = [
-                            list(map(str, r)) for r in quiet(rows, f"SELECT * FROM transitions WHERE message_id = {int(mid)} ORDER BY id") or []]
+                            list(map(str, r)) for r in quiet(
+                                rows, f"SELECT * FROM transitions WHERE message_id = {int(mid)} ORDER BY id") or []]
             (out / "evidence.json").write_text(json.dumps(evidence, indent=1, default=str))
             if len(ids) != a.messages:
                 violations.append(f"submitted {len(ids)} ids for {a.messages} messages")
@@ -323,7 +327,8 @@ def main() -> int:
             print(f"external calls         {len(ok_calls)} (2xx: {sum(c.status < 400 for c in ok_calls)}), "
                   f"effects {len({(c.path, c.key) for c in ok_calls if c.status < 400})}")
             print(f"repeats of a success   explained by a fault between them: {len(ex_calls)} "
-                  f"(a kill/restart during the first call: {sum(e[5] for e in ex_calls)}); unexplained: {len(bad_calls)}")
+                  f"(a kill/restart during the first call: {sum(e[5] for e in ex_calls)}); "
+                  f"unexplained: {len(bad_calls)}")
             print(f"confirmations          {len(confirms)} calls; duplicates explained {len(ex_conf)} "
                   f"(during the first: {sum(e[5] for e in ex_conf)}), unexplained {len(bad_conf)}")
             print(f"funnel overlaps        {len(overlaps)}")

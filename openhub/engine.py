@@ -13,8 +13,8 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import datetime, timedelta
+from functools import partial
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -22,8 +22,8 @@ from sqlalchemy import Connection, Row, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
-from .confirm import queue_confirmation, send_confirmations
 from .config import get_settings
+from .confirm import queue_confirmation, send_confirmations
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
 from .db import is_postgres, transaction, utcnow
 from .errors import Holdback, Postpone, Reject, StoreUnavailable
@@ -333,7 +333,8 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
         # when it arrived: time spent paused or waiting for a retry is not time blocked.
         since = row.blocked_since or now
         if route.order_timeout and since < now - route.order_timeout:
-            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked, error_code="ORDER_TIMEOUT",
+            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked,
+                        error_code="ORDER_TIMEOUT",
                         failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
             return False
         apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked, blocked_since=since,
@@ -358,8 +359,9 @@ def _take_call(conn: Connection, key: str, row: Any, item: RouteStep, now: datet
     """
     pg = is_postgres(conn)
     inserted = conn.execute(_NEW_CALL[pg], {
-        "key": key, "message_id": row.id, "step_key": item.key, "scope": item.scope, "state": CallState.PROCESSING.value,
-        "msg_timestamp": row.msg_timestamp, "attempts": 1, "created_at": now, "updated_at": now}).first()
+        "key": key, "message_id": row.id, "step_key": item.key, "scope": item.scope,
+        "state": CallState.PROCESSING.value, "msg_timestamp": row.msg_timestamp, "attempts": 1,
+        "created_at": now, "updated_at": now}).first()
     if inserted is not None:
         return None
     return conn.execute(_LOCK_CALL[pg], {"call_key": key}).one()

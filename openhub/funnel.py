@@ -28,8 +28,8 @@ def funnel_blocked(conn: Connection, row: Row, route: Route) -> str | None:
     # A waiting split parent holds its funnel, but not against its own descendants.
     mine = [row.id, *_ancestors(conn, row)]
     # A cancelled message whose last step is still calling out holds its funnel until that call ends.
-    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, or_(M.state.in_(ACTIVE), M.step_run.is_not(None)),
-                                                M.id.not_in(mine)))
+    holding = or_(M.state.in_(ACTIVE), M.step_run.is_not(None))
+    busy = conn.execute(select(M.id).where(and_(M.funnel == row.funnel, holding, M.id.not_in(mine)))
                         .limit(1)).scalar()
     if busy is not None:
         return f"funnel {row.funnel!r} busy with message {busy}"

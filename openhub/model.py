@@ -97,14 +97,14 @@ def _fatal(value: Any, owner: str) -> tuple[type[BaseException], ...]:
     return classes
 
 
-def step(fn: Callable | None = None, /, **options: Any) -> Any:
+def step(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a route step: ``@step`` or ``@step(key=..., scope=..., timeout=..., queue=..., retry=...,
     fatal=(SomeError,))``."""
     unknown = set(options) - _STEP_OPTIONS
     if unknown:
         raise ConfigurationError(f"unknown @step option(s): {', '.join(sorted(unknown))}")
 
-    def declare(func: Callable) -> Step:
+    def declare(func: Callable[..., Any]) -> Step:
         if not callable(func):
             raise ConfigurationError(f"@step must decorate a function, got {func!r}")
         key = options.get("key") or func.__name__

@@ -7,17 +7,17 @@ from typing import Any
 
 from sqlalchemy import and_, delete, update
 
+from .confirm import queue_confirmation
 from .context import MessageView
 from .db import is_postgres, transaction, utcnow
 from .engine import Effects, after_commit, publish_all, redispatch
-from .split import settle_parent
 from .errors import InputError, NotFound, StateConflict
+from .producer import get_message, shallow
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
+from .split import settle_parent
 from .states import CallState, Event, State, allowed, transition
-from .producer import get_message, shallow
 from .store import dumps, lock_message, message_view, record_transition, set_state, update_message
-from .confirm import queue_confirmation
 
 M = messages.c
 RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
@@ -100,7 +100,8 @@ def respond(message_id: int, payload: Any) -> MessageView:
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
         update_message(conn, row.id, response=text)
-        conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id, ext_calls.c.state == CallState.WAITING.value))
+        waiting = and_(ext_calls.c.message_id == row.id, ext_calls.c.state == CallState.WAITING.value)
+        conn.execute(update(ext_calls).where(waiting)
                      .values(state=CallState.OK.value, ok_message_id=row.id, ok_msg_timestamp=row.msg_timestamp,
                              updated_at=utcnow()))
         route, token, start = redispatch(conn, row, Event.RESPONDED, utcnow())

@@ -97,7 +97,8 @@ def repair_lost_runs(now: datetime) -> int:
             route = get_registry().routes.get(f"{row.service}.{row.operation}")
             actions = Effects()
             if row.state == State.PROCESSING and route is not None:
-                reason = f"step run {row.step_run} ended without an outcome: worker {row.worker} died or its task crashed"
+                reason = (f"step run {row.step_run} ended without an outcome: "
+                          f"worker {row.worker} died or its task crashed")
                 apply_event(conn, row, Event.LEASE_EXPIRED, route, None, now, actions, detail=reason,
                             step_run=None, worker=None, due_at=now, failed_error=reason, error_code="WORKER_LOST")
             else:  # a cancelled message's last run is over: its funnel may go on

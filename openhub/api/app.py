@@ -170,14 +170,11 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
 
 
 def _warm_up_celery() -> None:
-    # Celery's top-level module loads its members lazily, and that is not thread-safe: the first
-    # `from celery import chain` done by two request threads at once can fail ("cannot import
-    # name 'chain'"), leaving the message for the poller. Load it here, in one thread, first.
+    # Celery's top-level module loads its members lazily, and that is not thread-safe: the
+    # application (which loads them under a lock) is built here, in one thread, before requests come.
+    from ..dispatch import celery_app
+
     try:
-        from celery import chain  # noqa: F401
-
-        from ..dispatch import celery_app
-
         celery_app()
     except Exception as exc:  # noqa: BLE001 - /readyz reports a broken broker configuration
         log.warning("Celery could not be loaded at start-up: %s", exc)

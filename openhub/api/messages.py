@@ -125,7 +125,8 @@ ERRORS = {s: {"description": d} for s, d in {
     415: "Unsupported media type", 429: "Throttled; see Retry-After", 503: "Message store unavailable; nothing stored",
 }.items()}
 
-_PAYLOAD_BODY = {"requestBody": {"required": True, "description": "The payload: JSON, or text/XML stored as a JSON string.",
+_PAYLOAD_BODY = {"requestBody": {"required": True,
+                                 "description": "The payload: JSON, or text/XML stored as a JSON string.",
                                  "content": {"application/json": {"schema": {}},
                                              "text/plain": {"schema": {"type": "string"}},
                                              "application/xml": {"schema": {"type": "string"}}}}}

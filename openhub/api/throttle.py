@@ -58,7 +58,8 @@ def parse_rules(text: str) -> list[Rule]:
             limit_text, interval_text = value.strip().split("/", 1)
             rule = Rule(system.strip(), operation.strip(), int(limit_text), int(interval_text))
         except ValueError:
-            raise ConfigurationError(f"OPENHUB_THROTTLING: expected system.operation=limit/seconds, got {part!r}") from None
+            raise ConfigurationError(
+                f"OPENHUB_THROTTLING: expected system.operation=limit/seconds, got {part!r}") from None
         if not rule.system or not rule.operation or rule.limit < 0 or rule.interval <= 0:
             raise ConfigurationError(f"OPENHUB_THROTTLING: bad rule {part!r} (limit >= 0, interval > 0 seconds)")
         if (rule.system, rule.operation) in seen:

@@ -54,7 +54,8 @@ _jdbc_jar = click.option("--jdbc-jar", type=click.Path(dir_okay=False),
 @click.command("report")
 @click.option("--from", "start", metavar="ISO", help="First moment of the range (received_at >= it).")
 @click.option("--to", "end", metavar="ISO", help="End of the range (received_at < it).")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for Parquet tables and report.html.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory for Parquet tables and report.html.")
 @click.option("--source", metavar="URL|parquet:DIR|PATH",
               help="Database URL (default OPENHUB_DATABASE_URL), parquet:DIR for an archive, or a path.")
 @_master

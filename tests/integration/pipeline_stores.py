@@ -139,8 +139,9 @@ class _Builder:
                                  for _ in range(rng.choice((1, 1, 2)))])
         row = {
             "id": mid, "source_system": rng.choice(SOURCES), "correlation_id": f"c-{mid}", "process_id": None,
-            "service": service, "operation": operation, "object_id": f"obj-{rng.randrange(400)}", "entity_type": operation,
-            "funnel": None, "parent_id": parent["id"] if parent else None, "payload": json.dumps({"n": mid, "text": "é ✓"}),
+            "service": service, "operation": operation, "object_id": f"obj-{rng.randrange(400)}",
+            "entity_type": operation, "funnel": None, "parent_id": parent["id"] if parent else None,
+            "payload": json.dumps({"n": mid, "text": "é ✓"}),
             "state": state, "failed_count": attempts - 1 + (state == "FAILED"), "attempt_id": str(uuid.UUID(int=mid)),
             "step_run": None, "due_at": None if final else self.now + timedelta(minutes=5), "received_at": received,
             "msg_timestamp": received - timedelta(seconds=1), "started_at": received + timedelta(milliseconds=5),
@@ -306,8 +307,9 @@ def sql_report(url: str, start: datetime | None = None, end: datetime | None = N
             for r in rows(f"SELECT {route} AS route, {seconds} AS d FROM messages WHERE state IN {final} AND {where}"):
                 durations[r["route"]].append(r["d"])
                 durations["*"].append(r["d"])
-            times = [{"route": k, "finished": len(v), "p50_s": percentile_cont(v, 0.5), "p95_s": percentile_cont(v, 0.95),
-                          "p99_s": percentile_cont(v, 0.99), "max_s": max(v)} for k, v in durations.items()]
+            times = [{"route": k, "finished": len(v), "p50_s": percentile_cont(v, 0.5),
+                      "p95_s": percentile_cont(v, 0.95), "p99_s": percentile_cont(v, 0.99), "max_s": max(v)}
+                     for k, v in durations.items()]
         out["processing_time"] = [{k: float(v) if k.endswith("_s") else v for k, v in r.items()} for r in times]
         received = {r["hour"]: r["n"] for r in rows(
             f"SELECT {hour.format(c='received_at')} AS hour, count(*) AS n FROM messages WHERE {where} GROUP BY 1")}

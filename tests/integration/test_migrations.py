@@ -31,7 +31,8 @@ def test_postgresql_schema_matches_the_models() -> None:
             dispose_engines()
 
 
-@pytest.mark.parametrize("index", ["ix_messages_due", "ix_messages_funnel", "ix_confirmations_due", "ix_messages_finished"])
+@pytest.mark.parametrize("index", ["ix_messages_due", "ix_messages_funnel", "ix_confirmations_due",
+                                   "ix_messages_finished"])
 def test_partial_indexes_exist_on_postgresql(index: str) -> None:
     with postgres_database("openhub_migrate") as url:
         try:

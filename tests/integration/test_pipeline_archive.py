@@ -100,7 +100,7 @@ def assert_nothing_lost_nothing_duplicated(before: Rows, after: Rows, out: Path,
     for mid, message in before["messages"].items():
         if message["state"] not in FINAL:
             assert after["messages"][mid] == message
-    for mid, message in after["messages"].items():  # no orphan left behind
+    for message in after["messages"].values():  # no orphan left behind
         assert message["parent_id"] is None or message["parent_id"] in after["messages"]
     for table in TABLES[1:]:
         assert all(r["message_id"] in archived["messages"] for r in archived[table].values())
@@ -182,7 +182,8 @@ def _wait_for(condition: Any, process: subprocess.Popen, log: Path, timeout: flo
     deadline = time.monotonic() + timeout
     while not condition():
         if process.poll() is not None:
-            pytest.fail(f"archive ended (rc {process.returncode}) before it could be killed:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"archive ended (rc {process.returncode}) before it could be killed:\n"
+                        f"{log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
             pytest.fail(f"archive made no progress in {timeout}s:\n{log.read_text()[-3000:]}")
         time.sleep(0.01)  # polling interval of the condition check, not a synchronisation delay

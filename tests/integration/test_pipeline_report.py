@@ -194,7 +194,8 @@ def test_missing_java_or_driver_is_named(monkeypatch: pytest.MonkeyPatch, tmp_pa
     with pytest.raises(ConfigurationError, match=r"Java not found: install a JRE 17 \(apt-get install openjdk-17"):
         session.find_java()
     monkeypatch.setattr(session, "JAR_DIRS", (tmp_path,))
-    with pytest.raises(ConfigurationError, match="postgresql JDBC driver not found.*libpostgresql-jdbc-java.*--jdbc-jar"):
+    expected = "postgresql JDBC driver not found.*libpostgresql-jdbc-java.*--jdbc-jar"
+    with pytest.raises(ConfigurationError, match=expected):
         session.find_jdbc_jar("postgresql")
     with pytest.raises(ConfigurationError, match="sqlite JDBC driver not found.*libxerial-sqlite-jdbc-java"):
         session.find_jdbc_jar("sqlite")

@@ -333,7 +333,8 @@ def test_a_source_systems_own_id_that_looks_like_a_childs_does_not_stop_the_spli
     assert hub.get(parent.id).state == "OK"
     assert len(openhub.list_messages(parent_id=parent.id)) == 2
     later = hub.submit("p.leaf", {}, correlation_id="P#0.2")  # after the children exist: a new message
-    assert not later.duplicate and later.id not in (mine.id, *[c.id for c in openhub.list_messages(parent_id=parent.id)])
+    children = [c.id for c in openhub.list_messages(parent_id=parent.id)]
+    assert not later.duplicate and later.id not in (mine.id, *children)
 
 
 def test_a_parent_with_the_longest_id_can_split(hub: LocalHub) -> None:

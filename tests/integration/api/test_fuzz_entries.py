@@ -128,10 +128,10 @@ def test_every_entry_refuses_cleanly_and_every_accepted_message_reads_back(api_e
         with make_client() as client:
             for entry in ("http", "batch", "python"):
 
-                @given(payload=payloads, cid=ids, stamp=timestamps, as_text=st.booleans())
+                @given(entry=st.just(entry), payload=payloads, cid=ids, stamp=timestamps, as_text=st.booleans())
                 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))
-                def case(payload: Any, cid: str, stamp: str | None, as_text: bool) -> None:
+                def case(entry: str, payload: Any, cid: str, stamp: str | None, as_text: bool) -> None:
                     cid = unique(cid)
                     if entry == "http":
                         message_id = submit_http(client, payload, cid, stamp, as_text)

@@ -120,7 +120,8 @@ def test_a_batch_nothing_of_which_could_be_accepted_is_refused_before_parsing(ap
                         headers={**CRM, "Content-Type": "application/json"})
         assert r.status_code == 429 and r.headers["Retry-After"], r.text
         # another system, not throttled, is parsed as before
-        r = client.post("/api/v1/messages:batch", content=b"[" * 10, headers={**SHOP, "Content-Type": "application/json"})
+        r = client.post("/api/v1/messages:batch", content=b"[" * 10,
+                        headers={**SHOP, "Content-Type": "application/json"})
         assert r.status_code == 400, r.text
 
 
