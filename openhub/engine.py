@@ -31,7 +31,7 @@ from .failures import error_code, is_fatal
 from .funnel import funnel_blocked, release_funnel
 from .model import RetryPolicy, Route, RouteStep, Split
 from .registry import get_registry
-from .schema import ext_calls, messages, route_pauses
+from .schema import ext_calls, messages, route_pauses, transitions
 from .split import dispatch_children, prepare_children, resume_split, settle_parent, write_children
 from .states import Action, CallState, Event, State, transition
 from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state, update_message
@@ -432,7 +432,8 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     if verdict.event is None and not last:
         return True
-    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and kept.response != row.response
+    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and (
+        kept.response != row.response or _answered_early(conn, row.id))
     row = _with(row, **common)
     _finish(conn, row, route, item, verdict if verdict.event else Verdict(Event.COMPLETED), now, actions)
     if answered_meanwhile:  # the response came while the step ran: no need to wait for it
@@ -440,6 +441,19 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         again, token, start = redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now)
         actions.later.append(partial(publish_all, [(again, row.id, token, start)]))
     return False
+
+
+def _answered_early(conn: Connection, message_id: int) -> bool:
+    """Whether a response came while an earlier step ran and no wait has taken it since.
+
+    `openhub.respond` keeps such a response (history event response_early); the wait it was meant
+    for is the next one, so that wait must not park.
+    """
+    last = conn.execute(select(transitions.c.event).where(and_(
+        transitions.c.message_id == message_id,
+        transitions.c.event.in_(("response_early", Event.WAIT_RESPONSE.value, Event.RESPONDED.value))))
+        .order_by(transitions.c.id.desc()).limit(1)).scalar()
+    return last == "response_early"
 
 
 # Compare-and-set of a step's outcome: written only while the step's lease is still this run's.

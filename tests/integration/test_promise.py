@@ -342,3 +342,25 @@ def test_a_parent_with_the_longest_id_can_split(hub: LocalHub) -> None:
     hub.run()
     assert hub.get(parent.id).state == "OK"
     assert len(openhub.list_messages(parent_id=parent.id)) == 12
+
+
+# --- minor: a response that comes while an earlier step still runs -------------------------------------
+
+def test_a_response_that_came_during_an_earlier_step_is_not_waited_for(hub: LocalHub) -> None:
+    routes.HOOKS["first"] = lambda ctx: openhub.respond(ctx.message.id, {"answer": 42})
+    view = hub.submit("p.answered", {})
+    hub.run()  # no tick: nothing may wait for the hour-long response timeout
+    assert hub.get(view.id).state == "OK", _history(view.id)
+    assert routes.calls("waits") == 1 and routes.calls("use_reply") == 1
+
+
+def test_a_response_for_an_earlier_wait_does_not_answer_a_later_one(hub: LocalHub) -> None:
+    view = hub.submit("p.waiting", {"group": "g"})
+    hub.run()
+    assert hub.get(view.id).state == "WAITING_FOR_RES"
+    openhub.respond(view.id, {"answer": 1})
+    hub.run()
+    assert hub.get(view.id).state == "OK"
+    openhub.restart(view.id, total=True)  # the same wait again: the old response does not answer it
+    hub.run()
+    assert hub.get(view.id).state == "WAITING_FOR_RES"

@@ -65,6 +65,13 @@ def wait_reply(ctx: StepContext) -> None:
     ctx.wait_for_response(timedelta(hours=1))
 
 
+@step
+def use_reply(ctx: StepContext) -> None:
+    """The step after a wait: the response must be there."""
+    assert ctx.response is not None, "the step after the wait ran without its response"
+    external("use_reply")(ctx)
+
+
 class OutOfStock(Exception):
     """A business refusal the route declares fatal."""
 
@@ -98,6 +105,7 @@ routes = [
     Route("p.entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing"),
     Route("p.funnel", steps=[first], funnel=lambda p: p["group"]),
     Route("p.waiting", steps=[wait_reply], funnel=lambda p: p["group"]),
+    Route("p.answered", steps=[first, wait_reply, use_reply]),
     Route("p.ordered", steps=[first], funnel=lambda p: p["group"], guaranteed_order=True,
           order_timeout=timedelta(seconds=3)),
 ]
