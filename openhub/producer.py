@@ -39,6 +39,17 @@ def identifier(value: Any, what: str, limit: int = MAX_ID_LENGTH, required: bool
     return text
 
 
+def search_text(value: str | None, what: str) -> str | None:
+    """A text filter of a search: refused (InputError) if it holds a control character.
+
+    No stored id can hold one, and PostgreSQL cannot even compare a NUL: a read must answer
+    "bad filter", not fail in the driver.
+    """
+    if value is not None and _CONTROL.search(str(value)):
+        raise InputError(f"{what} must not contain control characters")
+    return value
+
+
 def _text(value: Any, what: str, limit: int = MAX_ID_LENGTH, required: bool = True) -> str | None:
     if value is None or value == "":
         if required:
@@ -331,6 +342,10 @@ def list_messages(*, state: str | None = None, service: str | None = None, opera
     """Messages matching every given filter, newest first."""
     if state is not None and state not in State.__members__:
         raise InputError(f"unknown state {state!r}")
+    for value, name in ((service, "service"), (operation, "operation"), (source_system, "source_system"),
+                        (correlation_id, "correlation_id"), (object_id, "object_id"),
+                        (more.get("error_code"), "error_code")):
+        search_text(value, name)
     with transaction() as conn:
         return message_views(conn, state=state, service=service, operation=operation, source_system=source_system,
                              correlation_id=correlation_id, object_id=object_id, parent_id=parent_id,

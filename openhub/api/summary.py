@@ -17,6 +17,7 @@ from sqlalchemy import select
 from ..context import aware
 from ..db import transaction
 from ..errors import InputError
+from ..producer import search_text
 from ..schema import messages
 from ..states import State
 
@@ -49,6 +50,9 @@ def message_summaries(*, state: str | None = None, service: str | None = None, o
     """Summaries of the messages matching every filter, newest first (`before_id` pages on)."""
     if state is not None and state not in State.__members__:
         raise InputError(f"unknown state {state!r}")
+    for value, name in ((service, "service"), (operation, "operation"), (source_system, "source_system"),
+                        (correlation_id, "correlation_id"), (object_id, "object_id"), (error_code, "error_code")):
+        search_text(value, name)
     query = select(*COLUMNS)
     for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
                           (M.source_system, source_system), (M.correlation_id, correlation_id),

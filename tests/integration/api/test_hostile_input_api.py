@@ -139,6 +139,16 @@ def test_a_list_carries_summaries_without_payloads(api_env):
         assert client.get(f"/api/v1/messages/{ids[0]}", headers=ADMIN).json()["payload"] == big
 
 
+@pytest.mark.parametrize("field", ["correlation_id", "object_id", "source_system", "error_code"])
+def test_a_search_with_a_control_character_is_400_not_a_driver_error(client, field):
+    # PostgreSQL cannot compare a NUL at all; no stored id holds a control character either.
+    for value in ("\x00x", "a\nb"):
+        r = client.get("/api/v1/messages", params={field: value}, headers=ADMIN)
+        assert r.status_code == 400, (value, r.status_code, r.text[:300])
+        with pytest.raises(openhub.InputError, match="control characters"):
+            openhub.list_messages(**{field: value})
+
+
 def test_bodies_are_decoded_off_the_event_loop(client, monkeypatch):
     import asyncio
 
