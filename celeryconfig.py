@@ -56,6 +56,10 @@ if broker_url.startswith("filesystem"):
         os.makedirs(_d, exist_ok=True)
 else:
     broker_transport_options = {"visibility_timeout": visibility_timeout}
+    if broker_url.startswith("redis://"):
+        from openhub.redisbroker import TRANSPORT
+
+        broker_transport = TRANSPORT  # kombu's Redis transport without a new client per operation
 
 beat_schedule = {
     "openhub-poll": {

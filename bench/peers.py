@@ -398,8 +398,8 @@ def main() -> None:
     finally:
         server.terminate()
 
-    def med(xs: list[float]) -> str:
-        return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+    def med(xs: list[float], digits: int = 1) -> str:
+        return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
 
     print(f"\n{args.messages} messages per run, {args.runs} runs interleaved, {os.cpu_count()} cores, "
           f"load average before: {os.getloadavg()}; median (min-max)")
@@ -408,7 +408,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     plain = results.get("plain")
     for v, rs in results.items():
-        ratio = (med([r["rate"] / p["rate"] for r, p in zip(rs, plain)]) if plain else "-")
+        ratio = (med([r["rate"] / p["rate"] for r, p in zip(rs, plain)], 2) if plain else "-")
         print(f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
               f"{med([r['pg_ms'] for r in rs])} | {med([r['commits'] for r in rs])} | "
               f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} |")

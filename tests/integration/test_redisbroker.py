@@ -1,0 +1,74 @@
+"""The Redis broker keeps one client per channel and still carries every message, also after a reconnect."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+import redis
+from kombu import Connection
+
+from openhub import dispatch
+from openhub.redisbroker import TRANSPORT, Transport
+from tests.support.backends import RedisServer, activate
+
+
+@pytest.fixture
+def server(tmp_path) -> Iterator[RedisServer]:  # noqa: ANN001
+    s = RedisServer.start(tmp_path / "redis")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def built(monkeypatch) -> list[int]:  # noqa: ANN001
+    """Counts the redis.Redis clients constructed."""
+    count: list[int] = []
+    original = redis.Redis.__init__
+
+    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        count.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting)
+    return count
+
+
+def test_a_hundred_messages_cost_a_client_or_two_not_hundreds(server, built) -> None:  # noqa: ANN001
+    with Connection(server.url, transport=TRANSPORT) as conn:
+        queue = conn.SimpleQueue("openhub-test")
+        for n in range(100):
+            queue.put({"n": n})
+        received = []
+        for _ in range(100):
+            message = queue.get(timeout=5)
+            received.append(message.payload["n"])
+            message.ack()
+        queue.close()
+    assert received == list(range(100))
+    assert len(built) <= 4, f"{len(built)} redis clients for 100 publishes, receipts and acks"
+
+
+def test_a_new_pool_after_a_reconnect_gets_a_new_client(server) -> None:  # noqa: ANN001
+    with Connection(server.url, transport=TRANSPORT) as conn:
+        channel = conn.default_channel
+        first = channel._create_client()
+        assert channel._create_client() is first
+        channel._disconnect_pools()
+        second = channel._create_client()
+        assert second is not first and second.connection_pool is channel.pool
+        assert second.ping()
+
+
+def test_the_hub_uses_it_for_a_redis_broker_and_leaves_the_url_alone(server, tmp_path) -> None:  # noqa: ANN001
+    before = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
+    activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_DATABASE_URL": f"sqlite:///{tmp_path / 'hub.db'}",
+              "OPENHUB_VAR_DIR": str(tmp_path / "var")})
+    try:
+        app = dispatch.celery_app()
+        assert app.conf.broker_url == server.url  # what Flower reads to show the broker
+        with app.connection_for_write() as conn:
+            assert isinstance(conn.transport, Transport)
+    finally:
+        activate(before)  # the suite's backend again
