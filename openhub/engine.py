@@ -412,6 +412,8 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     last = index == len(route.steps) - 1
     if verdict.event is None and not last:
         common["due_at"] = now + get_settings().lease_grace  # the next step's task must arrive by then
+        # This worker publishes that task: named here, its death re-publishes the chain at once.
+        common["worker"] = current_id()
     # Compare-and-set: the outcome counts only if the lease is still ours (no cancel, no repair).
     kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **common}).first()
     if kept is None:
@@ -567,8 +569,9 @@ def redispatch(conn: Connection, row: Row, event: Event, now: datetime, start: i
     route = get_registry().route(f"{row.service}.{row.operation}")
     token = str(uuid.uuid4())
     result = transition(row.state, event, row.failed_count)
+    handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
     set_state(conn, row, event.value, result.state, now=now, attempt_id=token,
-              due_at=now + _chain_wait(row, event, now))
+              due_at=now + _chain_wait(row, event, now), **handed_over)
     return route, token, start
 
 

@@ -68,7 +68,7 @@ def cancel(message_id: int) -> MessageView:
         # A new token makes any chain still carrying the message stop without effect. A step already
         # calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
         # restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
-        keep_run = {} if row.worker is not None else {"step_run": None}
+        keep_run = {} if row.worker is not None and row.step_run is not None else {"step_run": None, "worker": None}
         set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
                   attempt_id=str(uuid.uuid4()), **keep_run)
         effects = Effects(result.actions)

@@ -84,13 +84,18 @@ def repair_lost_runs(now: datetime) -> int:
     """
     finished = []
     with transaction() as conn:
-        query = select(messages).where(M.worker.is_not(None)).limit(BATCH)
+        query = select(messages).where(M.worker.is_not(None), M.step_run.is_not(None)).limit(BATCH)
         if is_postgres(conn):
             query = query.with_for_update(skip_locked=True, key_share=True)
         rows = conn.execute(query).all()
-        if not rows:
-            return 0
         live = liveness(conn)  # read after the rows: a run listed now was not recorded before them
+        if live.dead:
+            # Between two steps the worker that ran the first is the one that publishes the second's
+            # task: if it died, that task may never have been sent, or died with it unstarted. Due
+            # now, the chain is published again at once (no failure) instead of after the lease grace.
+            conn.execute(update(messages).where(
+                M.worker.in_(live.dead), M.step_run.is_(None),
+                M.state.in_((State.PROCESSING.value, State.IN_QUEUE.value))).values(worker=None, due_at=now))
         for row in rows:
             if live.run_in_flight(row.worker, row.step_run, row.updated_at) is not False:
                 continue

@@ -12,10 +12,11 @@ import pytest
 from sqlalchemy import select
 
 import openhub
-from openhub import engine, poller
+from openhub import dispatch, engine, poller
 from openhub.db import transaction, utcnow
 from openhub.errors import StoreUnavailable
-from openhub.schema import ext_calls, transitions
+from openhub.schema import ext_calls, messages, transitions
+from openhub.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 from tests.support.backends import postgres_database
@@ -201,6 +202,23 @@ def test_a_slow_step_on_a_live_worker_is_never_repaired(hub: LocalHub) -> None:
     assert reports[0].repaired == 0
     assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0
     assert routes.calls("first") == 1
+
+
+def test_a_chain_handed_over_by_a_worker_that_died_is_published_again_at_once(hub: LocalHub) -> None:
+    view = hub.submit("p.flow", {})
+    name, message_id, token, _start = dispatch.local_chains.pop(0)
+    assert engine.run_step(name, 0, message_id, token)  # the first step; the worker dies before sending the next
+    dispatch.local_chains.clear()
+    with transaction() as conn:
+        row = conn.execute(select(messages.c.worker, messages.c.step_run).where(messages.c.id == view.id)).one()
+    assert row.worker == current_id() and row.step_run is None  # named as the one to send the next step
+    now = utcnow()
+    beat(current_id(), "victim", now=now - timedelta(minutes=1))  # silent for a minute...
+    beat("witness", "other", broken=True, now=now - timedelta(minutes=2))
+    beat("witness", "other", now=now)  # ...while another worker went on beating
+    hub.tick()  # now: long before the 300 s lease grace would let the chain-lost check see it
+    assert (hub.get(view.id).state, hub.get(view.id).failed_count) == ("OK", 0), _history(view.id)
+    assert routes.calls("first") == 1 and routes.calls("second") == 1
 
 
 # --- 10. pausing a guaranteed-order route is not being blocked in its funnel ----------------------------
