@@ -20,12 +20,14 @@ from sqlalchemy import Connection, and_, insert, select, update
 from .config import get_settings
 from .context import Outcome, first_line
 from .db import transaction, utcnow
+from .errors import StoreUnavailable
 from .registry import get_registry
 from .schema import confirmations
 from .store import message_view
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
+RECORD_BACKOFF_MAX = 5.0  # seconds between attempts to record an outcome while the store is away
 PENDING, SENDING, OK, FAILED, FAILED_END = "PENDING", "SENDING", "OK", "FAILED", "FAILED_END"
 
 
@@ -87,11 +89,20 @@ def _send_one(confirmation_id: int, claim: str) -> int:
         values = dict(state=FAILED_END, due_at=None, last_error=error)
     else:
         values = dict(state=FAILED, due_at=now + settings.confirm_interval, last_error=error)
-    with transaction() as conn:
-        conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == SENDING,
-                                                      C.claim == claim))
-                     .values(attempts=attempts, updated_at=now, **values))
-    return int(error is None)
+    # The source system has its answer: the outcome is recorded through a store outage, however long
+    # (a confirmation left SENDING would be sent again when its lease ends).
+    attempt = 0
+    while True:
+        try:
+            with transaction() as conn:
+                conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == SENDING,
+                                                              C.claim == claim))
+                             .values(attempts=attempts, updated_at=now, **values))
+            return int(error is None)
+        except StoreUnavailable as exc:
+            attempt += 1
+            log.warning("confirmation of message %s: recording failed (%s); trying again", view.id, exc)
+            time.sleep(min(0.05 * 2 ** min(attempt, 10), RECORD_BACKOFF_MAX))
 
 
 def list_confirmations(state: str | None = None, message_id: int | None = None,

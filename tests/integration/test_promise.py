@@ -289,6 +289,29 @@ def test_local_hub_ticks_move_the_engines_clock_too(hub: LocalHub) -> None:
 
 # --- 6. a slow confirmer: each confirmation's lease covers its own send only -----------------------
 
+def test_a_confirmation_sent_while_the_store_goes_away_is_recorded_not_sent_again(hub: LocalHub,
+                                                                                   monkeypatch) -> None:  # noqa: ANN001
+    from openhub import confirm
+
+    real = confirm.transaction
+    outage = {"left": 0}
+
+    def store(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if outage["left"]:
+            outage["left"] -= 1
+            raise StoreUnavailable("the database restarts")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(confirm, "transaction", store)
+    monkeypatch.setattr(confirm, "RECORD_BACKOFF_MAX", 0.01)
+    routes.HOOKS["confirm"] = lambda outcome: outage.update(left=5)  # goes away right after the CRM answered
+    view = hub.submit("p.flow", {})
+    hub.run()
+    hub.tick(seconds=3600)  # long past the confirmation's lease
+    assert routes.CONFIRMED == [(view.id, "OK")]
+    assert [c["state"] for c in openhub.list_confirmations(message_id=view.id)] == ["OK"]
+
+
 def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatch) -> None:  # noqa: ANN001
     import time
 
