@@ -19,7 +19,7 @@ from sqlalchemy import Connection, and_, insert, select, update
 
 from .config import get_settings
 from .context import Outcome, first_line
-from .db import transaction, utcnow
+from .db import outage_pause, transaction, utcnow
 from .errors import StoreUnavailable
 from .registry import get_registry
 from .schema import confirmations
@@ -27,7 +27,6 @@ from .store import message_view
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
-RECORD_BACKOFF_MAX = 5.0  # seconds between attempts to record an outcome while the store is away
 PENDING, SENDING, OK, FAILED, FAILED_END = "PENDING", "SENDING", "OK", "FAILED", "FAILED_END"
 
 
@@ -102,7 +101,7 @@ def _send_one(confirmation_id: int, claim: str) -> int:
         except StoreUnavailable as exc:
             attempt += 1
             log.warning("confirmation of message %s: recording failed (%s); trying again", view.id, exc)
-            time.sleep(min(0.05 * 2 ** min(attempt, 10), RECORD_BACKOFF_MAX))
+            time.sleep(outage_pause(attempt))
 
 
 def list_confirmations(state: str | None = None, message_id: int | None = None,

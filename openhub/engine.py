@@ -25,7 +25,7 @@ from . import dispatch
 from .config import get_settings
 from .confirm import queue_confirmation, send_confirmations
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
-from .db import is_postgres, transaction, utcnow
+from .db import is_postgres, outage_pause, transaction, utcnow
 from .errors import Holdback, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
 from .funnel import funnel_blocked, release_funnel
@@ -39,7 +39,6 @@ from .workers import current_id, liveness, running
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
-RECORD_BACKOFF_MAX = 5.0  # seconds between two tries to record an outcome while the store is away
 
 
 class Effects(set):
@@ -201,7 +200,7 @@ def record_outcome(route: Route, index: int, message_id: int, token: str, entere
             except StoreUnavailable as exc:
                 attempt += 1
                 log.warning("message %s: recording step %s failed (%s); trying again", message_id, item.key, exc)
-                _pause_before_retry(min(0.05 * 2 ** min(attempt, 10), RECORD_BACKOFF_MAX))
+                _pause_before_retry(outage_pause(attempt))
         except Exception as exc:  # noqa: BLE001 - see below
             if _is_interruption(exc):
                 continue  # Celery's soft time limit arrived while recording: the step itself is done

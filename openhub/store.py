@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any, Iterable
 
@@ -10,11 +11,15 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
 from .db import is_postgres, utcnow
-from .errors import NotFound
+from .errors import InputError, NotFound
 from .schema import ext_calls, messages, route_pauses, transitions
 from .states import State
 
 M = messages.c
+# C0, DEL, C1 and the Unicode line/paragraph separators: in an id they forge log lines and break
+# terminals. (`#`, the split children's separator, and markup-like text such as "[bold]" are allowed:
+# readers print ids verbatim.) No stored id holds one, so no search filter may either.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 # The hot path's statements are built once: building one costs several times more than running it.
 # Parameters named after columns become the SET (or VALUES) columns when the statement is run.
@@ -104,14 +109,22 @@ def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> 
     return view_of(row, calls, duplicate)
 
 
-def message_views(conn: Connection, *, state: str | None = None, service: str | None = None,
-                  operation: str | None = None, source_system: str | None = None,
-                  correlation_id: str | None = None, object_id: str | None = None, parent_id: int | None = None,
-                  error_code: str | None = None,
-                  received_from: datetime | None = None, received_to: datetime | None = None,
-                  before_id: int | None = None, limit: int = 100) -> list[MessageView]:
-    """Messages matching every given filter, newest first (`before_id` pages on)."""
-    query = select(messages)
+def filtered(query: Any, *, state: str | None = None, service: str | None = None, operation: str | None = None,
+             source_system: str | None = None, correlation_id: str | None = None, object_id: str | None = None,
+             parent_id: int | None = None, error_code: str | None = None, received_from: datetime | None = None,
+             received_to: datetime | None = None, before_id: int | None = None) -> Any:
+    """`query` narrowed to the messages matching every given filter (`before_id` pages on).
+
+    InputError for an unknown state or a text filter with a control character (PostgreSQL cannot
+    even compare a NUL: a search must answer "bad filter", not fail in the driver).
+    """
+    if state is not None and state not in State.__members__:
+        raise InputError(f"unknown state {state!r}")
+    texts = {"service": service, "operation": operation, "source_system": source_system,
+             "correlation_id": correlation_id, "object_id": object_id, "error_code": error_code}
+    for name, value in texts.items():
+        if value is not None and CONTROL.search(str(value)):
+            raise InputError(f"{name} must not contain control characters")
     for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
                           (M.source_system, source_system), (M.correlation_id, correlation_id),
                           (M.object_id, object_id), (M.parent_id, parent_id), (M.error_code, error_code)):
@@ -123,6 +136,12 @@ def message_views(conn: Connection, *, state: str | None = None, service: str | 
         query = query.where(M.received_at < received_to)
     if before_id is not None:
         query = query.where(M.id < before_id)
+    return query
+
+
+def message_views(conn: Connection, *, limit: int = 100, **filters: Any) -> list[MessageView]:
+    """Messages matching every filter of `filtered`, newest first."""
+    query = filtered(select(messages), **filters)
     rows = conn.execute(query.order_by(M.id.desc()).limit(limit)).all()
     calls: dict[int, list[Row]] = {}
     if rows:

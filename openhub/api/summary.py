@@ -16,10 +16,8 @@ from sqlalchemy import select
 
 from ..context import aware
 from ..db import transaction
-from ..errors import InputError
-from ..producer import search_text
 from ..schema import messages
-from ..states import State
+from ..store import filtered
 
 M = messages.c
 ERROR_CHARS = 500
@@ -42,29 +40,9 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def message_summaries(*, state: str | None = None, service: str | None = None, operation: str | None = None,
-                      source_system: str | None = None, correlation_id: str | None = None,
-                      object_id: str | None = None, parent_id: int | None = None, error_code: str | None = None,
-                      received_from: datetime | None = None, received_to: datetime | None = None,
-                      before_id: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """Summaries of the messages matching every filter, newest first (`before_id` pages on)."""
-    if state is not None and state not in State.__members__:
-        raise InputError(f"unknown state {state!r}")
-    for value, name in ((service, "service"), (operation, "operation"), (source_system, "source_system"),
-                        (correlation_id, "correlation_id"), (object_id, "object_id"), (error_code, "error_code")):
-        search_text(value, name)
-    query = select(*COLUMNS)
-    for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
-                          (M.source_system, source_system), (M.correlation_id, correlation_id),
-                          (M.object_id, object_id), (M.parent_id, parent_id), (M.error_code, error_code)):
-        if value is not None:
-            query = query.where(column == value)
-    if received_from is not None:
-        query = query.where(M.received_at >= received_from)
-    if received_to is not None:
-        query = query.where(M.received_at < received_to)
-    if before_id is not None:
-        query = query.where(M.id < before_id)
+def message_summaries(*, limit: int = 100, **filters: Any) -> list[dict[str, Any]]:
+    """Summaries of the messages matching every filter of `store.filtered`, newest first."""
+    query = filtered(select(*COLUMNS), **filters)
     query = query.order_by(M.id.desc()).limit(max(1, min(int(limit), 1000)))
     with transaction() as conn:
         rows = conn.execute(query).all()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import threading
 import uuid
+from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
@@ -30,18 +31,27 @@ ADMIN_TOKEN = "browser-" + uuid.uuid4().hex
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="chromium not installed (make system-deps)")
 
 
-@pytest.fixture
-def ingress(hub: backends.Backend) -> Iterator[str]:
-    """The ingress served by uvicorn on a free port; yields its base URL."""
+@contextmanager
+def served_ingress(admin_token: str) -> Iterator[str]:
+    """The ingress served by uvicorn on a free port, with `admin_token`; yields its base URL."""
     port = backends.free_port()
-    app = create_app(credentials=Credentials({"CRM": "k-" + uuid.uuid4().hex}, ADMIN_TOKEN))
+    app = create_app(credentials=Credentials({"CRM": "k-" + uuid.uuid4().hex}, admin_token))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, 30, "uvicorn to start")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def ingress(hub: backends.Backend) -> Iterator[str]:
+    """The ingress over the test backend; yields its base URL."""
+    with served_ingress(ADMIN_TOKEN) as url:
+        yield url
 
 
 @pytest.fixture

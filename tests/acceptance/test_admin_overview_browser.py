@@ -8,22 +8,16 @@ var/screenshots/ (ignored by git) for people to look at.
 from __future__ import annotations
 
 import shutil
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from openhub.api.app import create_app
-from openhub.api.auth import Credentials
 from openhub.db import utcnow
-from tests.support import backends
 from tests.support.traffic import EXPECTED, fresh_store, write_known_traffic
-from tests.support.waiting import wait_for
 
-from .test_admin_browser import CHROMIUM, CHROMIUM_ARGS
+from .test_admin_browser import CHROMIUM, CHROMIUM_ARGS, served_ingress
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 ADMIN_TOKEN = "overview-" + uuid.uuid4().hex
@@ -43,28 +37,18 @@ def admin_page(known: dict) -> Iterator[tuple]:
     """Chromium logged in to the admin page of an ingress over the known store."""
     from playwright.sync_api import sync_playwright
 
-    port = backends.free_port()
-    app = create_app(credentials=Credentials({"CRM": "k-" + uuid.uuid4().hex}, ADMIN_TOKEN))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 30, "uvicorn to start")
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.set_default_timeout(30_000)
-                page.goto(f"http://127.0.0.1:{port}/admin")
-                page.fill("#token", ADMIN_TOKEN)
-                page.click("#login-form button[type=submit]")
-                page.wait_for_selector("#main:not([hidden])")
-                yield page, known
-            finally:
-                browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with served_ingress(ADMIN_TOKEN) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(30_000)
+            page.goto(f"{url}/admin")
+            page.fill("#token", ADMIN_TOKEN)
+            page.click("#login-form button[type=submit]")
+            page.wait_for_selector("#main:not([hidden])")
+            yield page, known
+        finally:
+            browser.close()
 
 
 def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> None:  # noqa: ANN001

@@ -303,7 +303,7 @@ def test_a_confirmation_sent_while_the_store_goes_away_is_recorded_not_sent_agai
         return real(*args, **kwargs)
 
     monkeypatch.setattr(confirm, "transaction", store)
-    monkeypatch.setattr(confirm, "RECORD_BACKOFF_MAX", 0.01)
+    monkeypatch.setattr(confirm, "outage_pause", lambda attempt: 0.0)
     routes.HOOKS["confirm"] = lambda outcome: outage.update(left=5)  # goes away right after the CRM answered
     view = hub.submit("p.flow", {})
     hub.run()
