@@ -42,4 +42,5 @@ def third(ctx: StepContext) -> None:
     http_call()
 
 
-routes = [Route("bench.flow", steps=[first, second, third])]
+routes = [Route("bench.flow", steps=[first, second, third]),
+          Route("bench.fused", steps=[first, second, third], fused=True)]

@@ -1,13 +1,13 @@
 """openhub side by side with a plain Celery chain and DBOS Transact (issue 10).
 
-    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3] [--variants plain,hub,hub1,dbos]
+    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3] [--variants plain,hub,hub1,fused,dbos]
 
 The same 3-step route body (one POST per step to a local keep-alive no-op server, the pooled
 httpx client of bench/flows.py) run as
   (a) plain  - a plain Celery chain of 3 tasks (bench/plain_tasks.py), apply_async per chain
   (b) hub    - openhub, today's chain mode, submit_many in batches of 100
       hub1   - openhub, chain mode, one openhub.submit() per message
-  (c) fused  - openhub fused mode: NOT IMPLEMENTED YET (slot: add a runner to RUNNERS)
+  (c) fused  - openhub fused mode (Route(..., fused=True)): one Celery task per message, submit_many
   (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
                2 worker processes with worker_concurrency=1, enqueued with DBOSClient
 each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
@@ -203,7 +203,7 @@ def run_plain(env: Env, n: int) -> dict[str, float]:
     return result
 
 
-def _hub(env: Env, n: int, batch: int) -> dict[str, float]:
+def _hub(env: Env, n: int, batch: int, route: str = "bench.flow") -> dict[str, float]:
     import openhub
 
     seq = iter(range(10**9))
@@ -212,13 +212,13 @@ def _hub(env: Env, n: int, batch: int) -> dict[str, float]:
         if batch == 1:
             for _ in range(k):
                 i = next(seq)
-                openhub.submit("bench.flow", {"i": i}, source_system="BENCH", correlation_id=f"p-{i}")
+                openhub.submit(route, {"i": i}, source_system="BENCH", correlation_id=f"p-{i}")
         else:
             for start in range(0, k, batch):
                 items = []
                 for _ in range(min(batch, k - start)):
                     i = next(seq)
-                    items.append({"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH",
+                    items.append({"route": route, "payload": {"i": i}, "source_system": "BENCH",
                                   "correlation_id": f"p-{i}"})
                 openhub.submit_many(items)
 
@@ -250,6 +250,10 @@ def run_hub(env: Env, n: int) -> dict[str, float]:
 
 def run_hub1(env: Env, n: int) -> dict[str, float]:
     return _hub(env, n, 1)
+
+
+def run_fused(env: Env, n: int) -> dict[str, float]:
+    return _hub(env, n, 100, "bench.fused")
 
 
 def _dbos_url(url: str) -> str:
@@ -312,8 +316,7 @@ def run_dbos(env: Env, n: int) -> dict[str, float]:
     return result
 
 
-RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "dbos": run_dbos}
-# "fused": openhub fused mode (issue 10, the engine rewrite) - add its runner here when it exists.
+RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "fused": run_fused, "dbos": run_dbos}
 
 
 # ---------------------------------------------------------------- submit side alone
@@ -372,7 +375,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--variants", default="plain,hub,hub1,dbos")
+    parser.add_argument("--variants", default="plain,hub,hub1,fused,dbos")
     parser.add_argument("--submits", type=int, default=1000, help="messages for the submit-only figures (0: skip)")
     args = parser.parse_args()
     variants = args.variants.split(",")
@@ -412,7 +415,6 @@ def main() -> None:
         print(f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
               f"{med([r['pg_ms'] for r in rs])} | {med([r['commits'] for r in rs])} | "
               f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} |")
-    print("| fused | (not implemented yet) | | | | | | |")
     if subs:
         print("\n| submit side, no worker | msg/s | CPU ms/msg (submitting process) |\n|---|---|---|")
         for k in subs[0]:

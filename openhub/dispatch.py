@@ -1,7 +1,8 @@
 """The Celery adapter: the one module of the library that talks to Celery.
 
 It builds the Celery application from `celeryconfig.py`, turns a route into a chain of
-signatures (one task per step, named `openhub.<service>.<operation>.<step>`) and publishes it.
+signatures (one task per step, named `openhub.<service>.<operation>.<step>`, or one per run of
+steps for a fused route) and publishes it.
 Celery is imported lazily so that the routing model and reading messages need no broker.
 """
 
@@ -12,11 +13,11 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Collection
 
 from .config import get_settings
 from .errors import ConfigurationError
-from .model import Route, RouteStep
+from .model import Route
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -70,12 +71,16 @@ def reset_app() -> None:
     sys.modules.pop(os.environ.get("OPENHUB_CELERY_CONFIG", "celeryconfig"), None)
 
 
-def step_options(item: RouteStep, route: Route) -> dict[str, Any]:
-    """Celery options of one step's task: queue, priority and time limits."""
+def task_options(route: Route, index: int) -> dict[str, Any]:
+    """Celery options of the task that starts at step `index`: queue, priority and time limits.
+
+    A fused task may run as long as all its steps together; each step keeps its own limit inside it.
+    """
     settings = get_settings()
-    timeout = (item.timeout or settings.step_timeout).total_seconds()
+    steps = route.steps[index:route.task_end(index)]
+    timeout = sum((item.timeout or settings.step_timeout).total_seconds() for item in steps)
     options: dict[str, Any] = {"soft_time_limit": timeout, "time_limit": timeout + HARD_LIMIT_MARGIN}
-    queue = item.queue or route.queue
+    queue = route.step_queue(route.steps[index])
     if queue:
         options["queue"] = queue
     if route.priority is not None:
@@ -84,12 +89,13 @@ def step_options(item: RouteStep, route: Route) -> dict[str, Any]:
 
 
 def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:
-    """The Celery chain that carries one message through `route` from step `start` on."""
+    """The Celery chain that carries one message through `route` from step `start` on: one task per
+    step, or per run of fused steps."""
     app = celery_app()
     from celery.canvas import chain
-    signatures = [app.signature(route.task_name(item), args=(message_id, token), immutable=True,
-                                options=step_options(item, route))
-                  for item in route.steps[start:]]
+    signatures = [app.signature(route.task_name(route.steps[index]), args=(message_id, token), immutable=True,
+                                options=task_options(route, index))
+                  for index in route.task_starts(start)]
     flow = chain(*signatures) if len(signatures) > 1 else signatures[0]
     flow.on_error(app.signature(CHAIN_FAILED_TASK, args=(message_id, token), immutable=False))
     return flow
@@ -113,6 +119,18 @@ def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
         log.warning("could not publish message %s (%s): %s", message_id, route.name, exc)
         return False
+
+
+def restore_orphans(dead: Collection[str]) -> int:
+    """Hand the broker deliveries that dead worker processes had taken back to their queues.
+
+    Only the Redis broker (openhub.redisbroker) knows who holds a delivery; elsewhere 0.
+    """
+    if local_chains is not None or not dead:
+        return 0
+    with celery_app().connection_for_write() as conn:
+        restore = getattr(conn.default_channel, "restore_orphans", None)
+        return restore(dead) if restore is not None else 0
 
 
 def ping_workers(timeout: float = 0.5) -> list[str] | None:

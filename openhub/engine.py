@@ -12,11 +12,12 @@ import logging
 import time
 import traceback
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from sqlalchemy import Connection, Row, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -145,26 +146,31 @@ class StepReport:
         return self.go_on
 
 
+# How a step's own time limit is kept where the task's limit covers more than the step (a fused
+# task): given the step's timeout in seconds, a context that interrupts the step when it runs over.
+TimeLimit = Callable[[float], ContextManager[Any]]
+
+
 def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False,
-             clock: Callable[[], datetime] = utcnow) -> StepReport:
+             clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None) -> StepReport:
     """Run step `index` of the route for the message; `clock` tells the time (LocalHub moves it)."""
     route = get_registry().route(route_name)
     run_id = str(uuid.uuid4())
     with running(run_id):  # listed in this process's heartbeat until its outcome is written
-        actions, report = _run_step(route, index, message_id, token, redelivered, run_id, clock)
+        actions, report = _run_step(route, index, message_id, token, redelivered, run_id, clock, limit)
     after_commit(route, message_id, actions)
     return report
 
 
 def _run_step(route: Route, index: int, message_id: int, token: str, redelivered: bool, run_id: str,
-              clock: Callable[[], datetime]) -> tuple[Effects, StepReport]:
+              clock: Callable[[], datetime], limit: TimeLimit | None) -> tuple[Effects, StepReport]:
     item = route.steps[index]
     actions = Effects()
     with transaction() as conn:
         entered = _enter(conn, route, index, message_id, token, redelivered, run_id, actions, clock())
     if not isinstance(entered, Entered):
         return actions, StepReport(bool(entered), "skipped" if entered else "stopped")
-    verdict = _run(route, item, entered.ctx)
+    verdict = _run(route, item, entered.ctx, limit)
     if verdict.event is Event.SPLIT:
         try:
             verdict.children = prepare_children(entered.row, item, verdict.children, clock())
@@ -372,12 +378,12 @@ _LOCK_CALL = {False: select(ext_calls).where(X.key == bindparam("call_key")),
               True: select(ext_calls).where(X.key == bindparam("call_key")).with_for_update()}
 
 
-def _run(route: Route, item: RouteStep, ctx: StepContext) -> Verdict:
+def _run(route: Route, item: RouteStep, ctx: StepContext, limit: TimeLimit | None = None) -> Verdict:
     try:
+        with limit(step_timeout(item).total_seconds()) if limit else nullcontext():
+            result = item.fn(ctx)
         if isinstance(item, Split):
-            children = item.fn(ctx)
-            return Verdict(Event.SPLIT, children=list(children or []))
-        item.fn(ctx)
+            return Verdict(Event.SPLIT, children=list(result or []))
         return Verdict(None)
     except WaitForResponse as exc:
         return Verdict(Event.WAIT_RESPONSE, delay=exc.timeout)

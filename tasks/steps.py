@@ -1,11 +1,18 @@
-"""One Celery task per route step; the engine does the work."""
+"""One Celery task per route step (per run of steps for a fused route); the engine does the work."""
 
 from __future__ import annotations
 
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
 from celery import Celery, Task
+from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Queue
 
 from openhub import engine, workers
+from openhub.dispatch import task_options
 from openhub.errors import ConfigurationError, StoreUnavailable
 from openhub.model import Route
 from openhub.registry import get_registry
@@ -22,23 +29,54 @@ class StepFailed(Exception):
     """
 
 
+@contextmanager
+def step_alarm(seconds: float) -> Iterator[None]:
+    """One step's soft time limit inside a fused task, whose Celery limit covers all its steps.
+
+    Raises what Celery's own soft limit raises, so an overrunning step ends as it does in chain mode.
+    A signal needs the process's main thread (prefork and solo pools); elsewhere the task's limit only.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise SoftTimeLimitExceeded(f"the step ran over its timeout of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _step_task(app: Celery, route: Route, index: int) -> Task:
+    end = route.task_end(index)
+    limit = step_alarm if end - index > 1 else None  # a task of one step: Celery's limit is the step's
+
     def run(self: Task, message_id: int, token: str) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-        try:
-            workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
-            report = engine.run_step(route.name, index, message_id, token, redelivered=redelivered)
-        except StoreUnavailable as exc:
-            # The database restarted or is briefly away: try the same task again, same token.
-            raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
-        if not report.go_on:
-            self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
+        workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
+        for step in range(index, end):
+            try:
+                report = engine.run_step(route.name, step, message_id, token, redelivered=redelivered, limit=limit)
+            except StoreUnavailable as exc:
+                # The database restarted or is briefly away: try the same task again, same token
+                # (steps it already carried through are found OK and skipped).
+                raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+            if not report.go_on:
+                self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
+                break
         if report.failed:
-            raise StepFailed(f"message {message_id}: {report.outcome}: {report.error or ''}".strip())
+            raise StepFailed(f"message {message_id}: {route.steps[step].key}: {report.outcome}: "
+                             f"{report.error or ''}".strip())
         return report.outcome
 
     run.__name__ = route.steps[index].key
-    run.__doc__ = f"Step {route.steps[index].key} of route {route.name}."
+    run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if limit is None else
+                   f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused).")
     return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,))(run)
 
 
@@ -48,10 +86,10 @@ def register_step_tasks(app: Celery) -> None:
     queues = {app.conf.task_default_queue}
     for route in get_registry().routes.values():
         for index, item in enumerate(route.steps):
-            timeout = item.timeout.total_seconds() if item.timeout else None
-            if timeout and timeout >= limit:
-                raise ConfigurationError(f"step {route.task_name(item)} may run {timeout:.0f} s, longer than the "
+            timeout = task_options(route, index)["soft_time_limit"]
+            if timeout >= limit:
+                raise ConfigurationError(f"task {route.task_name(item)} may run {timeout:.0f} s, longer than the "
                                          f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
-            queues.add(item.queue or route.queue or app.conf.task_default_queue)
+            queues.add(route.step_queue(item) or app.conf.task_default_queue)
             _step_task(app, route, index)
     app.conf.task_queues = [Queue(q) for q in sorted(queues)]

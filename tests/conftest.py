@@ -50,6 +50,13 @@ def worker(backend: backends.Backend) -> Worker:
     return w
 
 
+@pytest.fixture(params=["test", "fused"], ids=["chain", "fused"])
+def svc(request: pytest.FixtureRequest) -> str:
+    """The service of the behaviour suite's routes: "test" runs them in chain mode (a Celery task per
+    step), "fused" the same routes in fused mode (a task per run of steps)."""
+    return request.param
+
+
 @pytest.fixture
 def prefix() -> str:
     """A unique path on the external system for one test."""

@@ -1,4 +1,5 @@
-"""Flower shows each step as its own task, named after the route and step, with the message id."""
+"""Flower shows each step as its own task, named after the route and step, with the message id (a
+fused route: one task per message, named after its first step)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,19 @@ def test_flower_lists_step_tasks_by_name(flower, prefix) -> None:  # noqa: ANN00
 
     names = wait_for(lambda: (lambda s: s if len(s) == 3 else None)(seen()), 60, "Flower to see the three steps")
     assert names == {"openhub.test.flow.a", "openhub.test.flow.b", "openhub.test.flow.c"}
+
+
+def test_flower_lists_one_task_per_message_of_a_fused_route(flower, prefix) -> None:  # noqa: ANN001
+    m = openhub.submit("fused.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
+    done = wait_final(m.id)
+    assert done.state == "OK" and [c.step for c in done.ext_calls] == ["a", "b", "c"]  # every step recorded
+
+    def ended() -> list[dict] | None:
+        tasks = _tasks_of(flower, m.id)
+        return tasks if tasks and all(t["state"] in ("SUCCESS", "FAILURE") for t in tasks) else None
+
+    tasks = wait_for(ended, 60, "Flower to see the fused task end")
+    assert [(t["name"], t["state"]) for t in tasks] == [("openhub.fused.flow.a", "SUCCESS")]
 
 
 def test_flower_shows_a_failed_attempt_as_a_failed_task(flower, prefix, external) -> None:  # noqa: ANN001

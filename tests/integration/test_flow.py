@@ -28,8 +28,8 @@ def events(message_id: int) -> list[tuple[str, str]]:
         return [(e, s) for e, s in rows]
 
 
-def test_three_steps_reach_ok_each_called_once(prefix, external) -> None:
-    m = submit("test.flow", prefix)
+def test_three_steps_reach_ok_each_called_once(svc, prefix, external) -> None:
+    m = submit(f"{svc}.flow", prefix)
     assert m.state in ("NEW", "IN_QUEUE") and not m.duplicate
     done = wait_final(m.id)
     assert done.state == "OK" and done.failed_count == 0
@@ -39,9 +39,9 @@ def test_three_steps_reach_ok_each_called_once(prefix, external) -> None:
     assert ("claimed", "PROCESSING") in events(m.id) and events(m.id)[-1] == ("completed", "OK")
 
 
-def test_transient_failure_resumes_at_the_failed_step(prefix, external) -> None:
+def test_transient_failure_resumes_at_the_failed_step(svc, prefix, external) -> None:
     external.fail(f"{prefix}/b", times=1)
-    m = submit("test.flow", prefix)
+    m = submit(f"{svc}.flow", prefix)
     done = wait_final(m.id)
     assert done.state == "OK" and done.failed_count == 1
     # a succeeded once and was not called again; b failed once, then succeeded.
@@ -53,9 +53,9 @@ def test_transient_failure_resumes_at_the_failed_step(prefix, external) -> None:
     assert [e for e, _ in events(m.id)].count("transient") == 1
 
 
-def test_failing_past_max_fails_is_failed(prefix, external) -> None:
+def test_failing_past_max_fails_is_failed(svc, prefix, external) -> None:
     external.fail(f"{prefix}/fragile", times=10)
-    m = submit("test.fragile", prefix)
+    m = submit(f"{svc}.fragile", prefix)
     done = wait_final(m.id)
     assert done.state == "FAILED"
     assert done.failed_count == 3  # max_fails=2: the third failure fails the message
@@ -63,8 +63,8 @@ def test_failing_past_max_fails_is_failed(prefix, external) -> None:
     assert done.failed_step == "fragile" and "HTTPStatusError" in done.failed_error
 
 
-def test_reject_fails_at_once_and_is_a_dead_letter(prefix, external) -> None:
-    m = submit("test.flow", prefix, script={"b": {"reject": True}})
+def test_reject_fails_at_once_and_is_a_dead_letter(svc, prefix, external) -> None:
+    m = submit(f"{svc}.flow", prefix, script={"b": {"reject": True}})
     done = wait_final(m.id)
     assert done.state == "FAILED" and done.failed_count == 1
     assert "Reject: b refuses this message [E400]" in done.failed_error
@@ -72,33 +72,33 @@ def test_reject_fails_at_once_and_is_a_dead_letter(prefix, external) -> None:
     assert m.id in [v.id for v in openhub.list_messages(state="FAILED", limit=1000)]
 
 
-def test_no_effect_retries_without_counting(prefix, external) -> None:
-    m = submit("test.flow", prefix, script={"b": {"no_effect_once": True}})
+def test_no_effect_retries_without_counting(svc, prefix, external) -> None:
+    m = submit(f"{svc}.flow", prefix, script={"b": {"no_effect_once": True}})
     done = wait_final(m.id)
     assert done.state == "OK" and done.failed_count == 0
     assert ("no_effect", "PARTLY_FAILED") in events(m.id)
     assert external.count(f"{prefix}/b") == 1
 
 
-def test_postpone_then_ok(prefix, external) -> None:
-    m = submit("test.flow", prefix, script={"c": {"postpone_once": True}})
+def test_postpone_then_ok(svc, prefix, external) -> None:
+    m = submit(f"{svc}.flow", prefix, script={"c": {"postpone_once": True}})
     done = wait_final(m.id)
     assert done.state == "OK" and done.failed_count == 0
     assert ("postponed", "POSTPONED") in events(m.id)
     assert [external.count(f"{prefix}/{s}") for s in "abc"] == [1, 1, 1]
 
 
-def test_business_error_is_recorded_and_route_goes_on(prefix, external) -> None:
-    m = submit("test.flow", prefix, script={"a": {"business_error": "E410"}})
+def test_business_error_is_recorded_and_route_goes_on(svc, prefix, external) -> None:
+    m = submit(f"{svc}.flow", prefix, script={"a": {"business_error": "E410"}})
     done = wait_final(m.id)
     assert done.state == "OK"
     assert done.business_errors == [{"code": "E410", "text": "a refused part of it"}]
     assert external.count(f"{prefix}/c") == 1
 
 
-def test_step_over_its_timeout_is_transient(prefix, external) -> None:
+def test_step_over_its_timeout_is_transient(svc, prefix, external) -> None:
     external.delay(f"{prefix}/slow", 4)  # the step's timeout is 2 s
-    m = submit("test.slow", prefix)
+    m = submit(f"{svc}.slow", prefix)
     wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 60, "the slow step to time out")
     external.delay(f"{prefix}/slow", 0)
     done = wait_final(m.id)
@@ -157,40 +157,40 @@ def test_submit_many_is_all_or_nothing(prefix) -> None:
     assert all(wait_final(v.id).state == "OK" for v in views)
 
 
-def test_entity_message_older_than_a_done_one_is_skipped(prefix, external) -> None:
+def test_entity_message_older_than_a_done_one_is_skipped(svc, prefix, external) -> None:
     entity = uuid.uuid4().hex
     now = datetime.now(timezone.utc)
-    newer = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
+    newer = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
                            correlation_id=f"n-{entity}", msg_timestamp=now)
     assert wait_final(newer.id).state == "OK"
-    older = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
+    older = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
                            correlation_id=f"o-{entity}", msg_timestamp=now - timedelta(minutes=5))
     assert wait_final(older.id).state == "SKIPPED"
     assert external.count(f"{prefix}/sync") == 1
-    newest = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
+    newest = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
                             correlation_id=f"x-{entity}", msg_timestamp=now + timedelta(minutes=5))
     assert wait_final(newest.id).state == "OK"
     assert external.count(f"{prefix}/sync") == 2  # a newer version of the entity is carried again
 
 
-def test_custom_scope_key_groups_messages(prefix, external) -> None:
+def test_custom_scope_key_groups_messages(svc, prefix, external) -> None:
     account = uuid.uuid4().hex
     now = datetime.now(timezone.utc)
-    first = openhub.submit("test.custom", {"prefix": prefix, "account": account}, source_system="CRM",
+    first = openhub.submit(f"{svc}.custom", {"prefix": prefix, "account": account}, source_system="CRM",
                            correlation_id=f"a-{account}", msg_timestamp=now)
     assert wait_final(first.id).state == "OK"
-    stale = openhub.submit("test.custom", {"prefix": prefix, "account": account}, source_system="CRM",
+    stale = openhub.submit(f"{svc}.custom", {"prefix": prefix, "account": account}, source_system="CRM",
                            correlation_id=f"b-{account}", msg_timestamp=now - timedelta(seconds=1))
     assert wait_final(stale.id).state == "SKIPPED"
-    other = openhub.submit("test.custom", {"prefix": prefix, "account": account + "x"}, source_system="CRM",
+    other = openhub.submit(f"{svc}.custom", {"prefix": prefix, "account": account + "x"}, source_system="CRM",
                            correlation_id=f"c-{account}", msg_timestamp=now - timedelta(seconds=1))
     assert wait_final(other.id).state == "OK"
     assert external.count(f"{prefix}/charge") == 2
 
 
-def test_restart_resumes_and_total_restart_calls_again(prefix, external) -> None:
+def test_restart_resumes_and_total_restart_calls_again(svc, prefix, external) -> None:
     external.fail(f"{prefix}/fragile", times=3)
-    m = submit("test.fragile", prefix)
+    m = submit(f"{svc}.fragile", prefix)
     assert wait_final(m.id).state == "FAILED"
     with pytest.raises(openhub.StateConflict):
         openhub.cancel(m.id)
@@ -205,8 +205,8 @@ def test_restart_resumes_and_total_restart_calls_again(prefix, external) -> None
     assert external.effects(f"{prefix}/a") == 2 and external.effects(f"{prefix}/fragile") == 2
 
 
-def test_operator_actions_refused_in_wrong_states(prefix) -> None:
-    m = submit("test.wait", prefix, wait=60)
+def test_operator_actions_refused_in_wrong_states(svc, prefix) -> None:
+    m = submit(f"{svc}.wait", prefix, wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
     with pytest.raises(openhub.StateConflict, match="restarted is not allowed in state WAITING_FOR_RES"):
         openhub.restart(m.id)
@@ -217,11 +217,11 @@ def test_operator_actions_refused_in_wrong_states(prefix) -> None:
         openhub.restart(10**12)
 
 
-def test_unpublished_new_message_is_redriven_by_the_poller(prefix, external) -> None:
+def test_unpublished_new_message_is_redriven_by_the_poller(svc, prefix, external) -> None:
     from openhub.db import utcnow
     from openhub.producer import insert_new, prepare
 
-    row = prepare("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"lost-{uuid.uuid4().hex}")
+    row = prepare(f"{svc}.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"lost-{uuid.uuid4().hex}")
     row["due_at"] = utcnow()  # as if the publishing process crashed after commit, a grace period ago
     with transaction() as conn:
         message_id = insert_new(conn, row)
@@ -230,15 +230,15 @@ def test_unpublished_new_message_is_redriven_by_the_poller(prefix, external) -> 
     assert [external.count(f"{prefix}/{s}") for s in "abc"] == [1, 1, 1]
 
 
-def test_duplicate_and_stale_chains_have_no_effect(prefix, external) -> None:
+def test_duplicate_and_stale_chains_have_no_effect(svc, prefix, external) -> None:
     from openhub import dispatch
     from openhub.registry import get_registry
 
     external.delay(f"{prefix}/a", 0.5)
-    m = submit("test.flow", prefix)
+    m = submit(f"{svc}.flow", prefix)
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == m.id)).scalar()
-    route = get_registry().route("test.flow")
+    route = get_registry().route(f"{svc}.flow")
     dispatch.publish(route, m.id, token)  # the same chain delivered twice
     dispatch.publish(route, m.id, "stale-token")  # a chain from an earlier attempt
     done = wait_final(m.id)
@@ -250,8 +250,8 @@ def test_duplicate_and_stale_chains_have_no_effect(prefix, external) -> None:
     assert completed == 1
 
 
-def test_confirmation_sent_once(prefix, external) -> None:
-    m = submit("test.flow", prefix, source="CONFIRMED")
+def test_confirmation_sent_once(svc, prefix, external) -> None:
+    m = submit(f"{svc}.flow", prefix, source="CONFIRMED")
     assert wait_final(m.id).state == "OK"
     wait_for(lambda: external.count(f"{prefix}/confirm") == 1, 30, "the confirmation")
     body = external.calls[[c.path for c in external.calls].index(f"{prefix}/confirm")].body

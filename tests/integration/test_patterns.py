@@ -38,8 +38,8 @@ def second_worker(hub, tmp_path):  # noqa: ANN001, ANN201
     w.stop()
 
 
-def test_split_children_then_the_rest_of_the_parent(prefix, external) -> None:
-    parent = submit("test.order", prefix, lines=[{"sku": 1}, {"sku": 2}, {"sku": 3}])
+def test_split_children_then_the_rest_of_the_parent(svc, prefix, external) -> None:
+    parent = submit(f"{svc}.order", prefix, lines=[{"sku": 1}, {"sku": 2}, {"sku": 3}])
     done = wait_final(parent.id)
     assert done.state == "OK"
     children = openhub.list_messages(parent_id=parent.id)
@@ -60,32 +60,32 @@ def _history(message_id: int) -> list[tuple[str, str]]:
                                                .order_by(transitions.c.id))]
 
 
-def test_a_failed_child_fails_the_parent(prefix, external) -> None:
+def test_a_failed_child_fails_the_parent(svc, prefix, external) -> None:
     external.fail(f"{prefix}/line", times=100)
-    parent = submit("test.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
+    parent = submit(f"{svc}.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
     done = wait_final(parent.id)
     assert done.state == "FAILED" and "child message(s) FAILED" in done.failed_error
     assert external.count(f"{prefix}/after") == 0
 
 
-def test_malformed_split_fails_at_once() -> None:
-    m = openhub.submit("test.badsplit", {}, source_system="CRM", correlation_id=f"bad-{uuid.uuid4().hex}")
+def test_malformed_split_fails_at_once(svc) -> None:
+    m = openhub.submit(f"{svc}.badsplit", {}, source_system="CRM", correlation_id=f"bad-{uuid.uuid4().hex}")
     done = wait_final(m.id)
     assert done.state == "FAILED" and done.failed_count == 1
     assert "returned {'sku': 1}, not a Child" in done.failed_error
     assert openhub.list_messages(parent_id=m.id) == []
 
 
-def test_nested_splits_propagate_up(prefix, external) -> None:
-    root = submit("test.nest", prefix, groups=[[{"sku": 1}, {"sku": 2}], [{"sku": 3}]])
+def test_nested_splits_propagate_up(svc, prefix, external) -> None:
+    root = submit(f"{svc}.nest", prefix, groups=[[{"sku": 1}, {"sku": 2}], [{"sku": 3}]])
     assert wait_final(root.id, timeout=90).state == "OK"
     orders = openhub.list_messages(parent_id=root.id)
     assert len(orders) == 2 and all(o.state == "OK" for o in orders)
     assert external.effects(f"{prefix}/line") == 3 and external.effects(f"{prefix}/after") == 2
 
 
-def test_many_children_on_two_workers_finalise_the_parent_once(prefix, external, second_worker) -> None:
-    parent = submit("test.order", prefix, lines=[{"sku": n} for n in range(40)])
+def test_many_children_on_two_workers_finalise_the_parent_once(svc, prefix, external, second_worker) -> None:
+    parent = submit(f"{svc}.order", prefix, lines=[{"sku": n} for n in range(40)])
     assert wait_final(parent.id, timeout=120).state == "OK"
     assert count_events(parent.id, "children_ok") == 1 and count_events(parent.id, "completed") == 1
     assert external.effects(f"{prefix}/after") == 1 and external.count(f"{prefix}/after") == 1
@@ -94,23 +94,23 @@ def test_many_children_on_two_workers_finalise_the_parent_once(prefix, external,
     assert_each_step_ok_once(children, ["book_line"])
 
 
-def test_split_delivered_twice_creates_children_once(prefix, external) -> None:
+def test_split_delivered_twice_creates_children_once(svc, prefix, external) -> None:
     from openhub import dispatch
     from openhub.registry import get_registry
 
     external.delay(f"{prefix}/a", 0.3)
-    parent = submit("test.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
+    parent = submit(f"{svc}.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == parent.id)).scalar()
-    dispatch.publish(get_registry().route("test.order"), parent.id, token)
+    dispatch.publish(get_registry().route(f"{svc}.order"), parent.id, token)
     assert wait_final(parent.id).state == "OK"
     assert len(openhub.list_messages(parent_id=parent.id)) == 2
     assert external.effects(f"{prefix}/line") == 2 and external.effects(f"{prefix}/after") == 1
 
 
-def test_confirmation_retried_then_sent_once(prefix, external) -> None:
+def test_confirmation_retried_then_sent_once(svc, prefix, external) -> None:
     external.fail(f"{prefix}/confirm", times=2)
-    m = submit("test.flow", prefix, source="CONFIRMED")
+    m = submit(f"{svc}.flow", prefix, source="CONFIRMED")
     assert wait_final(m.id).state == "OK"
     wait_for(lambda: external.count(f"{prefix}/confirm", 200) == 1, 30, "the confirmation to get through")
     row = wait_for(lambda: [c for c in openhub.list_confirmations(message_id=m.id) if c["state"] == "OK"], 30,
@@ -119,9 +119,9 @@ def test_confirmation_retried_then_sent_once(prefix, external) -> None:
     assert external.count(f"{prefix}/confirm") == 3
 
 
-def test_confirmation_parked_after_max_fails(prefix, external) -> None:
+def test_confirmation_parked_after_max_fails(svc, prefix, external) -> None:
     external.fail(f"{prefix}/confirm", times=100)
-    m = submit("test.flow", prefix, source="CONFIRMED", script={"a": {"reject": True}})
+    m = submit(f"{svc}.flow", prefix, source="CONFIRMED", script={"a": {"reject": True}})
     assert wait_final(m.id).state == "FAILED"
     parked = wait_for(lambda: [c for c in openhub.list_confirmations(state="FAILED_END") if c["message_id"] == m.id],
                       30, "the confirmation to be parked")
@@ -129,16 +129,16 @@ def test_confirmation_parked_after_max_fails(prefix, external) -> None:
     assert external.count(f"{prefix}/confirm") == 3
 
 
-def test_cancel_is_confirmed(prefix, external) -> None:
-    m = submit("test.wait", prefix, source="CONFIRMED", wait=60)
+def test_cancel_is_confirmed(svc, prefix, external) -> None:
+    m = submit(f"{svc}.wait", prefix, source="CONFIRMED", wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
     openhub.cancel(m.id)
     wait_for(lambda: external.count(f"{prefix}/confirm", 200) == 1, 30, "the CANCEL confirmation")
     assert [c.body["state"] for c in external.calls if c.path == f"{prefix}/confirm"] == ["CANCEL"]
 
 
-def test_async_response_resumes_the_route(prefix, external) -> None:
-    m = submit("test.wait", prefix, wait=60)
+def test_async_response_resumes_the_route(svc, prefix, external) -> None:
+    m = submit(f"{svc}.wait", prefix, wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
     with pytest.raises(openhub.StateConflict):
         openhub.restart(m.id)
@@ -150,8 +150,8 @@ def test_async_response_resumes_the_route(prefix, external) -> None:
     assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
 
 
-def test_response_timeout_is_a_transient_failure(prefix, external) -> None:
-    m = submit("test.wait", prefix, wait=0.5)
+def test_response_timeout_is_a_transient_failure(svc, prefix, external) -> None:
+    m = submit(f"{svc}.wait", prefix, wait=0.5)
     wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 30, "the wait to time out")
     assert "no response before the timeout" in (openhub.get_message(m.id).failed_error or "")
     # The retry sends the request again; with no answer ever, the message ends FAILED.
@@ -161,35 +161,35 @@ def test_response_timeout_is_a_transient_failure(prefix, external) -> None:
     assert external.count(f"{prefix}/request") == 4 and external.count(f"{prefix}/answered") == 0
 
 
-def test_holdback_pauses_the_route_until_resumed(prefix, external) -> None:
-    held = submit("test.held", prefix, script={"a": {"holdback_once": True}})
+def test_holdback_pauses_the_route_until_resumed(svc, prefix, external) -> None:
+    held = submit(f"{svc}.held", prefix, script={"a": {"holdback_once": True}})
     wait_state(held.id, "POSTPONED")
-    assert "test.held" in openhub.paused()
-    other = submit("test.held", prefix + "x")
+    assert f"{svc}.held" in openhub.paused()
+    other = submit(f"{svc}.held", prefix + "x")
     wait_state(other.id, "POSTPONED")
     assert external.count(f"{prefix}x/a") == 0  # nothing of a paused route is processed
-    assert openhub.resume("test.held") >= 1
+    assert openhub.resume(f"{svc}.held") >= 1
     assert wait_final(held.id).state == "OK" and wait_final(other.id).state == "OK"
-    assert "test.held" not in openhub.paused()
+    assert f"{svc}.held" not in openhub.paused()
 
 
-def test_pause_by_hand(prefix, external) -> None:
-    openhub.pause("test.held")
+def test_pause_by_hand(svc, prefix, external) -> None:
+    openhub.pause(f"{svc}.held")
     try:
-        m = submit("test.held", prefix)
+        m = submit(f"{svc}.held", prefix)
         wait_state(m.id, "POSTPONED")
         assert external.count(f"{prefix}/a") == 0
     finally:
-        openhub.resume("test.held")
+        openhub.resume(f"{svc}.held")
     assert wait_final(m.id).state == "OK"
     with pytest.raises(openhub.UnknownRouteError):
         openhub.pause("nope.route")
 
 
-def test_funnel_runs_one_message_at_a_time(prefix, external, second_worker) -> None:
+def test_funnel_runs_one_message_at_a_time(svc, prefix, external, second_worker) -> None:
     group = uuid.uuid4().hex
     external.delay(f"{prefix}/ordered", 0.2)
-    views = openhub.submit_many([{"route": "test.funnel", "source_system": "CRM",
+    views = openhub.submit_many([{"route": f"{svc}.funnel", "source_system": "CRM",
                                   "correlation_id": f"f-{uuid.uuid4().hex}",
                                   "payload": {"prefix": prefix, "group": group, "funnel_header": group}}
                                  for _ in range(6)])
@@ -198,10 +198,10 @@ def test_funnel_runs_one_message_at_a_time(prefix, external, second_worker) -> N
     assert external.effects(f"{prefix}/ordered") == 6
 
 
-def test_guaranteed_order_follows_msg_timestamp(prefix, external) -> None:
+def test_guaranteed_order_follows_msg_timestamp(svc, prefix, external) -> None:
     group = uuid.uuid4().hex
     t0 = datetime.now(timezone.utc)
-    items = [{"route": "test.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+    items = [{"route": f"{svc}.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
               "msg_timestamp": t0 + timedelta(seconds=n), "payload": {"prefix": prefix, "group": group, "seq": n}}
              for n in (3, 1, 2)]
     views = openhub.submit_many(items)
@@ -209,13 +209,13 @@ def test_guaranteed_order_follows_msg_timestamp(prefix, external) -> None:
     assert [c.body["seq"] for c in external.calls if c.path == f"{prefix}/ordered"] == [1, 2, 3]
 
 
-def test_failed_message_blocks_its_ordered_funnel_until_the_limit(prefix, external) -> None:
+def test_failed_message_blocks_its_ordered_funnel_until_the_limit(svc, prefix, external) -> None:
     group = uuid.uuid4().hex
     t0 = datetime.now(timezone.utc)
     first, second = openhub.submit_many([
-        {"route": "test.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+        {"route": f"{svc}.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
          "msg_timestamp": t0, "payload": {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}}},
-        {"route": "test.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+        {"route": f"{svc}.ordered", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
          "msg_timestamp": t0 + timedelta(seconds=1), "payload": {"prefix": prefix, "group": group}}])
     assert wait_final(first.id).state == "FAILED"
     blocked = wait_final(second.id, timeout=60)  # order_timeout is 3 s
@@ -223,31 +223,31 @@ def test_failed_message_blocks_its_ordered_funnel_until_the_limit(prefix, extern
     assert external.count(f"{prefix}/ordered") == 1
 
 
-def test_exclude_failed_lets_the_funnel_go_on(prefix, external) -> None:
+def test_exclude_failed_lets_the_funnel_go_on(svc, prefix, external) -> None:
     group = uuid.uuid4().hex
     t0 = datetime.now(timezone.utc)
     first, second = openhub.submit_many([
-        {"route": "test.ordered_x", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+        {"route": f"{svc}.ordered_x", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
          "msg_timestamp": t0, "payload": {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}}},
-        {"route": "test.ordered_x", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
+        {"route": f"{svc}.ordered_x", "source_system": "CRM", "correlation_id": f"o-{uuid.uuid4().hex}",
          "msg_timestamp": t0 + timedelta(seconds=1), "payload": {"prefix": prefix, "group": group}}])
     assert wait_final(first.id).state == "FAILED"
     assert wait_final(second.id).state == "OK"
 
 
 ONCE_ONLY = [
-    ("test.flow", {}, ["a", "b", "c"]),
-    ("test.entity", {"id": "once"}, ["sync"]),
-    ("test.custom", {"account": "once"}, ["charge"]),
-    ("test.funnel", {"group": "once"}, ["ordered"]),
-    ("test.ordered", {"group": "once-ordered"}, ["ordered"]),
-    ("test.wait", {"wait": 60}, ["request", "answered"]),
-    ("test.order", {"lines": [{"sku": 1}, {"sku": 2}]}, ["a", "line", "after"]),
+    ("flow", {}, ["a", "b", "c"]),
+    ("entity", {"id": "once"}, ["sync"]),
+    ("custom", {"account": "once"}, ["charge"]),
+    ("funnel", {"group": "once"}, ["ordered"]),
+    ("ordered", {"group": "once-ordered"}, ["ordered"]),
+    ("wait", {"wait": 60}, ["request", "answered"]),
+    ("order", {"lines": [{"sku": 1}, {"sku": 2}]}, ["a", "line", "after"]),
 ]
 
 
 @pytest.mark.parametrize("route, payload, paths", ONCE_ONLY, ids=[r[0] for r in ONCE_ONLY])
-def test_a_message_delivered_twice_has_one_effect(route, payload, paths, prefix, external) -> None:  # noqa: ANN001
+def test_a_message_delivered_twice_has_one_effect(svc, route, payload, paths, prefix, external) -> None:  # noqa: ANN001
     from openhub import dispatch
     from openhub.registry import get_registry
 
@@ -258,11 +258,12 @@ def test_a_message_delivered_twice_has_one_effect(route, payload, paths, prefix,
         payload = {**payload, **{k: f"{payload[k]}-{prefix}" for k in ("id", "account") if k in payload}}
     if "group" in payload:
         payload["group"] = f"{payload['group']}-{prefix}"
+    route = f"{svc}.{route}"
     m = openhub.submit(route, payload, source_system="CRM", correlation_id=f"twice-{uuid.uuid4().hex}")
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == m.id)).scalar()
     dispatch.publish(get_registry().route(route), m.id, token)  # the broker delivers it again
-    if route == "test.wait":
+    if route.endswith(".wait"):
         wait_state(m.id, "WAITING_FOR_RES")
         openhub.respond(m.id, {"ok": True})
     assert wait_final(m.id).state == "OK"
@@ -273,9 +274,9 @@ def test_a_message_delivered_twice_has_one_effect(route, payload, paths, prefix,
         assert stats[f"{prefix}/{path}"]["replays"] == 0, f"{path} was called again after it succeeded"
 
 
-def test_restarting_a_failed_parent_restarts_its_failed_children(prefix, external) -> None:
+def test_restarting_a_failed_parent_restarts_its_failed_children(svc, prefix, external) -> None:
     external.fail(f"{prefix}/line", times=4)  # the one child fails past max_fails (3)
-    parent = submit("test.order", prefix, lines=[{"sku": 1}])
+    parent = submit(f"{svc}.order", prefix, lines=[{"sku": 1}])
     assert wait_final(parent.id).state == "FAILED"
     (child,) = openhub.list_messages(parent_id=parent.id)
     assert child.state == "FAILED"
@@ -286,9 +287,9 @@ def test_restarting_a_failed_parent_restarts_its_failed_children(prefix, externa
     assert external.effects(f"{prefix}/after") == 1 and external.effects(f"{prefix}/line") == 1
 
 
-def test_total_restart_of_a_parent_counts_only_its_new_children(prefix, external) -> None:
+def test_total_restart_of_a_parent_counts_only_its_new_children(svc, prefix, external) -> None:
     external.fail(f"{prefix}/line", times=4)
-    parent = submit("test.order", prefix, lines=[{"sku": 1}])
+    parent = submit(f"{svc}.order", prefix, lines=[{"sku": 1}])
     assert wait_final(parent.id).state == "FAILED"
     openhub.restart(parent.id, total=True)
     done = wait_final(parent.id)
@@ -298,9 +299,9 @@ def test_total_restart_of_a_parent_counts_only_its_new_children(prefix, external
     assert external.effects(f"{prefix}/after") == 1
 
 
-def test_a_response_faster_than_its_step_is_kept(prefix, external) -> None:
+def test_a_response_faster_than_its_step_is_kept(svc, prefix, external) -> None:
     external.delay(f"{prefix}/request", 1.0)  # the step is still running when the answer comes
-    m = submit("test.wait", prefix, wait=60)
+    m = submit(f"{svc}.wait", prefix, wait=60)
     wait_for(lambda: external.started_events[f"{prefix}/request"].is_set(), 30, "the request to be under way")
     assert openhub.respond(m.id, {"early": True}).state == "PROCESSING"
     done = wait_final(m.id)
@@ -308,27 +309,27 @@ def test_a_response_faster_than_its_step_is_kept(prefix, external) -> None:
     assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
 
 
-def test_another_systems_later_dated_version_does_not_make_an_entity_update_obsolete(prefix, external) -> None:
+def test_another_systems_later_dated_version_does_not_make_an_entity_update_obsolete(svc, prefix, external) -> None:
     entity = f"shared-{prefix}"
     ahead = datetime.now(timezone.utc) + timedelta(seconds=60)  # within OPENHUB_MAX_CLOCK_SKEW
-    shop = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="SHOP",
+    shop = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="SHOP",
                           correlation_id=f"e-{uuid.uuid4().hex}", msg_timestamp=ahead)
     assert wait_final(shop.id).state == "OK"
-    crm = openhub.submit("test.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
+    crm = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
                          correlation_id=f"e-{uuid.uuid4().hex}")
     done = wait_final(crm.id)
     assert done.state == "OK", done.failed_error
     assert external.effects(f"{prefix}/sync") == 2
 
 
-def test_another_systems_back_dated_failure_does_not_block_an_ordered_funnel(prefix, external) -> None:
+def test_another_systems_back_dated_failure_does_not_block_an_ordered_funnel(svc, prefix, external) -> None:
     group = uuid.uuid4().hex
     now = datetime.now(timezone.utc)
-    shop = openhub.submit("test.ordered", {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}},
+    shop = openhub.submit(f"{svc}.ordered", {"prefix": prefix, "group": group, "script": {"ordered": {"reject": True}}},
                           source_system="SHOP", correlation_id=f"o-{uuid.uuid4().hex}",
                           msg_timestamp=now - timedelta(days=365))
     assert wait_final(shop.id).state == "FAILED"  # would block the funnel's later messages (order_timeout 3 s)
-    crm = openhub.submit("test.ordered", {"prefix": prefix, "group": group}, source_system="CRM",
+    crm = openhub.submit(f"{svc}.ordered", {"prefix": prefix, "group": group}, source_system="CRM",
                          correlation_id=f"o-{uuid.uuid4().hex}", msg_timestamp=now)
     done = wait_final(crm.id, timeout=60)
     assert done.state == "OK", done.failed_error

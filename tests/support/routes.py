@@ -106,8 +106,8 @@ def use_answer(ctx: StepContext) -> None:
 
 
 def lines(ctx: StepContext) -> list[Child]:
-    """One child per line of the order."""
-    return [Child("test.line", payload={"prefix": ctx.payload["prefix"], **line},
+    """One child per line of the order (to the line route of the parent's service)."""
+    return [Child(f"{ctx.message.service}.line", payload={"prefix": ctx.payload["prefix"], **line},
                   object_id=str(line["sku"])) for line in ctx.payload["lines"]]
 
 
@@ -126,38 +126,44 @@ def after_lines(ctx: StepContext) -> None:
 ordered = scripted("ordered")  # funnel members: the external system records overlapping calls
 
 
-def orders(ctx: StepContext) -> list[Child]:
-    """Nested split: one test.order child per group of lines."""
-    return [Child("test.order", payload={"prefix": ctx.payload["prefix"], "lines": group})
-            for group in ctx.payload["groups"]]
+def behaviour_routes(service: str, fused: bool) -> list[Route]:
+    """The behaviour suite's routes under `service`: "test" in chain mode, "fused" in fused mode."""
+
+    def orders(ctx: StepContext) -> list[Child]:
+        """Nested split: one order child per group of lines."""
+        return [Child(f"{service}.order", payload={"prefix": ctx.payload["prefix"], "lines": group})
+                for group in ctx.payload["groups"]]
+
+    def group_members(ctx: StepContext) -> list[Child]:
+        """Children in the same funnel as their parent."""
+        return [Child(f"{service}.funnel", payload={"prefix": ctx.payload["prefix"], "group": ctx.payload["group"],
+                                                    "n": n}) for n in range(2)]
+
+    def route(name: str, steps: list, **options) -> Route:  # noqa: ANN003
+        return Route(f"{service}.{name}", steps=steps, fused=fused, **options)
+
+    return [
+        route("flow", [step_a, step_b, step_c]),
+        route("entity", [sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
+        route("custom", [charge]),
+        route("fragile", [step_a, fragile]),
+        route("slow", [step_a, slow, step_c]),
+        route("patient", [patient]),
+        route("wait", [wait_answer, use_answer]),
+        route("order", [step_a, Split(lines, route=f"{service}.line"), after_lines]),
+        route("line", [book_line]),
+        route("funnel", [ordered], funnel=lambda p: p["group"]),
+        route("ordered", [ordered], funnel=lambda p: p["group"], guaranteed_order=True,
+              order_timeout=timedelta(seconds=3)),
+        route("ordered_x", [ordered], funnel=lambda p: p["group"], guaranteed_order=True, exclude_failed=True),
+        route("nest", [Split(orders, route=f"{service}.order")]),
+        route("funnelled_split", [Split(group_members, route=f"{service}.funnel")], funnel=lambda p: p["group"]),
+        route("badsplit", [Split(lambda ctx: [{"sku": 1}], key="malformed")]),
+        route("held", [step_a]),
+    ]
 
 
-def group_members(ctx: StepContext) -> list[Child]:
-    """Children in the same funnel as their parent."""
-    return [Child("test.funnel", payload={"prefix": ctx.payload["prefix"], "group": ctx.payload["group"], "n": n})
-            for n in range(2)]
-
-
-routes = [
-    Route("test.flow", steps=[step_a, step_b, step_c]),
-    Route("test.entity", steps=[sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
-    Route("test.custom", steps=[charge]),
-    Route("test.fragile", steps=[step_a, fragile]),
-    Route("test.slow", steps=[step_a, slow, step_c]),
-    Route("test.patient", steps=[patient]),
-    Route("test.wait", steps=[wait_answer, use_answer]),
-    Route("test.order", steps=[step_a, Split(lines, route="test.line"), after_lines]),
-    Route("test.line", steps=[book_line]),
-    Route("test.funnel", steps=[ordered], funnel=lambda p: p["group"]),
-    Route("test.ordered", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
-          order_timeout=timedelta(seconds=3)),
-    Route("test.ordered_x", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
-          exclude_failed=True),
-    Route("test.nest", steps=[Split(orders, route="test.order")]),
-    Route("test.funnelled_split", steps=[Split(group_members, route="test.funnel")], funnel=lambda p: p["group"]),
-    Route("test.badsplit", steps=[Split(lambda ctx: [{"sku": 1}], key="malformed")]),
-    Route("test.held", steps=[step_a]),
-]
+routes = behaviour_routes("test", fused=False) + behaviour_routes("fused", fused=True)
 
 
 @confirmation("CONFIRMED")

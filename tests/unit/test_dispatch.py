@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from openhub import Route, step
 from openhub.config import get_settings
-from openhub.dispatch import HARD_LIMIT_MARGIN, step_options
+from openhub.dispatch import HARD_LIMIT_MARGIN, task_options
 
 
 @step(timeout=timedelta(seconds=30), queue="mno")
@@ -19,15 +19,33 @@ def plain(ctx):  # noqa: ANN001, ANN201
     pass
 
 
+@step(timeout=timedelta(seconds=5))
+def quick(ctx):  # noqa: ANN001, ANN201
+    pass
+
+
 def test_step_timeout_queue_and_route_priority() -> None:
     route = Route("customer.set", steps=[activate, plain], priority=7, queue="crm")
-    assert step_options(activate, route) == {"soft_time_limit": 30.0, "time_limit": 30.0 + HARD_LIMIT_MARGIN,
-                                             "queue": "mno", "priority": 7}
+    assert task_options(route, 0) == {"soft_time_limit": 30.0, "time_limit": 30.0 + HARD_LIMIT_MARGIN,
+                                      "queue": "mno", "priority": 7}
     # A step without its own queue or timeout takes the route's queue and the default timeout.
-    options = step_options(plain, route)
+    options = task_options(route, 1)
     assert options["queue"] == "crm"
     assert options["soft_time_limit"] == get_settings().step_timeout.total_seconds()
 
 
 def test_no_queue_means_the_default_queue() -> None:
-    assert "queue" not in step_options(plain, Route("customer.set", steps=[plain]))
+    assert "queue" not in task_options(Route("customer.set", steps=[plain]), 0)
+
+
+def test_a_fused_route_runs_the_steps_of_one_queue_in_one_task() -> None:
+    chained = Route("customer.set", steps=[plain, quick, activate, step(plain.fn, key="again")])
+    assert chained.task_starts() == [0, 1, 2, 3]
+    fused = Route("customer.set", steps=chained.steps, fused=True)
+    # plain and quick share the default queue, activate goes to "mno", the last step back to the default.
+    assert fused.task_starts() == [0, 2, 3]
+    assert fused.task_starts(1) == [1, 2, 3]  # resuming inside a run of fused steps starts a task there
+    # The task may take all its steps' time; each step keeps its own limit inside it.
+    default = get_settings().step_timeout.total_seconds()
+    assert task_options(fused, 0)["soft_time_limit"] == default + 5.0
+    assert task_options(fused, 1)["soft_time_limit"] == 5.0
