@@ -47,18 +47,19 @@ class TickReport:
     confirmations: int
     expired: int
     seconds: float
+    dead_workers: frozenset[str] = frozenset()  # worker processes witnessed dead (their deliveries go back)
 
 
 def tick(now: datetime | None = None) -> TickReport:
     """One round of the poller at time `now` (naive UTC; default: the current time)."""
     started = time.perf_counter()
     now = now or utcnow()
-    lost = repair_lost_runs(now)
+    lost, dead = repair_lost_runs(now)
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
     confirmed = send_confirmations(now=now)
-    return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started)
+    return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
 
 
 def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None):  # noqa: ANN202
@@ -75,12 +76,13 @@ def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None):  # 
     return query.order_by(M.due_at).limit(BATCH)
 
 
-def repair_lost_runs(now: datetime) -> int:
+def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
     """Fail over at once the step runs that ended without recording an outcome: their worker died, or
     its live process no longer lists them (the task crashed). +1 failure, re-driven now: the retry
     interval is for a failing external system, and a lost run says nothing about it.
 
-    Only rows with a run in flight are read (a small partial index). Returns how many were repaired.
+    Only rows with a run in flight are read (a small partial index). Returns how many were repaired,
+    and the worker processes witnessed dead.
     """
     finished = []
     with transaction() as conn:
@@ -114,7 +116,7 @@ def repair_lost_runs(now: datetime) -> int:
                 finished.append((route, row.id, actions))
     for route, message_id, actions in finished:
         after_commit(route, message_id, actions)
-    return len(finished)
+    return len(finished), live.dead
 
 
 def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tuple[int, int]:

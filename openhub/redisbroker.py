@@ -1,4 +1,5 @@
-"""The Redis broker: kombu's Redis transport with one client per channel, not one per operation.
+"""The Redis broker: kombu's Redis transport with one client per channel, and deliveries that name
+the worker process holding them.
 
 kombu's Redis channel builds a new `redis.Redis` for every publish, acknowledgement and receipt
 (`conn_or_acquire` → `_create_client`), and redis-py fills a table of a few hundred response
@@ -7,21 +8,68 @@ callbacks in each: ~4 clients and ~0.6 ms of CPU per step task in a profile of a
 so the channel keeps one per pool (a new pool after a reconnect gets a new client). The plain Celery
 tasks of a worker pay the same cost; this removes it for both. celeryconfig.py selects it for
 `redis://` brokers through `broker_transport`, so the broker URL that Flower reads is unchanged.
+
+kombu keeps each unacknowledged delivery in the `unacked` hash and puts it back on its queue only
+after the visibility timeout (an hour here), whoever held it. A worker killed with a task taken and
+not yet started (its step lease not yet written) left that message to the hub's lease grace. Here
+each delivery also names the process that took it (`openhub.workers.current_id`, whose heartbeat
+the hub keeps), and the poller hands the deliveries of processes witnessed dead back to their
+queues at once (`Channel.restore_orphans`). A delivery handed back twice is harmless: the step's
+fencing token and lease let only one run act.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Collection
 
-from kombu.transport import redis
+from kombu.transport import redis, virtual
+from kombu.utils.json import dumps
+
+from .workers import current_id
 
 TRANSPORT = f"{__name__}:Transport"
 
 
-class Channel(redis.Channel):
-    """Redis channel that reuses its synchronous client."""
+class QoS(redis.QoS):
+    """kombu's Redis acknowledgement emulation, with the holder of each delivery in `owners_key`."""
 
+    @property
+    def owners_key(self) -> str:
+        return f"{self.channel.unacked_key}.owners"
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        # kombu's own append, with the holder written in the same round trip.
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag,
+                      dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                .hset(self.owners_key, delivery_tag, current_id()) \
+                .execute()
+        virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        # Acknowledged, rejected or restored: the delivery has no holder any more.
+        return super()._remove_from_indices(delivery_tag, pipe).hdel(self.owners_key, delivery_tag)
+
+
+class Channel(redis.Channel):
+    """Redis channel that reuses its synchronous client and knows who holds each delivery."""
+
+    QoS = QoS
     _shared_client: Any = None
+
+    def restore_orphans(self, dead: Collection[str]) -> int:
+        """Put the deliveries held by the `dead` worker processes back on their queues; how many."""
+        if not dead:
+            return 0
+        qos = self.qos
+        owners = self.client.hgetall(qos.owners_key)
+        tags = [tag for tag, owner in owners.items() if owner.decode() in dead]
+        for tag in tags:
+            qos.restore_by_tag(tag.decode(), self.client)
+        return len(tags)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:

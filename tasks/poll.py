@@ -6,7 +6,7 @@ import logging
 
 from openhub import poller, workers
 from openhub.store import record_crash
-from openhub.dispatch import CHAIN_FAILED_TASK, POLL_TASK, celery_app
+from openhub.dispatch import CHAIN_FAILED_TASK, POLL_TASK, celery_app, restore_orphans
 
 log = logging.getLogger("openhub.tasks")
 app = celery_app()
@@ -17,8 +17,15 @@ def poll() -> dict:
     """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
     workers.start_heartbeat()  # a poller's process is a witness of the others' heartbeats
     report = poller.tick()
+    try:
+        # What dead workers had taken and not started: back on the queue now, not after the visibility
+        # timeout (the hub's lease grace would repair those messages later still).
+        restored = restore_orphans(report.dead_workers)
+    except Exception as exc:  # noqa: BLE001 - the broker is away: the next tick tries again
+        log.warning("could not hand dead workers' deliveries back: %s", exc)
+        restored = 0
     return {"redriven": report.redriven, "repaired": report.repaired, "confirmations": report.confirmations,
-            "expired": report.expired, "seconds": round(report.seconds, 4)}
+            "expired": report.expired, "restored": restored, "seconds": round(report.seconds, 4)}
 
 
 @app.task(name=CHAIN_FAILED_TASK)

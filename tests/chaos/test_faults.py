@@ -47,11 +47,11 @@ def _assert_all_done_once(ids: list[int], prefix: str, steps: list[str], externa
         assert external.effects(f"{prefix}/{s}") == len(ids), s
 
 
-def _killed_mid_step(backend: backends.Backend, external: ExternalSystem, prefix: str, first: Worker) -> tuple[
+def _killed_mid_step(svc: str, external: ExternalSystem, prefix: str, first: Worker) -> tuple[
         list[int], list[int], float]:
     """Submit slow messages, SIGKILL `first` while calls are in flight; (ids, in-flight ids, kill time)."""
     external.delay(f"{prefix}/slow", 1.0)  # under the step's 2 s timeout: the kill lands mid-call
-    ids = _submit("test.slow", prefix, 12)
+    ids = _submit(f"{svc}.slow", prefix, 12)
     wait_for(lambda: external.started_events[f"{prefix}/slow"].is_set(), 60, "a slow call in flight")
     first.kill()
     killed_at = time.monotonic()
@@ -69,49 +69,49 @@ def _assert_back_in_seconds(in_flight: list[int], killed_at: float) -> None:
     assert any(v.failed_count == 1 and "died" in (v.failed_error or "") for v in repaired), repaired
 
 
-def test_worker_killed_mid_step_is_repaired_in_seconds(chaos, tmp_path) -> None:  # noqa: ANN001
+def test_worker_killed_mid_step_is_repaired_in_seconds(svc, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/kill"
     first = Worker(backend.env, tmp_path / "w1", beat=True).start()
     second = Worker(backend.env, tmp_path / "w2", beat=True).start()
     backend.workers += [first, second]
-    ids, in_flight, killed_at = _killed_mid_step(backend, external, prefix, first)
+    ids, in_flight, killed_at = _killed_mid_step(svc, external, prefix, first)
     _assert_back_in_seconds(in_flight, killed_at)
     _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
 
 
-def test_worker_restarted_under_its_own_name_repairs_its_own_steps(chaos, tmp_path) -> None:  # noqa: ANN001
+def test_worker_restarted_under_its_own_name_repairs_its_own_steps(svc, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/restart"
     first = Worker(backend.env, tmp_path / "w", beat=True).start()
     backend.workers.append(first)
-    ids, in_flight, _killed_at = _killed_mid_step(backend, external, prefix, first)
+    ids, in_flight, _killed_at = _killed_mid_step(svc, external, prefix, first)
     again = Worker(backend.env, tmp_path / "w", beat=True, name=first.name).start()
     backend.workers.append(again)
     _assert_back_in_seconds(in_flight, time.monotonic())  # counted from when the new worker is ready
     _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
 
 
-def test_a_slow_step_on_a_live_worker_is_never_repeated(chaos, tmp_path) -> None:  # noqa: ANN001
+def test_a_slow_step_on_a_live_worker_is_never_repeated(svc, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/patient"
     external.delay(f"{prefix}/patient", 6.0)  # three times as long as a dead worker takes to be noticed
     for name in ("w1", "w2"):
         w = Worker(backend.env, tmp_path / name, beat=True).start()
         backend.workers.append(w)
-    ids = _submit("test.patient", prefix, 2)
+    ids = _submit(f"{svc}.patient", prefix, 2)
     views = [wait_final(i, timeout=60) for i in ids]
     assert [(v.state, v.failed_count) for v in views] == [("OK", 0), ("OK", 0)]
     assert external.count(f"{prefix}/patient") == 2  # each call made once: no repair ran it again
 
 
-def test_broker_flushed_mid_run(chaos, tmp_path) -> None:  # noqa: ANN001
+def test_broker_flushed_mid_run(svc, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/flush"
     external.delay(f"{prefix}/b", 0.2)
     worker = Worker(backend.env, tmp_path / "w", beat=True).start()
     backend.workers.append(worker)
-    ids = _submit("test.flow", prefix, 30)
+    ids = _submit(f"{svc}.flow", prefix, 30)
     wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
     assert backend.redis is not None
     backend.redis.client().flushall()
@@ -120,7 +120,7 @@ def test_broker_flushed_mid_run(chaos, tmp_path) -> None:  # noqa: ANN001
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
 
 
-def test_postgres_restarted_mid_run(tmp_path) -> None:  # noqa: ANN001
+def test_postgres_restarted_mid_run(svc, tmp_path) -> None:  # noqa: ANN001
     external = ExternalSystem().start()
     pg = backends.PostgresServer.start()
     try:
@@ -131,7 +131,7 @@ def test_postgres_restarted_mid_run(tmp_path) -> None:  # noqa: ANN001
             worker = Worker(backend.env, tmp_path / "w", beat=True).start()
             backend.workers.append(worker)
             try:
-                ids = _submit("test.flow", prefix, 20)
+                ids = _submit(f"{svc}.flow", prefix, 20)
                 wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
                 pg.pg_ctl("restart")  # every connection of every process is cut
                 _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
@@ -142,7 +142,7 @@ def test_postgres_restarted_mid_run(tmp_path) -> None:  # noqa: ANN001
         external.stop()
 
 
-def test_postgres_away_for_longer_than_a_retry_budget(tmp_path) -> None:  # noqa: ANN001
+def test_postgres_away_for_longer_than_a_retry_budget(svc, tmp_path) -> None:  # noqa: ANN001
     """Issue 9, case 2: the store goes away right after calls were made and stays away for 35 s
     (a failover's length; the old engine gave up recording after ~26 s and the repair called again)."""
     external = ExternalSystem().start()
@@ -155,7 +155,7 @@ def test_postgres_away_for_longer_than_a_retry_budget(tmp_path) -> None:  # noqa
             worker = Worker(backend.env, tmp_path / "w", beat=True).start()
             backend.workers.append(worker)
             try:
-                ids = _submit("test.flow", prefix, 6)
+                ids = _submit(f"{svc}.flow", prefix, 6)
                 wait_for(lambda: external.started_events[f"{prefix}/b"].is_set(), 60, "a call of b in flight")
                 pg.pg_ctl("stop")
                 time.sleep(35)  # the outage itself: how long the store stays away is the fault being injected
@@ -169,14 +169,14 @@ def test_postgres_away_for_longer_than_a_retry_budget(tmp_path) -> None:  # noqa
         external.stop()
 
 
-def test_two_beats_never_dispatch_twice(chaos, tmp_path) -> None:  # noqa: ANN001
+def test_two_beats_never_dispatch_twice(svc, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/twobeats"
     external.fail(f"{prefix}/b", times=20)  # every message fails once or more and is re-driven by a poller
     for name in ("w1", "w2"):
         w = Worker(backend.env, tmp_path / name, beat=True).start()
         backend.workers.append(w)
-    ids = _submit("test.flow", prefix, 20)
+    ids = _submit(f"{svc}.flow", prefix, 20)
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
     from collections import Counter
 
@@ -193,3 +193,42 @@ def test_two_beats_never_dispatch_twice(chaos, tmp_path) -> None:  # noqa: ANN00
     assert sum(failures.values()) >= 20
     assert failures == redrives  # each failure re-driven once, by one of the two pollers
 
+
+
+def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seconds(svc, tmp_path) -> None:  # noqa: ANN001
+    """A killed worker's delivery that never reached its step (so no lease names it) went back to the
+    queue only after Redis's visibility timeout, an hour; the hub's lease grace (300 s) was first."""
+    from openhub import dispatch
+    from openhub.db import transaction
+    from openhub.producer import insert_new, prepare
+    from openhub.registry import get_registry
+
+    external = ExternalSystem().start()
+    extra = {"OPENHUB_TEST_EXTERNAL_URL": external.url, "OPENHUB_LEASE_GRACE": "300"}
+    try:
+        with backends.backend("redis-pg", tmp_path, extra) as backend:
+            try:
+                first = Worker(backend.env, tmp_path / "w1", beat=False).start()
+                backend.workers.append(first)
+                row = prepare(f"{svc}.flow", {"prefix": "/orphan"}, source_system="CRM",
+                              correlation_id=f"orphan-{uuid.uuid4().hex}")
+                with transaction() as conn:
+                    message_id = insert_new(conn, row)
+                # Published with a countdown, the first task waits in the worker that took it, unstarted.
+                dispatch.step_chain(get_registry().route(f"{svc}.flow"), message_id, row["attempt_id"]) \
+                    .apply_async(countdown=4)
+                assert backend.redis is not None
+                wait_for(lambda: backend.redis.client().hlen("unacked.owners") == 1, 30, "the worker to take the task")
+                first.kill()
+                killed_at = time.monotonic()
+                second = Worker(backend.env, tmp_path / "w2", beat=True).start()
+                backend.workers.append(second)
+                done = wait_final(message_id, timeout=60)
+                assert done.state == "OK" and done.failed_count == 0
+                assert time.monotonic() - killed_at < 60
+                assert [external.effects(f"/orphan/{s}") for s in "abc"] == [1, 1, 1]
+            finally:
+                for w in backend.workers:
+                    w.stop()
+    finally:
+        external.stop()

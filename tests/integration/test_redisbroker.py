@@ -72,3 +72,30 @@ def test_the_hub_uses_it_for_a_redis_broker_and_leaves_the_url_alone(server, tmp
             assert isinstance(conn.transport, Transport)
     finally:
         activate(before)  # the suite's backend again
+
+
+def test_a_dead_processs_deliveries_go_back_to_the_queue_at_once(server) -> None:  # noqa: ANN001
+    from openhub.workers import current_id
+
+    with Connection(server.url, transport=TRANSPORT) as holder, Connection(server.url, transport=TRANSPORT) as other:
+        queue = holder.SimpleQueue("openhub-orphans")
+        queue.put({"n": 1})
+        taken = queue.get(timeout=5)  # taken and not acknowledged, as by a worker killed before it ran the task
+        owners = holder.default_channel.client.hgetall("unacked.owners")
+        assert [v.decode() for v in owners.values()] == [current_id()]
+
+        assert other.default_channel.restore_orphans({"some-other-process"}) == 0  # a live holder keeps it
+        assert other.default_channel.restore_orphans({current_id()}) == 1
+        again = other.SimpleQueue("openhub-orphans").get(timeout=5)
+        assert again.payload == taken.payload == {"n": 1}
+        again.ack()
+        assert not other.default_channel.client.hgetall("unacked.owners")
+        assert not other.default_channel.client.hgetall("unacked")
+
+
+def test_an_acknowledged_delivery_has_no_holder(server) -> None:  # noqa: ANN001
+    with Connection(server.url, transport=TRANSPORT) as conn:
+        queue = conn.SimpleQueue("openhub-acked")
+        queue.put({"n": 1})
+        queue.get(timeout=5).ack()
+        assert not conn.default_channel.client.hgetall("unacked.owners")
