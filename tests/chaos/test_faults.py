@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -22,14 +24,31 @@ from tests.support.workers import Worker
 pytestmark = pytest.mark.chaos
 
 
+@contextmanager
+def _hub(workdir: Path, own_postgres: bool = False, **env: str) -> Iterator[
+        tuple[backends.Backend, ExternalSystem, backends.PostgresServer | None]]:
+    """A Redis + PostgreSQL hub (on a PostgreSQL server of its own, to restart or stop) with its
+    external system; every worker a test adds to `backend.workers` is stopped at the end."""
+    external = ExternalSystem().start()
+    pg = backends.PostgresServer.start() if own_postgres else None
+    try:
+        server = {"pg_server": pg.url} if pg else {}
+        with backends.backend("redis-pg", workdir, {"OPENHUB_TEST_EXTERNAL_URL": external.url, **env}, **server) as b:
+            try:
+                yield b, external, pg
+            finally:
+                for w in b.workers:
+                    w.stop()
+    finally:
+        if pg is not None:
+            pg.remove()
+        external.stop()
+
+
 @pytest.fixture
 def chaos(tmp_path) -> Iterator[tuple[backends.Backend, ExternalSystem]]:  # noqa: ANN001
-    external = ExternalSystem().start()
-    with backends.backend("redis-pg", tmp_path, {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
+    with _hub(tmp_path) as (b, external, _pg):
         yield b, external
-        for w in b.workers:
-            w.stop()
-    external.stop()
 
 
 def _submit(route: str, prefix: str, n: int) -> list[int]:
@@ -121,52 +140,30 @@ def test_broker_flushed_mid_run(svc, chaos, tmp_path) -> None:  # noqa: ANN001
 
 
 def test_postgres_restarted_mid_run(svc, tmp_path) -> None:  # noqa: ANN001
-    external = ExternalSystem().start()
-    pg = backends.PostgresServer.start()
-    try:
-        with backends.backend("redis-pg", tmp_path / "hub", {"OPENHUB_TEST_EXTERNAL_URL": external.url},
-                              pg_server=pg.url) as backend:
-            prefix = "/pgrestart"
-            external.delay(f"{prefix}/b", 0.2)
-            worker = Worker(backend.env, tmp_path / "w", beat=True).start()
-            backend.workers.append(worker)
-            try:
-                ids = _submit(f"{svc}.flow", prefix, 20)
-                wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
-                pg.pg_ctl("restart")  # every connection of every process is cut
-                _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
-            finally:
-                worker.stop()
-    finally:
-        pg.remove()
-        external.stop()
+    with _hub(tmp_path / "hub", own_postgres=True) as (backend, external, pg):
+        prefix = "/pgrestart"
+        external.delay(f"{prefix}/b", 0.2)
+        backend.workers.append(Worker(backend.env, tmp_path / "w", beat=True).start())
+        ids = _submit(f"{svc}.flow", prefix, 20)
+        wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
+        pg.pg_ctl("restart")  # every connection of every process is cut
+        _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
 
 
 def test_postgres_away_for_longer_than_a_retry_budget(svc, tmp_path) -> None:  # noqa: ANN001
     """Issue 9, case 2: the store goes away right after calls were made and stays away for 35 s
     (a failover's length; the old engine gave up recording after ~26 s and the repair called again)."""
-    external = ExternalSystem().start()
-    pg = backends.PostgresServer.start()
-    try:
-        with backends.backend("redis-pg", tmp_path / "hub", {"OPENHUB_TEST_EXTERNAL_URL": external.url},
-                              pg_server=pg.url) as backend:
-            prefix = "/pgaway"
-            external.delay(f"{prefix}/b", 1.0)
-            worker = Worker(backend.env, tmp_path / "w", beat=True).start()
-            backend.workers.append(worker)
-            try:
-                ids = _submit(f"{svc}.flow", prefix, 6)
-                wait_for(lambda: external.started_events[f"{prefix}/b"].is_set(), 60, "a call of b in flight")
-                pg.pg_ctl("stop")
-                time.sleep(35)  # the outage itself: how long the store stays away is the fault being injected
-                pg.pg_ctl("start")
-                _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
-                assert external.count(f"{prefix}/b", status=200) == len(ids)  # no call made twice
-            finally:
-                worker.stop()
-    finally:
-        pg.remove()
-        external.stop()
+    with _hub(tmp_path / "hub", own_postgres=True) as (backend, external, pg):
+        prefix = "/pgaway"
+        external.delay(f"{prefix}/b", 1.0)
+        backend.workers.append(Worker(backend.env, tmp_path / "w", beat=True).start())
+        ids = _submit(f"{svc}.flow", prefix, 6)
+        wait_for(lambda: external.started_events[f"{prefix}/b"].is_set(), 60, "a call of b in flight")
+        pg.pg_ctl("stop")
+        time.sleep(35)  # the outage itself: how long the store stays away is the fault being injected
+        pg.pg_ctl("start")
+        _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+        assert external.count(f"{prefix}/b", status=200) == len(ids)  # no call made twice
 
 
 def test_two_beats_never_dispatch_twice(svc, chaos, tmp_path) -> None:  # noqa: ANN001
@@ -203,32 +200,22 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
     from openhub.producer import insert_new, prepare
     from openhub.registry import get_registry
 
-    external = ExternalSystem().start()
-    extra = {"OPENHUB_TEST_EXTERNAL_URL": external.url, "OPENHUB_LEASE_GRACE": "300"}
-    try:
-        with backends.backend("redis-pg", tmp_path, extra) as backend:
-            try:
-                first = Worker(backend.env, tmp_path / "w1", beat=False).start()
-                backend.workers.append(first)
-                row = prepare(f"{svc}.flow", {"prefix": "/orphan"}, source_system="CRM",
-                              correlation_id=f"orphan-{uuid.uuid4().hex}")
-                with transaction() as conn:
-                    message_id = insert_new(conn, row)
-                # Published with a countdown, the first task waits in the worker that took it, unstarted.
-                dispatch.step_chain(get_registry().route(f"{svc}.flow"), message_id, row["attempt_id"]) \
-                    .apply_async(countdown=4)
-                assert backend.redis is not None
-                wait_for(lambda: backend.redis.client().hlen("unacked.owners") == 1, 30, "the worker to take the task")
-                first.kill()
-                killed_at = time.monotonic()
-                second = Worker(backend.env, tmp_path / "w2", beat=True).start()
-                backend.workers.append(second)
-                done = wait_final(message_id, timeout=60)
-                assert done.state == "OK" and done.failed_count == 0
-                assert time.monotonic() - killed_at < 60
-                assert [external.effects(f"/orphan/{s}") for s in "abc"] == [1, 1, 1]
-            finally:
-                for w in backend.workers:
-                    w.stop()
-    finally:
-        external.stop()
+    with _hub(tmp_path, OPENHUB_LEASE_GRACE="300") as (backend, external, _pg):
+        first = Worker(backend.env, tmp_path / "w1", beat=False).start()
+        backend.workers.append(first)
+        row = prepare(f"{svc}.flow", {"prefix": "/orphan"}, source_system="CRM",
+                      correlation_id=f"orphan-{uuid.uuid4().hex}")
+        with transaction() as conn:
+            message_id = insert_new(conn, row)
+        # Published with a countdown, the first task waits in the worker that took it, unstarted.
+        dispatch.step_chain(get_registry().route(f"{svc}.flow"), message_id, row["attempt_id"]) \
+            .apply_async(countdown=4)
+        assert backend.redis is not None
+        wait_for(lambda: backend.redis.client().hlen("unacked.owners") == 1, 30, "the worker to take the task")
+        first.kill()
+        killed_at = time.monotonic()
+        backend.workers.append(Worker(backend.env, tmp_path / "w2", beat=True).start())
+        done = wait_final(message_id, timeout=60)
+        assert done.state == "OK" and done.failed_count == 0
+        assert time.monotonic() - killed_at < 60
+        assert [external.effects(f"/orphan/{s}") for s in "abc"] == [1, 1, 1]
