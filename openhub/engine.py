@@ -12,7 +12,7 @@ import logging
 import time
 import traceback
 import uuid
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -48,6 +48,10 @@ class Effects(set):
     def __init__(self, actions: Any = ()) -> None:
         super().__init__(actions)
         self.later: list[Callable[[], Any]] = []
+
+    def merge(self, other: "Effects") -> None:
+        self.update(other)
+        self.later.extend(other.later)
 
 
 @dataclass
@@ -154,22 +158,69 @@ TimeLimit = Callable[[float], ContextManager[Any]]
 def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False,
              clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None) -> StepReport:
     """Run step `index` of the route for the message; `clock` tells the time (LocalHub moves it)."""
+    return run_steps(route_name, index, index + 1, message_id, token, redelivered, clock, limit)[1]
+
+
+def run_steps(route_name: str, start: int, end: int, message_id: int, token: str, redelivered: bool = False,
+              clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None) -> tuple[int, StepReport]:
+    """Run steps `start`..`end - 1` of the route for the message, one after another in this process
+    (a fused task); returns the last step that ran and its report.
+
+    A step that succeeded hands its lease to the next in the transaction that records it: one commit
+    between two steps instead of two, with the same claim, fencing token and external-call record.
+    """
     route = get_registry().route(route_name)
-    run_id = str(uuid.uuid4())
-    with running(run_id):  # listed in this process's heartbeat until its outcome is written
-        actions, report = _run_step(route, index, message_id, token, redelivered, run_id, clock, limit)
-    after_commit(route, message_id, actions)
-    return report
-
-
-def _run_step(route: Route, index: int, message_id: int, token: str, redelivered: bool, run_id: str,
-              clock: Callable[[], datetime], limit: TimeLimit | None) -> tuple[Effects, StepReport]:
-    item = route.steps[index]
     actions = Effects()
-    with transaction() as conn:
-        entered = _enter(conn, route, index, message_id, token, redelivered, run_id, actions, clock())
-    if not isinstance(entered, Entered):
-        return actions, StepReport(bool(entered), "skipped" if entered else "stopped")
+    index, entered, report = start, None, StepReport(True, "skipped")
+    try:
+        with ExitStack() as runs:  # each run listed in this process's heartbeat until the task ends
+            while True:
+                if entered is None:
+                    run_id = _new_run(runs)
+                    with transaction() as conn:
+                        entered = _enter(conn, route, index, message_id, token, redelivered, run_id, actions, clock())
+                if isinstance(entered, Entered):
+                    handed, report = _carry(route, index, end, message_id, token, entered, redelivered, runs,
+                                            actions, clock, limit)
+                    if handed is not None:
+                        index, entered = index + 1, handed
+                        continue
+                else:  # the step was done before (True), or the chain stops here
+                    report = StepReport(bool(entered), "skipped" if entered else "stopped")
+                if not report.go_on or index + 1 == end:
+                    break
+                index, entered = index + 1, None
+    finally:  # also when the store went away meanwhile: what committed is carried out
+        after_commit(route, message_id, actions)
+    return index, report
+
+
+def _carry(route: Route, index: int, end: int, message_id: int, token: str, entered: Entered, redelivered: bool,
+           runs: ExitStack, actions: Effects, clock: Callable[[], datetime],
+           limit: TimeLimit | None) -> tuple[Entered | bool | None, StepReport]:
+    """Run an entered step and write its outcome; returns the next step's entry where it was handed
+    over to it (None where not), and the step's report."""
+    verdict = _outcome(route, index, entered, clock, limit)
+    if verdict.event is None and index + 1 < end:
+        handed = _hand_over(route, index, message_id, token, entered, verdict, redelivered, _new_run(runs),
+                            actions, clock)
+        if handed is not None:
+            return handed, StepReport(True, "ok")
+    recorded, go_on, verdict = record_outcome(route, index, message_id, token, entered, verdict, clock)
+    actions.merge(recorded)
+    return None, StepReport(go_on, verdict.event.value if verdict.event else "ok", _short(verdict.error))
+
+
+def _new_run(runs: ExitStack) -> str:
+    run_id = str(uuid.uuid4())
+    runs.enter_context(running(run_id))  # listed before its lease is taken
+    return run_id
+
+
+def _outcome(route: Route, index: int, entered: Entered, clock: Callable[[], datetime],
+             limit: TimeLimit | None) -> Verdict:
+    """Run the step (outside any transaction) and tell how it ended."""
+    item = route.steps[index]
     verdict = _run(route, item, entered.ctx, limit)
     if verdict.event is Event.SPLIT:
         try:
@@ -181,9 +232,55 @@ def _run_step(route: Route, index: int, message_id: int, token: str, redelivered
     except (TypeError, ValueError) as exc:  # kept as it was; the call itself is recorded for what it did
         verdict = Verdict(Event.REJECTED, call_state=verdict.call_state, code="CUSTOM_DATA",
                           error=f"step {item.key!r} left custom_data that is not JSON-serialisable: {exc}")
-    recorded, go_on, verdict = record_outcome(route, index, message_id, token, entered, verdict, clock)
-    outcome = verdict.event.value if verdict.event else "ok"
-    return recorded, StepReport(go_on, outcome, _short(verdict.error))
+    return verdict
+
+
+def _hand_over(route: Route, index: int, message_id: int, token: str, entered: Entered, verdict: Verdict,
+               redelivered: bool, next_run: str, actions: Effects,
+               clock: Callable[[], datetime]) -> Entered | bool | None:
+    """Record step `index`'s success and enter the next step in one transaction (a fused task).
+
+    A store that is away is waited for, as `record_outcome` does. None when it could not be done
+    for another reason (a bug, Celery's time limit): the caller then records the step alone, so the
+    step's success is never mislabelled by a fault of the step after it.
+    """
+    attempt = 0
+    while True:
+        handed = Effects()
+        try:
+            with transaction() as conn:
+                entered_next = _record_and_enter(conn, route, index, message_id, token, entered, verdict,
+                                                 redelivered, next_run, handed, clock())
+            actions.merge(handed)
+            return entered_next
+        except StoreUnavailable as exc:
+            attempt += 1
+            log.warning("message %s: handing step %s over failed (%s); trying again", message_id,
+                        route.steps[index].key, exc)
+            _pause_before_retry(outage_pause(attempt))
+        except Exception as exc:  # noqa: BLE001 - recorded alone instead
+            if not _is_interruption(exc):
+                log.exception("message %s: handing step %s over to the next failed; recording it alone",
+                              message_id, route.steps[index].key)
+            return None
+
+
+def _record_and_enter(conn: Connection, route: Route, index: int, message_id: int, token: str, entered: Entered,
+                      verdict: Verdict, redelivered: bool, next_run: str, actions: Effects,
+                      now: datetime) -> Entered | bool:
+    item = route.steps[index]
+    row = entered.row
+    errors = loads(row.business_errors, []) + entered.ctx.business_errors
+    lease = _lease(route.steps[index + 1], next_run, now)
+    # The compare-and-set of `_record`, taking the next step's lease in the same statement.
+    taken = conn.execute(_HAND_OVER, {
+        "mid": message_id, "token": token, "run": entered.run_id, **lease,
+        "custom_data": entered.custom_data if entered.custom_data is not None else row.custom_data,
+        "business_errors": dumps(errors) if errors else None}).first()
+    if taken is None:  # the lease was lost: discard the outcome as `_record` does
+        return _record(conn, route, index, message_id, token, entered, verdict, actions, now)
+    _close_call(conn, entered, verdict, row, item, now)
+    return _prepare(conn, route, index + 1, taken, next_run, redelivered, actions, now)
 
 
 def record_outcome(route: Route, index: int, message_id: int, token: str, entered: Entered,
@@ -233,8 +330,7 @@ def _is_interruption(exc: BaseException) -> bool:
 def _enter(conn: Connection, route: Route, index: int, message_id: int, token: str, redelivered: bool,
            run_id: str, actions: Effects, now: datetime) -> Entered | bool:
     item = route.steps[index]
-    lease = dict(step_run=run_id, worker=current_id(), due_at=now + step_timeout(item) + get_settings().lease_grace,
-                 updated_at=now)
+    lease = _lease(item, run_id, now)
     row = _take_lease(conn, message_id, token, now, lease)
     if row is None:  # not a chain going on to its next step: find out why, under the row lock
         row = lock_message(conn, message_id)
@@ -249,6 +345,20 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
             return False
         row = _with(row, state=State.PROCESSING.value, attempts=row.attempts + 1,
                     started_at=row.started_at or now, blocked_since=None, **lease)
+    return _prepare(conn, route, index, row, run_id, redelivered, actions, now)
+
+
+def _lease(item: RouteStep, run_id: str, now: datetime) -> dict[str, Any]:
+    """The columns of a step lease held by this process's run `run_id`."""
+    return dict(step_run=run_id, worker=current_id(), due_at=now + step_timeout(item) + get_settings().lease_grace,
+                updated_at=now)
+
+
+def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, redelivered: bool,
+             actions: Effects, now: datetime) -> Entered | bool:
+    """With the step lease ours: the step's context and its external-call record (or why it does not run)."""
+    item = route.steps[index]
+    message_id = row.id
     custom_data = loads(row.custom_data, {})
     ctx = StepContext(payload=loads(row.payload), message=_info(row), idempotency_key=idempotency_key(row, item),
                       attempt=1, redelivered=redelivered, custom_data=custom_data, response=loads(row.response))
@@ -433,10 +543,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         if released is not None and released.funnel is not None:
             actions.add(Action.RELEASE_FUNNEL)
         return False
-    error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
-    conn.execute(_CALL_DONE, _call_done(entered, row, verdict.call_state, now, duration, error))
-    if verdict.call_state in (CallState.OK, CallState.WAITING):
-        record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
+    _close_call(conn, entered, verdict, row, item, now)
     if verdict.event is None and not last:
         return True
     answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and (
@@ -448,6 +555,16 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         again, token, start = redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now)
         actions.later.append(partial(publish_all, [(again, row.id, token, start)]))
     return False
+
+
+def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, item: RouteStep,
+                now: datetime) -> None:
+    """Write what the step's external call did to its record, and a succeeded step to the history."""
+    duration = int((time.monotonic() - entered.started) * 1000)
+    error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
+    conn.execute(_CALL_DONE, _call_done(entered, row, verdict.call_state, now, duration, error))
+    if verdict.call_state in (CallState.OK, CallState.WAITING):
+        record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
 
 
 def _answered_early(conn: Connection, message_id: int) -> bool:
@@ -468,6 +585,8 @@ _KEEP = (update(messages).where(and_(
     messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
     messages.c.step_run == bindparam("run"), messages.c.state == State.PROCESSING.value))
     .returning(messages.c.response))
+# The same, handing the lease to the next step's run (a fused task): the updated row is returned.
+_HAND_OVER = (update(messages).where(_KEEP.whereclause).returning(*messages.c))
 _CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
               .values(ok_message_id=bindparam("ok_id"), ok_msg_timestamp=bindparam("ok_ts")))
 

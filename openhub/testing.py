@@ -260,7 +260,7 @@ class LocalHub:
         returns how many."""
         from . import dispatch
         from .db import utcnow
-        from .engine import run_step
+        from .engine import run_steps
         from .registry import get_registry
 
         def clock() -> Any:
@@ -269,8 +269,9 @@ class LocalHub:
         done = 0
         while dispatch.local_chains and done < limit:
             name, message_id, token, start = dispatch.local_chains.pop(0)
-            for index in range(start, len(get_registry().route(name).steps)):
-                if not run_step(name, index, message_id, token, clock=clock):
+            route = get_registry().route(name)
+            for index in route.task_starts(start):  # task by task, as the workers would
+                if not run_steps(name, index, route.task_end(index), message_id, token, clock=clock)[1]:
                     break
             done += 1
         return done

@@ -59,16 +59,15 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
     def run(self: Task, message_id: int, token: str) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
-        for step in range(index, end):
-            try:
-                report = engine.run_step(route.name, step, message_id, token, redelivered=redelivered, limit=limit)
-            except StoreUnavailable as exc:
-                # The database restarted or is briefly away: try the same task again, same token
-                # (steps it already carried through are found OK and skipped).
-                raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
-            if not report.go_on:
-                self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
-                break
+        try:
+            step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered=redelivered,
+                                            limit=limit)
+        except StoreUnavailable as exc:
+            # The database restarted or is briefly away: try the same task again, same token
+            # (steps it already carried through are found OK and skipped).
+            raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+        if not report.go_on:
+            self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
         if report.failed:
             raise StepFailed(f"message {message_id}: {route.steps[step].key}: {report.outcome}: "
                              f"{report.error or ''}".strip())

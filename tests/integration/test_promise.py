@@ -9,11 +9,11 @@ from datetime import timedelta
 from typing import Iterator
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 import openhub
 from openhub import dispatch, engine, poller
-from openhub.db import transaction, utcnow
+from openhub.db import get_engine, transaction, utcnow
 from openhub.errors import StoreUnavailable
 from openhub.schema import ext_calls, messages, transitions
 from openhub.workers import beat, current_id
@@ -78,7 +78,8 @@ def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHu
 
 # --- 2. the store away right after a call, longer than any fixed number of retries -------------------
 
-def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(hub: LocalHub,
+@pytest.mark.parametrize("route", ["p.flow", "p.fused"])
+def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(route: str, hub: LocalHub,
                                                                               monkeypatch) -> None:  # noqa: ANN001
     real = engine.transaction
     outage = {"left": 0}
@@ -92,11 +93,46 @@ def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(hu
     monkeypatch.setattr(engine, "transaction", away)
     monkeypatch.setattr(engine, "_pause_before_retry", lambda seconds: None)
     routes.HOOKS["first"] = lambda ctx: outage.update(left=100)  # far more tries than the old limit of 12
-    view = hub.submit("p.flow", {})
+    view = hub.submit(route, {})
     hub.run()
     assert outage["left"] == 0
     assert hub.get(view.id).state == "OK"
     assert routes.calls("first") == 1
+
+
+def test_a_fused_task_hands_each_lease_on_in_the_commit_that_records_the_step(hub: LocalHub) -> None:
+    commits = []
+
+    def count(conn) -> None:  # noqa: ANN001
+        commits.append(conn)
+
+    view = hub.submit("p.fused", {}, source_system="UNCONFIRMED")  # no confirmation's commits counted
+    event.listen(get_engine(), "commit", count)
+    try:
+        hub.run()
+    finally:
+        event.remove(get_engine(), "commit", count)
+    assert hub.get(view.id).state == "OK"
+    assert len(commits) == 3  # claim and enter first; record first and enter second; record second
+    assert _history(view.id) == ["accepted", "claimed", "step_ok", "step_ok", "completed"]
+
+
+def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    real, failures = engine._prepare, []
+
+    def fails_once_at_the_second_step(conn, route, index, *args):  # noqa: ANN001, ANN002, ANN202
+        if index == 1 and not failures:
+            failures.append(index)
+            raise RuntimeError("a bug in entering the step")
+        return real(conn, route, index, *args)
+
+    monkeypatch.setattr(engine, "_prepare", fails_once_at_the_second_step)
+    view = hub.submit("p.fused", {})
+    hub.run()
+    assert failures == [1]  # the hand-over failed, the first step was recorded alone, the second entered anew
+    assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0
+    assert routes.calls("first") == 1 and routes.calls("second") == 1
+    assert _calls_of(view.id) == {"first": ("OK", view.id), "second": ("OK", view.id)}
 
 
 # --- 3. an entity record taken over by a newer message whose call failed -------------------------------
@@ -128,7 +164,8 @@ def test_an_entity_call_that_succeeded_is_not_made_again_after_a_newer_message_f
 
 # --- 4. cancel while a step is calling out -------------------------------------------------------------
 
-def test_a_restart_after_a_cancel_mid_step_waits_for_the_call_in_flight(hub: LocalHub) -> None:
+@pytest.mark.parametrize("route", ["p.flow", "p.fused"])
+def test_a_restart_after_a_cancel_mid_step_waits_for_the_call_in_flight(route: str, hub: LocalHub) -> None:
     def cancel_restart_and_run_again(ctx):  # noqa: ANN001, ANN202
         if ctx.message.failed_count == 0 and not routes.MOST.get("restarted"):
             routes.MOST["restarted"] = 1
@@ -137,7 +174,7 @@ def test_a_restart_after_a_cancel_mid_step_waits_for_the_call_in_flight(hub: Loc
             hub.run()  # the restarted chain runs now, while this call is still in flight
 
     routes.HOOKS["first"] = cancel_restart_and_run_again
-    view = hub.submit("p.flow", {})
+    view = hub.submit(route, {})
     hub.run()
     assert routes.MOST["first"] == 1, "the step ran a second time while its first call was in flight"
     hub.tick(seconds=60)
@@ -194,10 +231,11 @@ def test_a_chain_waiting_in_a_backlog_costs_no_failure(hub: LocalHub) -> None:
     assert routes.calls("first") == 1 and routes.calls("second") == 1
 
 
-def test_a_slow_step_on_a_live_worker_is_never_repaired(hub: LocalHub) -> None:
+@pytest.mark.parametrize("route", ["p.flow", "p.fused"])
+def test_a_slow_step_on_a_live_worker_is_never_repaired(route: str, hub: LocalHub) -> None:
     reports = []
     routes.HOOKS["first"] = lambda ctx: reports.append(poller.tick(utcnow() + timedelta(hours=2)))
-    view = hub.submit("p.flow", {})
+    view = hub.submit(route, {})
     hub.run()
     assert reports[0].repaired == 0
     assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0

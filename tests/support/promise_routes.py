@@ -101,6 +101,7 @@ routes = [
     Route("p.leaf", steps=[first]),
     Route("p.reserve", steps=[reserve]),
     Route("p.flow", steps=[first, second]),
+    Route("p.fused", steps=[first, second], fused=True),
     Route("p.stamp", steps=[stamp, second]),
     Route("p.entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing"),
     Route("p.funnel", steps=[first], funnel=lambda p: p["group"]),
