@@ -127,9 +127,10 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
               help="A file holding the JSON payload.")
 @click.option("--process-id", help="Groups messages of one business process.")
 @click.option("--msg-timestamp", help="ISO 8601 timestamp of the message (orders entity versions).")
+@click.option("--expires-at", help="ISO 8601; not started by then, the message ends FAILED (error code EXPIRED).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def submit(route: str, source_system: str, correlation_id: str, payload: str | None, payload_file: Path | None,
-           process_id: str | None, msg_timestamp: str | None, as_json: bool) -> None:
+           process_id: str | None, msg_timestamp: str | None, expires_at: str | None, as_json: bool) -> None:
     """Submit one message to ROUTE (service.operation)."""
     import openhub
 
@@ -141,8 +142,9 @@ def submit(route: str, source_system: str, correlation_id: str, payload: str | N
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload/--file") from None
     _timestamp(msg_timestamp, "--msg-timestamp")
+    _timestamp(expires_at, "--expires-at")
     view = openhub.submit(route, data, source_system=source_system, correlation_id=correlation_id,
-                          process_id=process_id, msg_timestamp=msg_timestamp)
+                          process_id=process_id, msg_timestamp=msg_timestamp, expires_at=expires_at)
     summary = {"id": view.id, "correlation_id": view.correlation_id, "route": view.route, "state": view.state,
                "duplicate": view.duplicate}
     if as_json:

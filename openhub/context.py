@@ -58,6 +58,7 @@ class MessageView(MessageInfo):
     failed_error: str | None
     finished_at: datetime | None
     error_code: str | None = None  # the last failure's searchable code
+    expires_at: datetime | None = None  # not started after this, it ends FAILED with error code EXPIRED
     ext_calls: list[ExtCallView] = field(default_factory=list)
     duplicate: bool = False
 

@@ -434,6 +434,11 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
     """The chain's first task takes a NEW/IN_QUEUE message, unless its route is paused, its funnel busy,
     or a run of an earlier chain (cancelled, then restarted) is still calling out."""
     settings = get_settings()
+    if row.expires_at is not None and row.expires_at <= now:
+        expired = f"expired at {row.expires_at.isoformat()}Z before it was carried out"
+        apply_event(conn, row, Event.EXPIRED, route, item, now, actions, detail=expired, error_code="EXPIRED",
+                    failed_error=expired)
+        return False
     if row.step_run is not None and _in_flight(conn, row.id, now):
         apply_event(conn, row, Event.POSTPONED, route, item, now, actions, due_at=now + settings.postpone_interval,
                     detail="an earlier run of the message is still in flight")

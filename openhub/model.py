@@ -176,7 +176,7 @@ class Split:
 RouteStep = Union[Step, Split]
 
 _ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exclude_failed", "validate",
-                  "retry", "priority", "queue", "order_timeout", "fatal", "fused"}
+                  "retry", "priority", "queue", "order_timeout", "fatal", "fused", "expires_after"}
 
 
 @dataclass(frozen=True, init=False)
@@ -197,6 +197,7 @@ class Route:
     order_timeout: timedelta | None = None
     fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail its messages at once, in every step
     fused: bool = False  # consecutive steps on one queue run in one Celery task (see `task_end`)
+    expires_after: timedelta | None = None  # a message not started by then ends FAILED (error code EXPIRED)
 
     def __init__(self, name: str, steps: list[RouteStep] | tuple[RouteStep, ...] = (), **options: Any) -> None:
         unknown = set(options) - _ROUTE_OPTIONS
@@ -239,6 +240,7 @@ class Route:
             default = self.__dataclass_fields__[opt].default
             object.__setattr__(self, opt, options.get(opt, default))
         object.__setattr__(self, "order_timeout", _seconds(self.order_timeout, f"route {name!r} order_timeout"))
+        object.__setattr__(self, "expires_after", _seconds(self.expires_after, f"route {name!r} expires_after"))
         object.__setattr__(self, "fatal", _fatal(self.fatal, f"route {name!r}"))
 
     @property

@@ -43,7 +43,7 @@ def restart(message_id: int, total: bool = False) -> MessageView:
         # A run still in flight (the message was cancelled mid-step) keeps its lease: the new chain waits for it.
         values: dict[str, Any] = dict(failed_count=result.failed_count, due_at=now, finished_at=None,
                                       failed_error=None, failed_step=None, error_code=None, blocked_since=None,
-                                      attempt_id=str(uuid.uuid4()))
+                                      attempt_id=str(uuid.uuid4()), expires_at=None)  # restarted: carried out anyway
         if total:
             conn.execute(delete(ext_calls).where(ext_calls.c.message_id == row.id))
             conn.execute(update(ext_calls).where(ext_calls.c.ok_message_id == row.id)

@@ -141,7 +141,8 @@ def _derived(route: Route, payload: Any, what: str) -> str | None:
 
 def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id: Any, process_id: Any = None,
             msg_timestamp: datetime | str | None = None, parent_id: int | None = None, object_id: Any = None,
-            funnel: Any = None, entity_type: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+            funnel: Any = None, entity_type: str | None = None, expires_at: datetime | str | None = None,
+            now: datetime | None = None) -> dict[str, Any]:
     """Check one message and turn it into the columns of a NEW row; InputError names what is wrong."""
     route = get_registry().route(route_name)
     source_system = identifier(source_system, "source_system", 100)
@@ -172,7 +173,18 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
         funnel=_funnel(_text(funnel, "funnel", required=False) or _derived(route, payload, "funnel"), source_system),
         parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
         attempt_id=str(uuid.uuid4()), due_at=now + get_settings().lease_grace,
-        received_at=now, msg_timestamp=_timestamp(msg_timestamp, now, parent_id), updated_at=now)
+        received_at=now, msg_timestamp=_timestamp(msg_timestamp, now, parent_id), updated_at=now,
+        expires_at=_expiry(route, expires_at, now, parent_id))
+
+
+def _expiry(route: Route, value: datetime | str | None, now: datetime, parent_id: int | None) -> datetime | None:
+    """When the message expires: the earlier of its own expiry and its route's `expires_after`."""
+    stamp = to_utc(value, "expires_at")
+    if stamp is not None and stamp <= now and parent_id is None:  # a child inherits its parent's
+        raise InputError(f"expires_at {stamp.isoformat()}Z has already passed")
+    if route.expires_after is not None:
+        stamp = min(stamp or now + route.expires_after, now + route.expires_after)
+    return stamp
 
 
 def _funnel(value: str | None, source_system: str | None) -> str | None:
@@ -260,18 +272,19 @@ def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
 
 
 def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,
-           msg_timestamp: datetime | str | None = None) -> MessageView:
+           msg_timestamp: datetime | str | None = None, expires_at: datetime | str | None = None) -> MessageView:
     """Accept one message: persisted NEW in one transaction, its chain published after commit.
 
     The same (source system, correlation id) again returns the stored message with
-    `duplicate=True` and stores nothing.
+    `duplicate=True` and stores nothing. A message not started by `expires_at` (or its route's
+    `expires_after`) ends FAILED with error code EXPIRED, confirmed to its source system.
     """
     return submit_many([dict(route=route, payload=payload, source_system=source_system,
                              correlation_id=correlation_id, process_id=process_id,
-                             msg_timestamp=msg_timestamp)])[0]
+                             msg_timestamp=msg_timestamp, expires_at=expires_at)])[0]
 
 
-_SUBMIT_KEYS = {"route", "payload", "source_system", "correlation_id", "process_id", "msg_timestamp"}
+_SUBMIT_KEYS = {"route", "payload", "source_system", "correlation_id", "process_id", "msg_timestamp", "expires_at"}
 
 
 def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
@@ -291,7 +304,8 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
         try:
             rows.append(prepare(item["route"], item.get("payload"), source_system=item.get("source_system"),
                                 correlation_id=item.get("correlation_id"), process_id=item.get("process_id"),
-                                msg_timestamp=item.get("msg_timestamp"), now=now))
+                                msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"),
+                                now=now))
         except InputError as exc:
             raise type(exc)(f"message #{i + 1}: {exc}" if len(items) > 1 else str(exc)) from None
     # One transaction: the new rows, and what the duplicates answer with. The chains are published after

@@ -67,6 +67,8 @@ class Message(Base):
     failed_step: Mapped[str | None] = mapped_column(String(100))
     failed_error: Mapped[str | None] = mapped_column(Text)
     error_code: Mapped[str | None] = mapped_column(String(100))  # of the last failure (openhub.failures)
+    # Past this, the message is no longer started (a retry, a postponed or queued message): FAILED, EXPIRED.
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime)
 
     __table_args__ = (
         # A source system's own ids, and its split children's ids per parent: two namespaces, so an id a

@@ -53,6 +53,7 @@ class Event(StrEnum):
     RESPONDED = "responded"            # the awaited response arrived
     LEASE_EXPIRED = "lease_expired"    # nobody carries the message any more (worker died, chain lost)
     ORDER_EXPIRED = "order_expired"    # blocked in its guaranteed-order funnel past the limit
+    EXPIRED = "expired"                # its expiry time passed before a chain took it
     RESTARTED = "restarted"            # an operator restarted a final message
     CANCELLED = "cancelled"            # an operator cancelled a non-final message
 
@@ -113,6 +114,7 @@ _ALLOWED: dict[Event, frozenset[State]] = {
     Event.CHAIN_LOST: frozenset({State.IN_QUEUE, State.PROCESSING}),
     Event.LEASE_EXPIRED: frozenset({State.PROCESSING}),
     Event.ORDER_EXPIRED: frozenset({State.POSTPONED, State.NEW, State.IN_QUEUE, State.PARTLY_FAILED}),
+    Event.EXPIRED: frozenset({State.NEW, State.IN_QUEUE}),  # at claim: every start and retry passes there
     Event.RESTARTED: frozenset({State.OK, State.FAILED, State.CANCEL}),
     Event.CANCELLED: NON_FINAL,
 }
@@ -146,7 +148,7 @@ def transition(state: State | str, event: Event, failed_count: int = 0, max_fail
         return Transition(State.PARTLY_FAILED, same, frozenset({Action.SCHEDULE_RETRY, Action.RELEASE_FUNNEL}))
     if event in (Event.REJECTED, Event.CHILD_FAILED):
         return Transition(State.FAILED, failed_count + (event is Event.REJECTED), _FINISHED)
-    if event is Event.ORDER_EXPIRED:
+    if event in (Event.ORDER_EXPIRED, Event.EXPIRED):
         return Transition(State.FAILED, same, _FINISHED)
     if event is Event.POSTPONED:  # only a running message held its funnel; one refused at claim never did
         released = frozenset({Action.RELEASE_FUNNEL}) if state is State.PROCESSING else frozenset()

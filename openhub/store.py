@@ -95,7 +95,7 @@ def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> Mes
         parent_id=row.parent_id, state=row.state, payload=loads(row.payload), funnel=row.funnel,
         business_errors=loads(row.business_errors, []), custom_data=loads(row.custom_data, {}),
         failed_step=row.failed_step, failed_error=row.failed_error, finished_at=aware(row.finished_at),
-        error_code=getattr(row, "error_code", None),
+        error_code=getattr(row, "error_code", None), expires_at=aware(getattr(row, "expires_at", None)),
         ext_calls=[ExtCallView(key=c.key, step=c.step_key, state=c.state, attempts=c.attempts) for c in calls],
         duplicate=duplicate)
 

@@ -39,7 +39,7 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
         try:
             producer.prepare(item["route"], item["payload"], source_system=item["source_system"],
                              correlation_id=item["correlation_id"], process_id=item.get("process_id"),
-                             msg_timestamp=item.get("msg_timestamp"))
+                             msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"))
             valid.append(i)
         except Exception as exc:  # noqa: BLE001 - the item's own refusal, answered to its request
             outcomes[i] = exc

@@ -57,6 +57,7 @@ class BatchItem(BaseModel):
     correlation_id: str = Field(..., min_length=1, max_length=255)
     process_id: str | None = Field(None, max_length=255)
     msg_timestamp: str | None = Field(None, description="ISO 8601; orders versions of one entity.")
+    expires_at: str | None = Field(None, description="ISO 8601; not started by then, it ends FAILED (EXPIRED).")
     source_system: str | None = Field(None, description="If given, must be the API key's own source system.")
 
 
@@ -259,6 +260,8 @@ async def submit_message(
     x_process_id: Annotated[str | None, Header(max_length=255)] = None,
     x_message_timestamp: Annotated[str | None, Header(description="ISO 8601 timestamp of the message.")] = None,
     x_source_system: Annotated[str | None, Header(description="Optional; must match the API key.")] = None,
+    x_expires_at: Annotated[str | None, Header(description="ISO 8601; not started by then, the message ends "
+                                                           "FAILED with error code EXPIRED.")] = None,
 ) -> JSONResponse:
     """Accept one message for route `service.operation`; it is stored before the answer leaves."""
     request.state.correlation_id = x_correlation_id
@@ -269,6 +272,7 @@ async def submit_message(
     if not (body.is_json(mime) or body.is_text(mime)):
         raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
     _utc(x_message_timestamp, "X-Message-Timestamp")
+    _utc(x_expires_at, "X-Expires-At")
     # Throttled before the body is read: a refused caller costs no reading or parsing.
     if request.app.state.throttle.applies(system, route.operation):
         await run_in_threadpool(_throttled, request, system, {route.operation: 1})
@@ -276,7 +280,7 @@ async def submit_message(
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
     view = await request.app.state.batcher.submit(dict(
         route=route.name, payload=payload, source_system=system, correlation_id=x_correlation_id,
-        process_id=x_process_id, msg_timestamp=x_message_timestamp))
+        process_id=x_process_id, msg_timestamp=x_message_timestamp, expires_at=x_expires_at))
     request.state.message_id = view.id
     if not view.duplicate:
         metrics.accepted(route.name, system)
@@ -325,10 +329,11 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
             raise InputError(f"message #{i}: route (or service and operation) is required")
         route = get_registry().route(name)
         _utc(item.msg_timestamp, f"message #{i}: msg_timestamp")
+        _utc(item.expires_at, f"message #{i}: expires_at")
         counts[route.operation] = counts.get(route.operation, 0) + 1
         items.append(dict(route=route.name, payload=item.payload, source_system=system,
                           correlation_id=item.correlation_id, process_id=item.process_id,
-                          msg_timestamp=item.msg_timestamp))
+                          msg_timestamp=item.msg_timestamp, expires_at=item.expires_at))
 
     def accept() -> list[MessageView]:
         _throttled(request, system, counts)

@@ -52,6 +52,8 @@ TABLE = [
     (S.NEW, E.REDRIVEN, 0, S.IN_QUEUE, 0, set()),
     # guaranteed order blocked too long
     (S.POSTPONED, E.ORDER_EXPIRED, 0, S.FAILED, 0, FIN),
+    # its expiry time passed before a chain took it
+    (S.IN_QUEUE, E.EXPIRED, 1, S.FAILED, 1, FIN),
     # operator restart: count reset
     (S.OK, E.RESTARTED, 2, S.PARTLY_FAILED, 0, set()),
     (S.FAILED, E.RESTARTED, 4, S.PARTLY_FAILED, 0, set()),

@@ -55,6 +55,12 @@ def test_submit_is_stored_before_202(client, cid, flow_payload):
     assert view.msg_timestamp.isoformat().startswith("2026-01-02T03:04:05")
 
 
+def test_an_expiry_header_is_stored_with_the_message(client, cid, flow_payload):
+    r = post(client, cid, flow_payload, **{"X-Expires-At": "2099-01-02T03:04:05+01:00"})
+    assert r.status_code == 202, r.text
+    assert openhub.get_message(r.json()["id"]).expires_at.isoformat() == "2099-01-02T02:04:05+00:00"
+
+
 def test_duplicate_correlation_id_answers_the_first_message(client, cid, flow_payload):
     first = post(client, cid, flow_payload)
     again = post(client, cid, {**flow_payload, "changed": True})
@@ -85,6 +91,9 @@ def test_text_and_xml_bodies_are_stored_as_a_string(client, cid):
     (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "yesterday"}, "timestamp"),
     (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "9999-12-31T23:59:59-05:00"},
      "timestamp past datetime's range once in UTC"),
+    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Expires-At": "soon"}, "expiry"),
+    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Expires-At": "2020-01-01T00:00:00Z"},
+     "expiry already past"),
 ])
 def test_bad_payloads_are_400_and_nothing_is_stored(client, cid, body, headers, why):
     r = client.post("/api/v1/messages/test/flow", content=body, headers={**CRM, "X-Correlation-Id": cid, **headers})
