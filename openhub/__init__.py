@@ -18,6 +18,7 @@ from .states import State
 # importing only the routing model, loads no database library.
 _LAZY = {"list_confirmations": "confirm", "cancel": "operator", "pause": "operator", "paused": "operator",
          "respond": "operator", "restart": "operator", "resume": "operator", "get_message": "producer",
+         "restart_matching": "operator", "cancel_matching": "operator",
          "list_messages": "producer", "submit": "producer", "submit_many": "producer", "HttpCall": "http"}
 
 
@@ -31,6 +32,7 @@ __all__ = [
     "Child", "ConfigurationError", "Holdback", "HttpCall", "InputError", "MessageInfo", "MessageView", "NotFound",
     "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split",
     "State", "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError",
-    "UnknownRouteError", "cancel", "confirmation", "get_message", "list_confirmations", "list_messages",
-    "pause", "paused", "respond", "restart", "resume", "step", "submit", "submit_many",
+    "UnknownRouteError", "cancel", "cancel_matching", "confirmation", "get_message", "list_confirmations",
+    "list_messages",
+    "pause", "paused", "respond", "restart", "restart_matching", "resume", "step", "submit", "submit_many",
 ]

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -172,6 +172,7 @@ def messages() -> None:
 @click.option("--object-id")
 @click.option("--parent-id", type=int)
 @click.option("--error-code", help="The last failure's code (e.g. HTTP_422, TIMEOUT, WORKER_LOST).")
+@click.option("--process-id", help="Messages of one business process.")
 @click.option("--from", "received_from", help="Received at or after (ISO 8601, UTC if no zone).")
 @click.option("--to", "received_to", help="Received before (ISO 8601).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
@@ -179,7 +180,7 @@ def messages() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def messages_list(state: str | None, service: str | None, operation: str | None, route: str | None,
                   source_system: str | None, correlation_id: str | None, object_id: str | None,
-                  parent_id: int | None, error_code: str | None, received_from: str | None,
+                  parent_id: int | None, error_code: str | None, process_id: str | None, received_from: str | None,
                   received_to: str | None, limit: int,
                   cursor: int | None, as_json: bool) -> None:
     """Messages matching every filter, newest first."""
@@ -191,7 +192,8 @@ def messages_list(state: str | None, service: str | None, operation: str | None,
 
     items = message_summaries(state=state.upper() if state else None, service=service, operation=operation,
                               source_system=source_system, correlation_id=correlation_id, object_id=object_id,
-                              parent_id=parent_id, error_code=error_code, limit=limit, before_id=cursor,
+                              parent_id=parent_id, error_code=error_code, process_id=process_id, limit=limit,
+                              before_id=cursor,
                               received_from=_timestamp(received_from, "--from"),
                               received_to=_timestamp(received_to, "--to"))
     if as_json:
@@ -353,25 +355,72 @@ def exchanges_prune(days: int | None, as_json: bool) -> None:
     click.echo(json.dumps({"deleted": deleted}) if as_json else f"{deleted} recorded HTTP exchanges deleted")
 
 
+def _matching(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The filters of a bulk restart or cancel (instead of one MESSAGE_ID)."""
+    options = [
+        click.option("--state", help="Only messages in this state."),
+        click.option("--route", help="service.operation."),
+        click.option("--source-system"),
+        click.option("--error-code", help="The last failure's code (e.g. HTTP_503, EXPIRED)."),
+        click.option("--process-id"),
+        click.option("--from", "received_from", help="Received at or after (ISO 8601, UTC if no zone)."),
+        click.option("--to", "received_to", help="Received before (ISO 8601)."),
+        click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1000),
+                     help="Act on at most this many (oldest first)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _bulk(message_id: int | None, filters: dict[str, Any], one: Callable[[int], Any],
+          many: Callable[..., Any], verb: str, as_json: bool) -> None:
+    given = {k: v for k, v in filters.items() if v is not None and k != "limit"}
+    if (message_id is None) == (not given):
+        raise click.UsageError("give either one MESSAGE_ID or filters (--state, --route, --error-code, ...)")
+    if message_id is not None:
+        _done(one(message_id), verb, as_json)
+        return
+    route = filters.pop("route")
+    if route is not None:
+        if "." not in route:
+            raise click.BadParameter("expected service.operation", param_hint="--route")
+        filters["service"], filters["operation"] = route.split(".", 1)
+    filters["state"] = filters["state"].upper() if filters["state"] else None
+    filters["received_from"] = _timestamp(filters["received_from"], "--from")
+    filters["received_to"] = _timestamp(filters["received_to"], "--to")
+    result = many(**filters)
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+        return
+    click.echo(f"{len(result.done)} messages {verb}" + (f"; {len(result.refused)} had moved on" if result.refused
+                                                          else "") + ("; more match: run again" if result.more else ""))
+    for message_id, reason in result.refused.items():
+        click.echo(f"  {message_id}: {reason}")
+
+
 @messages.command("restart")
-@click.argument("message_id", type=int)
+@click.argument("message_id", type=int, required=False)
+@_matching
 @click.option("--total", is_flag=True, help="Also forget OK external calls: every call is made again.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def messages_restart(message_id: int, total: bool, as_json: bool) -> None:
-    """Restart an OK, FAILED or CANCEL message."""
+def messages_restart(message_id: int | None, total: bool, as_json: bool, **filters: Any) -> None:
+    """Restart an OK, FAILED or CANCEL message, or every one matching the filters."""
     import openhub
 
-    _done(openhub.restart(message_id, total=total), "restarted", as_json)
+    _bulk(message_id, filters, lambda i: openhub.restart(i, total=total),
+          lambda **f: openhub.restart_matching(total=total, **f), "restarted", as_json)
 
 
 @messages.command("cancel")
-@click.argument("message_id", type=int)
+@click.argument("message_id", type=int, required=False)
+@_matching
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def messages_cancel(message_id: int, as_json: bool) -> None:
-    """Cancel a message that is not final yet."""
+def messages_cancel(message_id: int | None, as_json: bool, **filters: Any) -> None:
+    """Cancel a message that is not final yet, or every one matching the filters."""
     import openhub
 
-    _done(openhub.cancel(message_id), "cancelled", as_json)
+    _bulk(message_id, filters, openhub.cancel, openhub.cancel_matching, "cancelled", as_json)
 
 
 @main.command()

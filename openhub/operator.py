@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from sqlalchemy import and_, delete, update
+from sqlalchemy import and_, delete, select, update
 
 from .confirm import queue_confirmation
 from .context import MessageView
@@ -16,8 +17,8 @@ from .producer import get_message, shallow
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
 from .split import settle_parent
-from .states import CallState, Event, State, allowed, transition
-from .store import dumps, lock_message, message_view, record_transition, set_state, update_message
+from .states import FINAL, NON_FINAL, CallState, Event, State, allowed, transition
+from .store import dumps, filtered, lock_message, message_view, record_transition, set_state, update_message
 
 M = messages.c
 RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
@@ -78,6 +79,56 @@ def cancel(message_id: int) -> MessageView:
     if route is not None:
         after_commit(route, int(message_id), effects)
     return get_message(message_id)
+
+
+BULK_LIMIT = 1000  # messages one bulk action acts on; `more` says when others match too
+
+
+@dataclass
+class BulkResult:
+    """What a bulk action did: the messages it acted on, those it could not (why), and whether more match."""
+
+    done: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    more: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "refused": [{"id": i, "reason": r} for i, r in self.refused.items()],
+                "more": self.more}
+
+
+def restart_matching(*, total: bool = False, limit: int = BULK_LIMIT, **filters: Any) -> BulkResult:
+    """Restart every final message matching the filters (`openhub.list_messages`'), oldest first."""
+    return _bulk(lambda i: restart(i, total=total), FINAL - {State.SKIPPED}, limit, filters)
+
+
+def cancel_matching(*, limit: int = BULK_LIMIT, **filters: Any) -> BulkResult:
+    """Cancel every non-final message matching the filters, oldest first."""
+    return _bulk(cancel, NON_FINAL, limit, filters)
+
+
+def _bulk(act: Callable[[int], Any], states: frozenset[State], limit: int, filters: dict[str, Any]) -> BulkResult:
+    given = {k: v for k, v in filters.items() if v is not None}
+    if not given:
+        raise InputError("a bulk action needs at least one filter (state, route, source system, error code, ...)")
+    if not 1 <= int(limit) <= BULK_LIMIT:
+        raise InputError(f"limit must be 1..{BULK_LIMIT}")
+    wanted = {s.value for s in states}
+    if "state" in given:
+        if given["state"] not in wanted:
+            raise InputError(f"this action applies to messages in {', '.join(sorted(wanted))}, not {given['state']}")
+        wanted = {given.pop("state")}
+    with transaction() as conn:
+        ids = list(conn.execute(filtered(select(M.id), states=wanted, **given).order_by(M.id).limit(int(limit) + 1))
+                   .scalars())
+    result = BulkResult(more=len(ids) > limit)
+    for message_id in ids[:limit]:  # one transaction each: a message that moved on meanwhile is refused alone
+        try:
+            act(message_id)
+            result.done.append(message_id)
+        except (StateConflict, NotFound) as exc:
+            result.refused[message_id] = str(exc)
+    return result
 
 
 def respond(message_id: int, payload: Any) -> MessageView:

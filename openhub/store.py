@@ -112,8 +112,10 @@ def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> 
 def filtered(query: Any, *, state: str | None = None, service: str | None = None, operation: str | None = None,
              source_system: str | None = None, correlation_id: str | None = None, object_id: str | None = None,
              parent_id: int | None = None, error_code: str | None = None, received_from: datetime | None = None,
-             received_to: datetime | None = None, before_id: int | None = None) -> Any:
-    """`query` narrowed to the messages matching every given filter (`before_id` pages on).
+             received_to: datetime | None = None, before_id: int | None = None, process_id: str | None = None,
+             states: Iterable[str] | None = None) -> Any:
+    """`query` narrowed to the messages matching every given filter (`before_id` pages on; `states`:
+    any of these).
 
     InputError for an unknown state or a text filter with a control character (PostgreSQL cannot
     even compare a NUL: a search must answer "bad filter", not fail in the driver).
@@ -121,15 +123,19 @@ def filtered(query: Any, *, state: str | None = None, service: str | None = None
     if state is not None and state not in State.__members__:
         raise InputError(f"unknown state {state!r}")
     texts = {"service": service, "operation": operation, "source_system": source_system,
-             "correlation_id": correlation_id, "object_id": object_id, "error_code": error_code}
+             "correlation_id": correlation_id, "object_id": object_id, "error_code": error_code,
+             "process_id": process_id}
     for name, value in texts.items():
         if value is not None and CONTROL.search(str(value)):
             raise InputError(f"{name} must not contain control characters")
     for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
                           (M.source_system, source_system), (M.correlation_id, correlation_id),
-                          (M.object_id, object_id), (M.parent_id, parent_id), (M.error_code, error_code)):
+                          (M.object_id, object_id), (M.parent_id, parent_id), (M.error_code, error_code),
+                          (M.process_id, process_id)):
         if value is not None:
             query = query.where(column == value)
+    if states is not None:
+        query = query.where(M.state.in_(list(states)))
     if received_from is not None:
         query = query.where(M.received_at >= received_from)
     if received_to is not None:

@@ -89,6 +89,48 @@ class RestartRequest(BaseModel):
     total: bool = Field(False, description="Also forget OK external calls, so every call is made again.")
 
 
+class Matching(BaseModel):
+    """The messages a bulk action acts on: those matching every given filter (at least one), oldest first."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: State | None = None
+    route: str | None = Field(None, max_length=201, description="`service.operation`.")
+    source_system: str | None = Field(None, max_length=100)
+    error_code: str | None = Field(None, max_length=100)
+    process_id: str | None = Field(None, max_length=255)
+    object_id: str | None = Field(None, max_length=255)
+    parent_id: int | None = Field(None, ge=1, le=MAX_ID)
+    received_from: datetime | None = None
+    received_to: datetime | None = None
+    limit: int = Field(operator.BULK_LIMIT, ge=1, le=operator.BULK_LIMIT)
+
+    def filters(self) -> dict[str, Any]:
+        _no_nul(route=self.route, source_system=self.source_system, error_code=self.error_code,
+                process_id=self.process_id, object_id=self.object_id)
+        service = operation = None
+        if self.route is not None:
+            service, operation = get_registry().route(self.route).name.split(".", 1)
+        return dict(state=self.state.value if self.state else None, service=service, operation=operation,
+                    source_system=self.source_system, error_code=self.error_code, process_id=self.process_id,
+                    object_id=self.object_id, parent_id=self.parent_id, limit=self.limit,
+                    received_from=_utc(self.received_from, "received_from"),
+                    received_to=_utc(self.received_to, "received_to"))
+
+
+class RestartMatching(Matching):
+    """A bulk restart: the filters, and whether every external call is made again."""
+
+    total: bool = Field(False, description="Also forget OK external calls, so every call is made again.")
+
+
+class BulkDone(BaseModel):
+    """What a bulk action did."""
+
+    done: list[int] = Field(description="The messages acted on, oldest first.")
+    refused: list[dict[str, Any]] = Field(description="`{id, reason}` of matching messages that had moved on.")
+    more: bool = Field(description="More messages match than `limit`: run the action again for them.")
+
+
 class MessageSummary(BaseModel):
     """A message as a list shows it: no payload, every field bounded (the detail has the rest)."""
 
@@ -175,6 +217,7 @@ def search_messages(
     object_id: Annotated[str | None, Query(max_length=255)] = None,
     parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     error_code: Annotated[str | None, Query(max_length=100, description="The last failure's code.")] = None,
+    process_id: Annotated[str | None, Query(max_length=255)] = None,
     received_from: datetime | None = None,
     received_to: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -184,14 +227,15 @@ def search_messages(
 
     A source system's key sees only its own messages."""
     _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
-            object_id=object_id, error_code=error_code)
+            object_id=object_id, error_code=error_code, process_id=process_id)
     if not caller.admin:
         if source_system is not None and source_system != caller.source_system:
             raise ApiError(403, f"this API key may read only {caller.source_system}'s messages")
         source_system = caller.source_system
     items = message_summaries(
         state=state.value if state else None, service=service, operation=operation, source_system=source_system,
-        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, error_code=error_code, limit=limit,
+        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, error_code=error_code,
+        process_id=process_id, limit=limit,
         received_from=_utc(received_from, "received_from"), received_to=_utc(received_to, "received_to"),
         before_id=cursor)
     return {"items": items, "next_cursor": items[-1]["id"] if len(items) == limit else None}
@@ -224,6 +268,23 @@ def cancel_message(request: Request, message_id: MessageId, _: Annotated[Caller,
     """Cancel a non-final message; it is confirmed as CANCEL."""
     request.state.message_id = message_id
     return operator.cancel(message_id).as_dict()
+
+
+_BULK_ERRORS = {s: ERRORS[s] for s in (400, 401, 403, 404, 503)}
+
+
+@router.post("/messages:restart", response_model=BulkDone, responses=_BULK_ERRORS,
+             summary="Restart the final messages matching filters")
+def restart_matching(matching: RestartMatching, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    """Restart every OK, FAILED or CANCEL message matching the filters (up to `limit`, oldest first)."""
+    return operator.restart_matching(total=matching.total, **matching.filters()).as_dict()
+
+
+@router.post("/messages:cancel", response_model=BulkDone, responses=_BULK_ERRORS,
+             summary="Cancel the live messages matching filters")
+def cancel_matching(matching: Matching, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    """Cancel every message not final yet matching the filters (up to `limit`, oldest first)."""
+    return operator.cancel_matching(**matching.filters()).as_dict()
 
 
 @router.post("/messages/{message_id}/response", openapi_extra=_PAYLOAD_BODY,

@@ -96,6 +96,22 @@ def test_messages_list_show_cancel_restart(cli, prefix):
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
 
 
+def test_messages_cancel_and_restart_by_filter(cli, prefix):
+    process = uuid.uuid4().hex
+    ids = [openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex,
+                          process_id=process).id for _ in range(2)]
+    listed = cli("messages", "list", "--process-id", process, "--json")
+    assert sorted(m["id"] for m in json.loads(listed.output)) == sorted(ids)
+    neither = CliRunner().invoke(main, ["messages", "cancel"])
+    assert neither.exit_code == 2 and "either one MESSAGE_ID or filters" in neither.output
+    both = CliRunner().invoke(main, ["messages", "cancel", str(ids[0]), "--process-id", process])
+    assert both.exit_code == 2
+    cancelled = json.loads(cli("messages", "cancel", "--process-id", process, "--json").output)
+    assert set(cancelled["done"]) <= set(ids) and cancelled["more"] is False
+    restarted = cli("messages", "restart", "--process-id", process, "--state", "cancel")
+    assert restarted.exit_code == 0 and f"{len(cancelled['done'])} messages restarted" in restarted.output
+
+
 def test_list_and_show_print_markup_and_control_characters_verbatim(cli, prefix):
     cid = f"[/]x[bold red]{uuid.uuid4().hex[:8]}"
     payload = {"prefix": prefix, "note": "[/red] closing tag", "esc": "\x1b[2J"}

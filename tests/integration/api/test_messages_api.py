@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from sqlalchemy import func, select
@@ -239,6 +240,27 @@ def test_restart_cancel_respond_conflicts(client, cid, flow_payload):
     assert client.post("/api/v1/messages/999999999/cancel", headers=ADMIN).status_code == 404
     r = client.post(f"/api/v1/messages/{message_id}/restart", json={"total": "maybe"}, headers=ADMIN)
     assert r.status_code == 400
+
+
+def test_bulk_cancel_and_restart_by_filter(client, flow_payload):
+    process = f"p-{uuid.uuid4().hex[:8]}"
+    ids = [post(client, f"c-{uuid.uuid4().hex[:12]}", flow_payload, **{"X-Process-Id": process}).json()["id"]
+           for _ in range(2)]
+    assert client.post("/api/v1/messages:cancel", json={"process_id": process}, headers=CRM).status_code == 403
+    assert client.post("/api/v1/messages:cancel", json={}, headers=ADMIN).status_code == 400
+    assert client.post("/api/v1/messages:cancel", json={"process": process}, headers=ADMIN).status_code == 400
+    found = client.get("/api/v1/messages", params={"process_id": process}, headers=ADMIN).json()["items"]
+    assert sorted(m["id"] for m in found) == sorted(ids)
+    r = client.post("/api/v1/messages:cancel", json={"process_id": process, "route": "test.flow"}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    # A worker (if one runs) may have finished a message first: it is not matched, or refused.
+    assert set(done["done"]) | {x["id"] for x in done["refused"]} <= set(ids) and done["more"] is False
+    cancelled = [i for i in ids if openhub.get_message(i).state == "CANCEL"]
+    assert cancelled == done["done"]
+    again = client.post("/api/v1/messages:restart", json={"process_id": process, "state": "CANCEL"}, headers=ADMIN)
+    assert again.status_code == 200 and again.json()["done"] == cancelled
+    assert all(openhub.get_message(i).state != "CANCEL" for i in ids)
 
 
 def test_restart_of_a_cancelled_message(client, cid, flow_payload):
