@@ -340,6 +340,62 @@ def _age(seconds: float) -> str:
 
 
 @main.group()
+def confirmations() -> None:
+    """What source systems were told; parked ones (FAILED_END) sent again."""
+
+
+@confirmations.command("list")
+@click.option("--state", type=click.Choice(["PENDING", "SENDING", "OK", "FAILED", "FAILED_END"], case_sensitive=False),
+              help="FAILED_END: parked, its attempts ran out.")
+@click.option("--source-system")
+@click.option("--message-id", type=int)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def confirmations_list(state: str | None, source_system: str | None, message_id: int | None, limit: int,
+                       as_json: bool) -> None:
+    """Confirmations, newest first."""
+    from .confirm import list_confirmations
+    from .context import aware, first_line
+
+    rows = [{**r, "updated_at": aware(r["updated_at"]).isoformat(), "created_at": aware(r["created_at"]).isoformat(),
+             "due_at": aware(r["due_at"]).isoformat() if r["due_at"] else None,
+             "last_error": first_line(r["last_error"])}
+            for r in list_confirmations(state=state.upper() if state else None, source_system=source_system,
+                                        message_id=message_id, limit=limit)]
+    if as_json:
+        click.echo(json.dumps([{k: v for k, v in r.items() if k != "claim"} for r in rows], ensure_ascii=False))
+        return
+    from rich.table import Table
+
+    table = Table("id", "message", "source", "correlation id", "outcome", "state", "attempts", "updated", "last error")
+    for r in rows:
+        table.add_row(str(r["id"]), str(r["message_id"]), _verbatim(r["source_system"]), _verbatim(r["correlation_id"]),
+                      r["outcome"], _state(r["state"]), str(r["attempts"]), r["updated_at"][:19].replace("T", " "),
+                      _verbatim(r["last_error"]))
+    _console().print(table)
+
+
+@confirmations.command("resend")
+@click.argument("confirmation_id", type=int, required=False)
+@click.option("--parked", is_flag=True, help="Every parked (FAILED_END) confirmation.")
+@click.option("--source-system", help="With --parked: only this source system's.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def confirmations_resend(confirmation_id: int | None, parked: bool, source_system: str | None, as_json: bool) -> None:
+    """Send a parked confirmation again now, or (--parked) make every parked one due again."""
+    from .confirm import resend, resend_parked
+
+    if (confirmation_id is None) == (not parked):
+        raise click.UsageError("give either one CONFIRMATION_ID or --parked")
+    if confirmation_id is not None:
+        row = resend(confirmation_id)
+        click.echo(json.dumps({"id": row["id"], "state": row["state"]}) if as_json
+                   else f"confirmation {row['id']} sent again: {row['state']}")
+        return
+    ids = resend_parked(source_system=source_system)
+    click.echo(json.dumps({"resent": ids}) if as_json else f"{len(ids)} parked confirmations due again")
+
+
+@main.group()
 def exchanges() -> None:
     """HTTP requests and responses recorded by steps (HttpCall(record=True))."""
 

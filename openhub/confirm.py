@@ -20,9 +20,9 @@ from sqlalchemy import Connection, and_, insert, select, update
 from .config import get_settings
 from .context import Outcome, first_line
 from .db import outage_pause, transaction, utcnow
-from .errors import StoreUnavailable
+from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .registry import get_registry
-from .schema import confirmations
+from .schema import confirmations, messages
 from .store import message_view
 
 log = logging.getLogger("openhub.confirm")
@@ -104,14 +104,54 @@ def _send_one(confirmation_id: int, claim: str) -> int:
             time.sleep(outage_pause(attempt))
 
 
-def list_confirmations(state: str | None = None, message_id: int | None = None,
+STATES = (PENDING, SENDING, OK, FAILED, FAILED_END)
+
+
+def list_confirmations(state: str | None = None, message_id: int | None = None, source_system: str | None = None,
                        limit: int = 100) -> list[dict[str, Any]]:
-    """Confirmations, newest first; `state="FAILED_END"` lists the parked ones for operators."""
-    query = select(confirmations).order_by(C.id.desc()).limit(limit)
+    """Confirmations with their message's source system and correlation id, newest first;
+    `state="FAILED_END"` lists the parked ones for operators."""
+    if state is not None and state not in STATES:
+        raise InputError(f"unknown confirmation state {state!r}: one of {', '.join(STATES)}")
+    M = messages.c
+    query = (select(confirmations, M.source_system, M.correlation_id).join(messages, M.id == C.message_id)
+             .order_by(C.id.desc()).limit(max(1, min(int(limit), 1000))))
     if state is not None:
         query = query.where(C.state == state)
     if message_id is not None:
         query = query.where(C.message_id == message_id)
+    if source_system is not None:
+        query = query.where(M.source_system == source_system)
     with transaction() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def resend(confirmation_id: int) -> dict[str, Any]:
+    """Send a parked (FAILED_END) confirmation again now, with a fresh round of attempts; the row after."""
+    with transaction() as conn:
+        row = conn.execute(select(C.state, C.message_id).where(C.id == confirmation_id)).first()
+        if row is None:
+            raise NotFound(f"no confirmation with id {confirmation_id}")
+        if row.state != FAILED_END:
+            raise StateConflict(f"confirmation {confirmation_id} is {row.state}: only a parked (FAILED_END) one "
+                                "is sent again")
+        _unpark(conn, C.id == confirmation_id)
+    send_confirmations(row.message_id)
+    return next(c for c in list_confirmations(message_id=row.message_id, limit=1000) if c["id"] == confirmation_id)
+
+
+def resend_parked(source_system: str | None = None) -> list[int]:
+    """Make every parked confirmation (of one source system) due again; the poller sends them. Their ids."""
+    where = C.state == FAILED_END
+    if source_system is not None:
+        where = and_(where, C.message_id.in_(select(messages.c.id).where(messages.c.source_system == source_system)))
+    with transaction() as conn:
+        return sorted(_unpark(conn, where))
+
+
+def _unpark(conn: Connection, where: Any) -> list[int]:
+    now = utcnow()
+    return list(conn.execute(update(confirmations).where(and_(where, C.state == FAILED_END))
+                             .values(state=PENDING, attempts=0, due_at=now, claim=None, updated_at=now)
+                             .returning(C.id)).scalars())
 

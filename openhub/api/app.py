@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from ..config import Settings, get_settings
 from ..errors import ConfigurationError, InputError
 from ..producer import identifier
-from . import health, messages, metrics, overview, problems, routes
+from . import confirmations, health, messages, metrics, overview, problems, routes
 from .auth import Credentials, weaknesses
 from .batcher import AcceptBatcher
 from .throttle import Throttle
@@ -31,7 +31,7 @@ from .throttle import Throttle
 log = logging.getLogger("openhub.api")
 access_log = logging.getLogger("openhub.api.access")
 ADMIN_DIR = Path(__file__).with_name("admin")
-ROUTERS = [messages.router, routes.router, overview.router, health.router]
+ROUTERS = [messages.router, confirmations.router, routes.router, overview.router, health.router]
 
 
 class AdminFiles(StaticFiles):

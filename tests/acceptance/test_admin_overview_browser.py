@@ -103,3 +103,17 @@ def test_message_detail_shows_its_recorded_request_and_response(admin_page) -> N
     exchange.scroll_into_view_if_needed()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "message-detail.png"), full_page=True)
+
+
+def test_parked_confirmations_are_sent_again_from_the_overview(admin_page) -> None:  # noqa: ANN001
+    from playwright.sync_api import expect
+
+    page, ids = admin_page
+    parked = EXPECTED["parked"]
+    assert parked >= 2  # the known traffic parks one per failed message
+    expect(page.locator("#ov-parked")).to_have_text(str(parked))
+    page.locator("#ov-parked-list button.resend").first.click()
+    expect(page.locator("#ov-parked")).to_have_text(str(parked - 1))  # a fresh round of attempts
+    page.click("#ov-resend-parked")
+    expect(page.locator("#ov-parked")).to_have_text("0")
+    expect(page.locator("#ov-resend-parked")).to_be_hidden()

@@ -245,6 +245,7 @@ $("#d-close").addEventListener("click", () => { $("#detail").hidden = true; curr
 $("#d-restart").addEventListener("click", () => act("restart", { total: false }));
 $("#d-restart-total").addEventListener("click", () => act("restart", { total: true },
   "Total restart makes every external call of this message again. Continue?"));
+$("#ov-resend-parked").addEventListener("click", () => resendConfirmations("/api/v1/confirmations:resend"));
 $("#d-cancel").addEventListener("click", () => act("cancel", undefined, "Cancel this message?"));
 
 if (token()) openMain();

@@ -91,8 +91,14 @@ function renderOverview(o) {
     messageLink(cell(tr, ""), c.message_id);
     cell(tr, c.outcome); cell(tr, c.attempts); cell(tr, fmt(c.updated_at));
     cell(tr, (c.last_error || "").trim().split("\n").pop());
+    const send = document.createElement("button");
+    send.textContent = "Send again";
+    send.className = "resend";
+    send.addEventListener("click", () => resendConfirmations(`/api/v1/confirmations/${c.id}/resend`));
+    cell(tr, "").appendChild(send);
     parked.appendChild(tr);
   });
+  $("#ov-resend-parked").hidden = o.confirmations.parked_count === 0;
   const other = Object.entries(o.confirmations.by_state).filter(([s]) => s !== "FAILED_END");
   $("#ov-confirmations-other").textContent = other.length
     ? "Not yet confirmed: " + other.map(([s, n]) => `${s} ${n}`).join(", ") : "Every other confirmation is done.";
@@ -114,6 +120,14 @@ async function loadOverview() {
     showError("");
   } catch (e) { showError(e.message); }
   if (!$("#tab-overview").hidden && token()) overviewTimer = setTimeout(loadOverview, OVERVIEW_EVERY_MS);
+}
+
+async function resendConfirmations(path) {
+  try {
+    await api("POST", path);
+    showError("");
+  } catch (e) { showError(e.message); }
+  loadOverview();
 }
 
 async function loadWorkers() {

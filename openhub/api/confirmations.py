@@ -1,0 +1,59 @@
+"""/api/v1/confirmations: what the hub told (or could not tell) source systems, and sending it again."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import confirm
+from .auth import Caller, admin
+from ..context import aware, first_line
+
+router = APIRouter(prefix="/api/v1/confirmations", tags=["confirmations"])
+_ERRORS = {s: {"description": d} for s, d in {
+    400: "Bad filter", 401: "Missing or invalid credentials", 403: "Needs the admin token",
+    404: "No such confirmation", 409: "Not parked (FAILED_END)", 503: "Message store unavailable"}.items()}
+MAX_ID = 2**63 - 1
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: aware(v).isoformat() if isinstance(v, datetime) else v for k, v in row.items() if k != "claim"}
+    out["last_error"] = first_line(row.get("last_error"))  # the whole traceback is in the message's detail
+    return out
+
+
+@router.get("", summary="Confirmations, newest first", responses=_ERRORS)
+def list_confirmations(
+    _: Annotated[Caller, Depends(admin)],
+    state: Annotated[str | None, Query(max_length=20, description="PENDING, SENDING, OK, FAILED or FAILED_END "
+                                                                  "(parked: its attempts ran out).")] = None,
+    source_system: Annotated[str | None, Query(max_length=100)] = None,
+    message_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[dict[str, Any]]:
+    """Each confirmation with its message's source system and correlation id, and the last error's line."""
+    return [_shown(r) for r in confirm.list_confirmations(state=state, message_id=message_id,
+                                                           source_system=source_system, limit=limit)]
+
+
+@router.post("/{confirmation_id}/resend", summary="Send a parked confirmation again now", responses=_ERRORS)
+def resend(confirmation_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+           _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    """A FAILED_END confirmation gets a fresh round of attempts, the first one now; the row after it."""
+    return _shown(confirm.resend(confirmation_id))
+
+
+class Parked(BaseModel):
+    """Which parked confirmations to send again."""
+
+    model_config = ConfigDict(extra="forbid")
+    source_system: str | None = Field(None, max_length=100, description="Only this source system's.")
+
+
+@router.post(":resend", summary="Send every parked confirmation again", responses=_ERRORS)
+def resend_parked(_: Annotated[Caller, Depends(admin)], parked: Parked | None = None) -> dict[str, Any]:
+    """Every FAILED_END confirmation (of one source system) is due again; the poller sends them."""
+    return {"resent": confirm.resend_parked(source_system=parked.source_system if parked else None)}

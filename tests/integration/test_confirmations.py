@@ -1,0 +1,93 @@
+"""Parked confirmations listed and sent again (issue 13, part 5): Python, HTTP and the CLI, on LocalHub."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+import openhub
+from openhub.api.app import create_app
+from openhub.cli import main
+from openhub.confirm import resend, resend_parked
+from openhub.errors import NotFound, StateConflict
+from openhub.testing import LocalHub
+from tests.support import promise_routes as routes
+
+ADMIN = "confirmations-admin-" + "x" * 32
+
+
+@pytest.fixture
+def hub() -> Iterator[LocalHub]:
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_CONFIRM_MAX_FAILS="1",
+                  OPENHUB_ADMIN_TOKEN=ADMIN) as local:
+        yield local
+    routes.reset()
+
+
+def _parked(hub: LocalHub, count: int) -> list[int]:
+    """Messages whose confirmation failed its one attempt: parked (FAILED_END)."""
+    def unreachable(outcome):  # noqa: ANN001, ANN202
+        raise ConnectionError("the CRM is down")
+
+    routes.HOOKS["confirm"] = unreachable
+    ids = [hub.submit("p.flow", {}).id for _ in range(count)]
+    hub.run()
+    routes.HOOKS.pop("confirm")
+    assert [c["message_id"] for c in openhub.list_confirmations(state="FAILED_END")] == ids[::-1]
+    return ids
+
+
+def test_a_parked_confirmation_is_sent_again_once_and_only_when_parked(hub: LocalHub) -> None:
+    first, second = _parked(hub, 2)
+    row = openhub.list_confirmations(message_id=first)[0]
+    assert row["source_system"] == "CONFIRMED" and "the CRM is down" in row["last_error"]
+    again = resend(row["id"])
+    assert again["state"] == "OK" and again["attempts"] == 1
+    assert routes.CONFIRMED == [(first, "OK")]
+    with pytest.raises(StateConflict, match="only a parked"):
+        resend(row["id"])
+    with pytest.raises(NotFound):
+        resend(987654321)
+    assert resend_parked(source_system="ANOTHER") == []
+    assert resend_parked() == [openhub.list_confirmations(message_id=second)[0]["id"]]
+    hub.tick()  # the poller sends what is due
+    assert routes.CONFIRMED == [(first, "OK"), (second, "OK")]
+
+
+def test_confirmations_over_http(hub: LocalHub) -> None:
+    first, second = _parked(hub, 2)
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    with TestClient(create_app()) as client:
+        listed = client.get("/api/v1/confirmations", params={"state": "FAILED_END"}, headers=auth)
+        assert listed.status_code == 200
+        assert [c["message_id"] for c in listed.json()] == [second, first]
+        assert listed.json()[0]["last_error"] == "ConnectionError: the CRM is down"  # its last line only
+        assert client.get("/api/v1/confirmations", params={"state": "LOST"}, headers=auth).status_code == 400
+        assert client.get("/api/v1/confirmations").status_code == 401
+        one = listed.json()[1]["id"]
+        sent = client.post(f"/api/v1/confirmations/{one}/resend", headers=auth)
+        assert sent.status_code == 200 and sent.json()["state"] == "OK"
+        assert client.post(f"/api/v1/confirmations/{one}/resend", headers=auth).status_code == 409
+        rest = client.post("/api/v1/confirmations:resend", json={"source_system": "CONFIRMED"}, headers=auth)
+        assert rest.status_code == 200 and rest.json() == {"resent": [listed.json()[0]["id"]]}
+    hub.tick()
+    assert sorted(routes.CONFIRMED) == sorted([(first, "OK"), (second, "OK")])
+
+
+def test_confirmations_from_the_command_line(hub: LocalHub) -> None:
+    (only,) = _parked(hub, 1)
+    runner = CliRunner()
+    listed = runner.invoke(main, ["confirmations", "list", "--state", "failed_end", "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.output)
+    assert row["message_id"] == only
+    assert "CONFIRMED" in runner.invoke(main, ["confirmations", "list"]).output
+    assert runner.invoke(main, ["confirmations", "resend"]).exit_code == 2
+    sent = runner.invoke(main, ["confirmations", "resend", str(row["id"])])
+    assert sent.exit_code == 0 and f"confirmation {row['id']} sent again: OK" in sent.output
+    assert json.loads(runner.invoke(main, ["confirmations", "resend", "--parked", "--json"]).output) == {"resent": []}
