@@ -323,6 +323,8 @@ def _status_view(o: dict[str, Any]) -> Any:
                     if c["parked"] else ""))
     paused = ", ".join(f"{p['route']} ({p['reason'] or 'no reason'})" for p in o["paused_routes"])
     parts.append(f"paused routes: {paused or 'none'}")
+    if o.get("draining"):
+        parts.append(f"[yellow]draining ({o['draining']}): new messages are refused, none starts[/yellow]")
     w = o.get("workers")
     if w is not None:
         parts.append(f"workers: {', '.join(w['workers']) or 'none answered'}" if w["available"]
@@ -337,6 +339,29 @@ def _age(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60}m"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@main.command()
+@click.option("--reason", default="drained by an operator", show_default=True)
+@click.option("--off", is_flag=True, help="End the drain: messages are taken again.")
+@click.option("--status", "status_only", is_flag=True, help="Only tell whether the hub drains.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def drain(reason: str, off: bool, status_only: bool, as_json: bool) -> None:
+    """Drain the hub before maintenance: new messages are refused, none starts, those under way finish."""
+    from . import operator
+
+    redriven = None
+    if off:
+        redriven = operator.undrain()
+    elif not status_only:
+        operator.drain(reason)
+    state = operator.drain_status()
+    if as_json:
+        click.echo(json.dumps(state if redriven is None else {**state, "redriven": redriven}))
+    elif state["draining"]:
+        click.echo(f"draining ({state['reason']}): {state['under_way']} messages still under way")
+    else:
+        click.echo("not draining" + (f"; {redriven} messages re-driven" if redriven is not None else ""))
 
 
 @main.group()

@@ -33,9 +33,11 @@ from .funnel import funnel_blocked, release_funnel
 from .model import RetryPolicy, Route, RouteStep, Split
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses, transitions
-from .split import dispatch_children, prepare_children, resume_split, settle_parent, write_children
+from .split import (confirmed_to_source, dispatch_children, prepare_children, resume_split, settle_parent,
+                    write_children)
 from .states import Action, CallState, Event, State, transition
-from .store import dumps, loads, lock_message, paused_routes, record_transition, set_state, update_message
+from .store import (dumps, is_paused, loads, lock_message, paused_routes, record_transition, set_state,
+                    update_message)
 from .workers import current_id, liveness, running
 
 log = logging.getLogger("openhub.engine")
@@ -443,8 +445,10 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
         apply_event(conn, row, Event.POSTPONED, route, item, now, actions, due_at=now + settings.postpone_interval,
                     detail="an earlier run of the message is still in flight")
         return False
-    if route.name in paused_routes(conn):
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail="route paused",
+    paused = paused_routes(conn)
+    if is_paused(paused, route.name):
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions,
+                    detail="route paused" if route.name in paused else "the hub is draining",
                     due_at=now + settings.postpone_interval)
         return False
     blocked = funnel_blocked(conn, row, route)
@@ -625,7 +629,8 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
         values["due_at"] = now + retry_policy(route, item).interval
     elif event is Event.SPLIT:
         values["due_at"] = None
-        write_children(conn, row.id, verdict.children, actions)
+        assert isinstance(item, Split)
+        write_children(conn, row.id, item, verdict.children, actions)
     apply_event(conn, row, event, route, item, now, actions, detail=_short(verdict.error), **values)
 
 
@@ -639,16 +644,16 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: Ro
         values["due_at"] = now + policy.delay(result.failed_count)
     if result.state in (State.OK, State.FAILED, State.CANCEL, State.SKIPPED):
         values.update(due_at=None, finished_at=now, step_run=None, worker=None)
-    if Action.CONFIRM in result.actions:
-        if row.source_system in get_registry().confirmers:
-            queue_confirmation(conn, row.id, result.state.value, now)
-        else:
-            log.info("message %s (%s) ended %s; no confirmer for source system %s", row.id, row.correlation_id,
-                     result.state.value, row.source_system)
+    confirmed = Action.CONFIRM in result.actions and confirmed_to_source(conn, row)
+    if confirmed:
+        queue_confirmation(conn, row.id, result.state.value, now)
+    elif Action.CONFIRM in result.actions:
+        log.info("message %s (%s) ended %s; not confirmed (no confirmer for %s, or a split child)", row.id,
+                 row.correlation_id, result.state.value, row.source_system)
     set_state(conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=now,
               **values)
     actions.update(result.actions)
-    if row.source_system not in get_registry().confirmers:
+    if not confirmed:
         actions.discard(Action.CONFIRM)
     if row.funnel is None:
         actions.discard(Action.RELEASE_FUNNEL)

@@ -7,7 +7,8 @@
     │   └── PayloadTooLarge     payload over OPENHUB_MAX_PAYLOAD_BYTES
     ├── NotFound                no message with that id
     ├── StateConflict           an operator action the message's state does not allow
-    └── StoreUnavailable        the database cannot be reached (nothing was stored)
+    ├── StoreUnavailable        the database cannot be reached (nothing was stored)
+    └── Draining                the hub is draining: it takes no new messages (nothing was stored)
 
 Step outcomes are exceptions a step raises to tell the hub what happened:
 
@@ -55,6 +56,10 @@ class StateConflict(OpenHubError):
 
 class StoreUnavailable(OpenHubError):
     """The message store cannot be reached; the operation had no effect."""
+
+
+class Draining(OpenHubError):
+    """An operator is draining the hub (`openhub drain`): new messages are refused until it ends."""
 
 
 class StepOutcome(Exception):

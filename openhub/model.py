@@ -153,6 +153,8 @@ class Split:
     route: str | None = None  # the child route, when all children go to one: checked at load
     queue: str | None = None
     timeout: timedelta | None = None
+    sequential: bool = False  # children run one after another, in list order (a failure stops the rest)
+    confirm_children: bool = False  # confirm each child to the source system too (it never sent their ids)
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -162,6 +164,9 @@ class Split:
             raise ConfigurationError(f"Split key {key!r} must be an identifier")
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "timeout", _seconds(self.timeout, f"Split {key!r} timeout"))
+        for flag in ("sequential", "confirm_children"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigurationError(f"Split {key!r}: {flag} must be True or False")
 
     scope: Scope = field(default="message", init=False)
     retry: RetryPolicy | None = field(default=None, init=False)

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Callable
 
-from sqlalchemy import and_, delete, select, update
+from sqlalchemy import Connection, and_, delete, func, not_, select, update
 
 from .confirm import queue_confirmation
 from .context import MessageView
 from .db import is_postgres, transaction, utcnow
 from .engine import Effects, after_commit, publish_all, redispatch
+from .model import Route
 from .errors import InputError, NotFound, StateConflict
 from .producer import get_message, shallow
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
-from .split import settle_parent
-from .states import FINAL, NON_FINAL, CallState, Event, State, allowed, transition
-from .store import dumps, filtered, lock_message, message_view, record_transition, set_state, update_message
+from .split import confirmed_to_source, settle_parent
+from .states import FINAL, NON_FINAL, Action, CallState, Event, State, allowed, transition
+from .store import (DRAIN, drain_reason, dumps, filtered, lock_message, message_view, paused_routes,
+                    record_transition, set_state, update_message)
 
 M = messages.c
 RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
@@ -62,23 +65,38 @@ def cancel(message_id: int) -> MessageView:
     """Cancel a message in any non-final state; it is confirmed as CANCEL and its chain stops."""
     with transaction() as conn:
         row = _locked(conn, message_id)
-        result = transition(row.state, Event.CANCELLED, row.failed_count)
         now = utcnow()
-        if row.source_system in get_registry().confirmers:
-            queue_confirmation(conn, row.id, result.state.value, now)
-        # A new token makes any chain still carrying the message stop without effect. A step already
-        # calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
-        # restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
-        keep_run = {} if row.worker is not None and row.step_run is not None else {"step_run": None, "worker": None}
-        set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
-                  attempt_id=str(uuid.uuid4()), **keep_run)
-        effects = Effects(result.actions)
+        cancelled = _cancel(conn, row, now)
         if row.parent_id is not None:
-            settle_parent(conn, row.parent_id, now, effects)
-        route = get_registry().routes.get(f"{row.service}.{row.operation}")
-    if route is not None:
-        after_commit(route, int(message_id), effects)
+            settle_parent(conn, row.parent_id, now, cancelled[0][2])
+    for route, cancelled_id, effects in cancelled:
+        if route is not None:
+            after_commit(route, cancelled_id, effects)
     return get_message(message_id)
+
+
+def _cancel(conn: Connection, row: Any, now: datetime) -> list[tuple[Route | None, int, Effects]]:
+    """Cancel a message and, after it, its children not final yet (theirs too): what each needs after commit."""
+    result = transition(row.state, Event.CANCELLED, row.failed_count)
+    if confirmed_to_source(conn, row):
+        queue_confirmation(conn, row.id, result.state.value, now)
+    # A new token makes any chain still carrying the message stop without effect. A step already
+    # calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
+    # restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
+    keep_run = {} if row.worker is not None and row.step_run is not None else {"step_run": None, "worker": None}
+    set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
+              attempt_id=str(uuid.uuid4()), **keep_run)
+    effects = Effects(result.actions - {Action.NOTIFY_PARENT})  # the caller settles the parent
+    if not confirmed_to_source(conn, row):
+        effects.discard(Action.CONFIRM)
+    done = [(get_registry().routes.get(f"{row.service}.{row.operation}"), row.id, effects)]
+    children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
+                            .order_by(M.id)).scalars().all()
+    for child_id in children:  # a cancelled parent's family is cancelled with it
+        child = lock_message(conn, child_id)
+        if child is not None and child.state not in FINAL:
+            done.extend(_cancel(conn, child, now))
+    return done
 
 
 BULK_LIMIT = 1000  # messages one bulk action acts on; `more` says when others match too
@@ -173,14 +191,50 @@ def pause(route: str, reason: str = "paused by an operator") -> None:
 
 def resume(route: str) -> int:
     """Resume a paused route; its postponed messages are re-driven now. Returns how many."""
-    target = get_registry().route(route)
+    return _resume(route, get_registry().route(route))
+
+
+def drain(reason: str = "drained by an operator") -> int:
+    """Drain the hub before maintenance: new messages are refused (HTTP 503) and none starts, while
+    the chains under way finish. Returns how many messages are still under way (PROCESSING)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    with transaction() as conn:
+        dialect = postgresql if is_postgres(conn) else sqlite
+        conn.execute(dialect.insert(route_pauses).values(route=DRAIN, paused_at=utcnow(), reason=reason)
+                     .on_conflict_do_nothing(index_elements=["route"]))
+    return drain_status()["under_way"]
+
+
+def drain_status() -> dict[str, Any]:
+    """Whether the hub is draining (and why), and how many messages are still under way."""
+    with transaction() as conn:
+        reason = drain_reason(conn)
+        under_way = conn.execute(select(func.count()).select_from(messages)
+                                 .where(M.state == State.PROCESSING.value)).scalar_one()
+    return {"draining": reason is not None, "reason": reason, "under_way": under_way}
+
+
+def undrain() -> int:
+    """End a drain: messages are taken again and those it held back are re-driven now. Returns how many."""
+    return _resume(DRAIN, None)
+
+
+def _resume(name: str, route: Route | None) -> int:
+    """Delete a pause (a route's, or the drain) and re-drive the messages it held back, now."""
     now = utcnow()
     with transaction() as conn:
-        conn.execute(delete(route_pauses).where(route_pauses.c.route == route))
-        ids = [i for (i,) in conn.execute(
-            messages.select().with_only_columns(M.id).where(and_(
-                M.service == target.service, M.operation == target.operation,
-                M.state.in_(RESUMABLE))))]
+        conn.execute(delete(route_pauses).where(route_pauses.c.route == name))
+        paused = paused_routes(conn)
+        if DRAIN in paused:  # still draining: the messages go on when it ends
+            return 0
+        query = messages.select().with_only_columns(M.id).where(M.state.in_(RESUMABLE))
+        if route is not None:
+            query = query.where(and_(M.service == route.service, M.operation == route.operation))
+        for other in paused:  # routes paused on their own stay paused after a drain
+            service, operation = other.split(".", 1)
+            query = query.where(not_(and_(M.service == service, M.operation == operation)))
+        ids = list(conn.execute(query).scalars())
         if ids:  # the time they spent paused was not time blocked in their funnel
             conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE)))
                          .values(due_at=now, blocked_since=None))

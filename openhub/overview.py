@@ -27,6 +27,7 @@ from .context import aware
 from .db import is_postgres, transaction, utcnow
 from .schema import LIVE_PREDICATE, confirmations, messages, route_pauses
 from .states import FINAL
+from .store import DRAIN, drain_reason
 
 HOUR_BUCKET = timedelta(minutes=1)
 DAY_BUCKET = timedelta(minutes=15)
@@ -121,10 +122,10 @@ def confirmation_states(conn: Connection) -> dict[str, Any]:
 
 
 def paused_routes(conn: Connection) -> list[dict[str, Any]]:
-    """Every paused route, when and why."""
+    """Every paused route, when and why (the drain's row is `draining`)."""
     P = route_pauses.c
     return [{"route": r.route, "paused_at": _iso(r.paused_at), "reason": r.reason}
-            for r in conn.execute(select(route_pauses).order_by(P.route))]
+            for r in conn.execute(select(route_pauses).where(P.route != DRAIN).order_by(P.route))]
 
 
 def overview(now: datetime | None = None) -> dict[str, Any]:
@@ -135,12 +136,13 @@ def overview(now: datetime | None = None) -> dict[str, Any]:
         series = finished_series(conn, now)
         confirmations_ = confirmation_states(conn)
         paused = paused_routes(conn)
+        draining = drain_reason(conn)
     live: dict[str, int] = defaultdict(int)
     for row in routes:
         if not row["final"]:
             live[row["state"]] += row["count"]
     return {"now": _iso(now), "routes": routes, "live_by_state": dict(live), "finished": series,
-            "confirmations": confirmations_, "paused_routes": paused}
+            "confirmations": confirmations_, "paused_routes": paused, "draining": draining}
 
 
 def workers(timeout: float = 0.5) -> dict[str, Any]:

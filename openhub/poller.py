@@ -27,7 +27,7 @@ from .errors import UnknownRouteError
 from .registry import get_registry
 from .schema import ext_calls, messages
 from .states import Action, CallState, Event, State
-from .store import paused_routes, update_message
+from .store import DRAIN, is_paused, paused_routes, update_message
 from .workers import liveness
 
 log = logging.getLogger("openhub.poller")
@@ -66,11 +66,12 @@ def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None):  # 
     # `due_at <= now` implies the partial index's `due_at IS NOT NULL`: only live rows are read.
     # (No state filter here: SQLite would rather use the state index for it.)
     query = select(messages).where(M.due_at <= now)
-    for name in paused:
+    waiting = M.state.in_((State.NEW.value, State.PARTLY_FAILED.value, State.POSTPONED.value))
+    if DRAIN in paused:  # nothing new starts; the chains under way go on
+        query = query.where(not_(waiting))
+    for name in paused - {DRAIN}:
         service, operation = name.split(".", 1)
-        query = query.where(not_(and_(M.service == service, M.operation == operation,
-                                      M.state.in_((State.NEW.value, State.PARTLY_FAILED.value,
-                                                   State.POSTPONED.value)))))
+        query = query.where(not_(and_(M.service == service, M.operation == operation, waiting)))
     if only_ids is not None:
         query = query.where(M.id.in_(only_ids))
     return query.order_by(M.due_at).limit(BATCH)
@@ -188,7 +189,7 @@ def expire_guaranteed_order(now: datetime) -> int:
     with transaction() as conn:
         paused = paused_routes(conn)
         for route in routes:
-            if route.name in paused:  # waiting for an operator is not waiting in the funnel
+            if is_paused(paused, route.name):  # waiting for an operator is not waiting in the funnel
                 continue
             query = select(messages).where(and_(
                 M.service == route.service, M.operation == route.operation, M.funnel.is_not(None),

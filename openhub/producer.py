@@ -15,12 +15,12 @@ from . import dispatch
 from .config import get_settings
 from .context import MessageView
 from .db import transaction, utcnow
-from .errors import InputError, PayloadTooLarge
+from .errors import Draining, InputError, PayloadTooLarge
 from .model import Route
 from .registry import get_registry
 from .schema import messages, transitions
 from .states import State
-from .store import CONTROL, M, dumps, message_view, message_views, view_of
+from .store import CONTROL, M, drain_reason, dumps, message_view, message_views, view_of
 
 MAX_ID_LENGTH = 255
 MAX_CHILD_ID = 320  # a split child's correlation id: its parent's plus "#generation.n"
@@ -311,6 +311,9 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
     # One transaction: the new rows, and what the duplicates answer with. The chains are published after
     # it commits; nothing after the commit touches the store, so nothing can fail the stored messages.
     with transaction() as conn:
+        reason = drain_reason(conn)
+        if reason is not None:
+            raise Draining(f"the hub is draining ({reason}): no new messages are taken; retry later")
         ids = insert_new_many(conn, rows)
         stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
                                   duplicate=True)

@@ -82,9 +82,23 @@ def record_crash(message_id: int, detail: str) -> None:
             record_transition(conn, message_id, "task_crashed", state, state, detail=detail)
 
 
+DRAIN = "*"  # the route_pauses row of a drain: every route is paused and new messages are refused
+
+
 def paused_routes(conn: Connection) -> set[str]:
-    """Names of the routes an operator (or a Holdback) has paused."""
+    """Names of the routes an operator (or a Holdback) has paused; DRAIN among them while draining."""
     return {r for (r,) in conn.execute(_PAUSED)}
+
+
+def is_paused(paused: set[str], route: str) -> bool:
+    """Whether a route's messages may not start now: it is paused, or the hub is draining."""
+    return route in paused or DRAIN in paused
+
+
+def drain_reason(conn: Connection) -> str | None:
+    """Why the hub is draining (None: it is not)."""
+    row = conn.execute(select(route_pauses.c.reason).where(route_pauses.c.route == DRAIN)).first()
+    return None if row is None else (row.reason or "draining")
 
 
 def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> MessageView:

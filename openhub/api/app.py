@@ -31,7 +31,7 @@ from .throttle import Throttle
 log = logging.getLogger("openhub.api")
 access_log = logging.getLogger("openhub.api.access")
 ADMIN_DIR = Path(__file__).with_name("admin")
-ROUTERS = [messages.router, confirmations.router, routes.router, overview.router, health.router]
+ROUTERS = [messages.router, confirmations.router, routes.router, routes.drain_router, overview.router, health.router]
 
 
 class AdminFiles(StaticFiles):

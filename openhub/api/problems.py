@@ -25,6 +25,7 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.NotFound: 404,
     errors.StateConflict: 409,
     errors.StoreUnavailable: 503,
+    errors.Draining: 503,
     errors.ConfigurationError: 500,  # a broken route module: the operator's problem, not the caller's
 }
 
@@ -64,6 +65,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(errors.OpenHubError)
     async def _openhub_error(request: Request, exc: errors.OpenHubError) -> JSONResponse:
         status = status_for(exc)
+        if isinstance(exc, errors.Draining):  # an operator's decision, said plainly: retry later
+            return problem(status, str(exc), {"Retry-After": "60"})
         if status >= 500:
             # The text of a 5xx comes from a driver or a route module (host names, user names,
             # paths): it goes to the log, and the caller gets the generic reason.

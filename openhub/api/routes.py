@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path
+from pydantic import BaseModel, ConfigDict, Field
 
 from .. import operator
 from ..registry import get_registry
 from .auth import Caller, admin, reader
 
 router = APIRouter(prefix="/api/v1/routes", tags=["routes"])
+drain_router = APIRouter(prefix="/api/v1/drain", tags=["routes"])
 _ERRORS = {401: {"description": "Missing or invalid credentials"}, 403: {"description": "Needs the admin token"},
            404: {"description": "Unknown route"}, 503: {"description": "Message store unavailable"}}
 Name = Annotated[str, Path(max_length=100)]
@@ -41,3 +43,32 @@ def resume_route(service: Name, operation: Name, _: Annotated[Caller, Depends(ad
     name = get_registry().route(f"{service}.{operation}").name
     redriven = operator.resume(name)
     return {"route": name, "paused": False, "redriven": redriven}
+
+
+class DrainRequest(BaseModel):
+    """Why the hub is drained (shown on the overview)."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("drained by an operator", max_length=500)
+
+
+@drain_router.get("", summary="Whether the hub is draining, and how many messages are still under way",
+                  responses=_ERRORS)
+def drain_status(_: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+    """`draining`, its `reason`, and `under_way`: messages still running a step (wait for 0)."""
+    return operator.drain_status()
+
+
+@drain_router.put("", summary="Drain the hub: refuse new messages, start none, let those under way finish",
+                  responses=_ERRORS)
+def start_drain(_: Annotated[Caller, Depends(admin)], request: DrainRequest | None = None) -> dict[str, Any]:
+    """Submissions answer 503 (Retry-After) and no message starts until the drain ends."""
+    operator.drain(request.reason if request else DrainRequest().reason)
+    return operator.drain_status()
+
+
+@drain_router.delete("", summary="End the drain: take messages again", responses=_ERRORS)
+def end_drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    """The messages the drain held back are re-driven now (`redriven`)."""
+    redriven = operator.undrain()
+    return {**operator.drain_status(), "redriven": redriven}

@@ -103,6 +103,8 @@ routes = [
     Route("p.flow", steps=[first, second]),
     Route("p.fused", steps=[first, second], fused=True),
     Route("p.expiring", steps=[first, second], expires_after=timedelta(minutes=10)),
+    Route("p.sequence", steps=[Split(many, route="p.leaf", sequential=True)]),
+    Route("p.told", steps=[Split(many, key="told", route="p.leaf", confirm_children=True)]),
     Route("p.big_expiring", steps=[Split(many, route="p.leaf")], expires_after=timedelta(minutes=10)),
     Route("p.stamp", steps=[stamp, second]),
     Route("p.entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing"),

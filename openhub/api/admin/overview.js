@@ -110,7 +110,11 @@ function renderOverview(o) {
     li.textContent = `${p.route} — since ${fmt(p.paused_at)}${p.reason ? ": " + p.reason : ""}`;
     paused.appendChild(li);
   });
-  if (!o.paused_routes.length) paused.appendChild(Object.assign(document.createElement("li"), { textContent: "none" }));
+  if (o.draining) {
+    paused.prepend(Object.assign(document.createElement("li"),
+      { id: "ov-draining", textContent: `Every route: the hub is draining (${o.draining}); new messages are refused` }));
+  }
+  if (!o.paused_routes.length && !o.draining) paused.appendChild(Object.assign(document.createElement("li"), { textContent: "none" }));
 }
 
 async function loadOverview() {
