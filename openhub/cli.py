@@ -323,6 +323,9 @@ def _status_view(o: dict[str, Any]) -> Any:
                     if c["parked"] else ""))
     paused = ", ".join(f"{p['route']} ({p['reason'] or 'no reason'})" for p in o["paused_routes"])
     parts.append(f"paused routes: {paused or 'none'}")
+    if o.get("open_breakers"):
+        parts.append("[red]circuit breakers open: " + ", ".join(f"{b['system']} (until {b['open_until'][11:19]})"
+                                                               for b in o["open_breakers"]) + "[/red]")
     if o.get("draining"):
         parts.append(f"[yellow]draining ({o['draining']}): new messages are refused, none starts[/yellow]")
     w = o.get("workers")

@@ -86,6 +86,8 @@ class Settings:
     metrics_cache: timedelta = timedelta(seconds=5)
     http_record_bytes: int = 4096
     http_record_days: int = 14
+    breaker_failures: int = 5
+    breaker_open: timedelta = timedelta(seconds=60)
 
     @property
     def embedded(self) -> bool:
@@ -123,6 +125,8 @@ class Settings:
             metrics_cache=_seconds("OPENHUB_METRICS_CACHE", 5),
             http_record_bytes=_int("OPENHUB_HTTP_RECORD_BYTES", 4096),
             http_record_days=_int("OPENHUB_HTTP_RECORD_DAYS", 14),
+            breaker_failures=_int("OPENHUB_BREAKER_FAILURES", 5),
+            breaker_open=_seconds("OPENHUB_BREAKER_OPEN", 60),
         )
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, ContextManager
 from sqlalchemy import Connection, Row, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from . import dispatch
+from . import breaker, dispatch
 from .config import get_settings
 from .confirm import queue_confirmation, send_confirmations
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
@@ -369,6 +369,12 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
     except Exception as exc:  # a custom key that cannot be computed is the message's fault
         _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}", code="CUSTOM_KEY"), now, actions)
         return False
+    system = getattr(item, "system", None)
+    until = breaker.closed_until(conn, system, now) if system else None
+    if until is not None:  # its system is failing: wait for the breaker, no failure counted
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
+                    detail=f"{system} is unavailable: its circuit breaker is open", due_at=until)
+        return False
     call = _take_call(conn, key, row, item, now)
     if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded
         if isinstance(item, Split) and not resume_split(conn, row, now, actions):
@@ -574,6 +580,11 @@ def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, 
     conn.execute(_CALL_DONE, _call_done(entered, row, verdict.call_state, now, duration, error))
     if verdict.call_state in (CallState.OK, CallState.WAITING):
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
+    system = getattr(item, "system", None)
+    if system and verdict.event is Event.TRANSIENT:
+        breaker.failed(conn, system, now)
+    elif system and verdict.call_state in (CallState.OK, CallState.WAITING):
+        breaker.succeeded(conn, system)
 
 
 def _answered_early(conn: Connection, message_id: int) -> bool:

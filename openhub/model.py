@@ -73,6 +73,7 @@ class Step:
     queue: str | None = None
     retry: RetryPolicy | None = None
     fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail the message at once (besides Reject)
+    system: str | None = None  # the external system it calls: its steps share a circuit breaker
 
     @property
     def name(self) -> str:
@@ -83,7 +84,7 @@ class Step:
         return self.fn(ctx)
 
 
-_STEP_OPTIONS = {"key", "scope", "custom_key", "timeout", "queue", "retry", "fatal"}
+_STEP_OPTIONS = {"key", "scope", "custom_key", "timeout", "queue", "retry", "fatal", "system"}
 
 
 def _fatal(value: Any, owner: str) -> tuple[type[BaseException], ...]:
@@ -99,7 +100,7 @@ def _fatal(value: Any, owner: str) -> tuple[type[BaseException], ...]:
 
 def step(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a route step: ``@step`` or ``@step(key=..., scope=..., timeout=..., queue=..., retry=...,
-    fatal=(SomeError,))``."""
+    fatal=(SomeError,), system="billing")``."""
     unknown = set(options) - _STEP_OPTIONS
     if unknown:
         raise ConfigurationError(f"unknown @step option(s): {', '.join(sorted(unknown))}")
@@ -124,9 +125,12 @@ def step(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         queue = options.get("queue")
         if queue is not None and not isinstance(queue, str):
             raise ConfigurationError(f"step {key!r}: queue must be a string")
+        system = options.get("system")
+        if system is not None and not (isinstance(system, str) and 0 < len(system) <= 100):
+            raise ConfigurationError(f"step {key!r}: system must be a name of 1..100 characters")
         return Step(fn=func, key=key, scope=scope, custom_key=custom_key,
                     timeout=_seconds(options.get("timeout"), f"step {key!r} timeout"),
-                    queue=queue, retry=retry, fatal=_fatal(options.get("fatal"), f"step {key!r}"))
+                    queue=queue, retry=retry, fatal=_fatal(options.get("fatal"), f"step {key!r}"), system=system)
 
     if fn is not None:
         return declare(fn)

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select, text
 
+from .breaker import open_breakers
 from .context import aware
 from .db import is_postgres, transaction, utcnow
 from .schema import LIVE_PREDICATE, confirmations, messages, route_pauses
@@ -137,12 +138,14 @@ def overview(now: datetime | None = None) -> dict[str, Any]:
         confirmations_ = confirmation_states(conn)
         paused = paused_routes(conn)
         draining = drain_reason(conn)
+        breakers_open = open_breakers(conn, now)
     live: dict[str, int] = defaultdict(int)
     for row in routes:
         if not row["final"]:
             live[row["state"]] += row["count"]
     return {"now": _iso(now), "routes": routes, "live_by_state": dict(live), "finished": series,
-            "confirmations": confirmations_, "paused_routes": paused, "draining": draining}
+            "confirmations": confirmations_, "paused_routes": paused, "draining": draining,
+            "open_breakers": breakers_open}
 
 
 def workers(timeout: float = 0.5) -> dict[str, Any]:

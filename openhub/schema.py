@@ -197,6 +197,17 @@ class RoutePause(Base):
     reason: Mapped[str | None] = mapped_column(Text)
 
 
+class Breaker(Base):
+    """The circuit breaker of an external system (`@step(system=...)`), shared by every worker."""
+
+    __tablename__ = "breakers"
+
+    system: Mapped[str] = mapped_column(String(100), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)  # in a row, of any message's steps
+    open_until: Mapped[datetime | None] = mapped_column(DateTime)  # no call before (then one trial)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class HttpExchange(Base):
     """One recorded HTTP request and its response, made by a step through `openhub.http` with recording on.
 
@@ -232,5 +243,6 @@ ext_calls = ExtCall.__table__
 transitions = Transition.__table__
 confirmations = Confirmation.__table__
 route_pauses = RoutePause.__table__
+breakers = Breaker.__table__
 workers = Worker.__table__
 http_exchanges = HttpExchange.__table__

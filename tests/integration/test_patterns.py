@@ -30,6 +30,19 @@ def count_events(message_id: int, event: str) -> int:
                                                        transitions.c.event == event)).scalar()
 
 
+def test_an_outage_opens_the_systems_breaker_and_no_message_fails(svc, prefix, external) -> None:
+    # OPENHUB_BREAKER_FAILURES=3: three failures open the breaker for 2 s; a success closes it. Four
+    # failures in all: one message has at most three of them (max_fails=3 fails it at the fourth).
+    external.fail(f"{prefix}/bill", times=4)
+    ids = [submit(f"{svc}.billed", prefix).id for _ in range(6)]
+    assert [wait_final(i).state for i in ids] == ["OK"] * 6
+    assert external.count(f"{prefix}/bill", status=200) == 6  # each once, after the outage
+    with transaction() as conn:
+        waited = conn.execute(select(func.count()).where(transitions.c.message_id.in_(ids),
+                                                         transitions.c.detail.contains("circuit breaker"))).scalar()
+    assert waited >= 1  # retries due while the breaker was open waited for it, no failure counted
+
+
 @pytest.fixture
 def second_worker(hub, tmp_path):  # noqa: ANN001, ANN201
     """Another worker on the same backend, so children and funnel members run side by side."""

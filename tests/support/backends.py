@@ -36,6 +36,8 @@ TEST_SETTINGS = {
     "OPENHUB_WORKER_DEAD_AFTER": "2",
     "OPENHUB_ROUTES": "tests.support.routes",
     "OPENHUB_METRICS_CACHE": "0",  # scrapes read the store each time, so tests compare with it at once
+    "OPENHUB_BREAKER_FAILURES": "3",  # only the "billed" routes name a system
+    "OPENHUB_BREAKER_OPEN": "2",
 }
 
 

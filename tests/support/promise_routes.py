@@ -47,6 +47,7 @@ def external(name: str) -> Callable[[StepContext], None]:
 
 
 first, second = step(external("first")), step(external("second"))
+bill = step(key="bill", system="billing")(external("bill"))
 sync = step(key="sync", scope="entity")(external("sync"))
 waits = external("waits")
 
@@ -102,6 +103,7 @@ routes = [
     Route("p.reserve", steps=[reserve]),
     Route("p.flow", steps=[first, second]),
     Route("p.fused", steps=[first, second], fused=True),
+    Route("p.billing", steps=[first, bill]),
     Route("p.expiring", steps=[first, second], expires_after=timedelta(minutes=10)),
     Route("p.sequence", steps=[Split(many, route="p.leaf", sequential=True)]),
     Route("p.told", steps=[Split(many, key="told", route="p.leaf", confirm_children=True)]),

@@ -142,6 +142,10 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
     def route(name: str, steps: list, **options) -> Route:  # noqa: ANN003
         return Route(f"{service}.{name}", steps=steps, fused=fused, **options)
 
+    @step(key="bill", system=f"{service}-billing")  # a breaker of its own per mode
+    def bill(ctx: StepContext) -> None:
+        call(ctx, "bill")
+
     return [
         route("flow", [step_a, step_b, step_c]),
         route("entity", [sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
@@ -160,6 +164,7 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
         route("funnelled_split", [Split(group_members, route=f"{service}.funnel")], funnel=lambda p: p["group"]),
         route("badsplit", [Split(lambda ctx: [{"sku": 1}], key="malformed")]),
         route("held", [step_a]),
+        route("billed", [step_a, bill]),
     ]
 
 

@@ -110,6 +110,11 @@ function renderOverview(o) {
     li.textContent = `${p.route} — since ${fmt(p.paused_at)}${p.reason ? ": " + p.reason : ""}`;
     paused.appendChild(li);
   });
+  const breakers = $("#ov-breakers");
+  breakers.textContent = "";
+  o.open_breakers.forEach((b) => breakers.appendChild(Object.assign(document.createElement("li"),
+    { textContent: `${b.system}: ${b.failures} failures in a row; next trial after ${fmt(b.open_until)}` })));
+  if (!o.open_breakers.length) breakers.appendChild(Object.assign(document.createElement("li"), { textContent: "none" }));
   if (o.draining) {
     paused.prepend(Object.assign(document.createElement("li"),
       { id: "ov-draining", textContent: `Every route: the hub is draining (${o.draining}); new messages are refused` }));

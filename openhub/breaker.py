@@ -1,0 +1,62 @@
+"""Circuit breakers per external system (`@step(system="billing")`), shared by every worker through
+the store.
+
+OPENHUB_BREAKER_FAILURES transient failures in a row of any message's steps calling a system open
+its breaker for OPENHUB_BREAKER_OPEN: meanwhile those steps are postponed without counting a
+failure, so an outage does not burn every message's retries. Then one step may try (the first to
+take the trial, by compare-and-set); its success closes the breaker, its failure opens it again.
+The reads and writes join the step's own transactions: no commit of their own.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, and_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from .config import get_settings
+from .context import aware
+from .db import is_postgres
+from .schema import breakers
+
+B = breakers.c
+
+
+def closed_until(conn: Connection, system: str, now: datetime) -> datetime | None:
+    """Until when the system takes no call (None: this step may call it, perhaps as the trial)."""
+    row = conn.execute(select(B.failures, B.open_until).where(B.system == system)).first()
+    if row is None or row.open_until is None:
+        return None
+    if row.open_until > now:
+        return row.open_until
+    # Open long enough: the first step here is the trial; the others wait another period.
+    again = now + get_settings().breaker_open
+    taken = conn.execute(update(breakers).where(and_(B.system == system, B.open_until == row.open_until))
+                         .values(open_until=again, updated_at=now)).rowcount
+    return None if taken else again
+
+
+def failed(conn: Connection, system: str, now: datetime) -> None:
+    """A step calling the system failed transiently: one more in a row; open the breaker at the limit."""
+    settings = get_settings()
+    dialect = postgresql if is_postgres(conn) else sqlite
+    count = conn.execute(dialect.insert(breakers).values(system=system, failures=1, updated_at=now)
+                         .on_conflict_do_update(index_elements=["system"],
+                                                set_={"failures": B.failures + 1, "updated_at": now})
+                         .returning(B.failures)).scalar_one()
+    if count >= settings.breaker_failures:
+        conn.execute(update(breakers).where(B.system == system).values(open_until=now + settings.breaker_open))
+
+
+def succeeded(conn: Connection, system: str) -> None:
+    """A step calling the system succeeded: the breaker closes (a no-op while it is closed)."""
+    conn.execute(update(breakers).where(and_(B.system == system, B.failures > 0))
+                 .values(failures=0, open_until=None))
+
+
+def open_breakers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
+    """The systems whose breaker is open now, with until when and the failures that opened it."""
+    return [{"system": r.system, "open_until": aware(r.open_until).isoformat(), "failures": r.failures}
+            for r in conn.execute(select(breakers).where(B.open_until > now).order_by(B.system))]

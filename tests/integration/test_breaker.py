@@ -1,0 +1,68 @@
+"""Circuit breakers per external system (issue 13, part 3) on LocalHub: an outage of one system
+postpones its steps without burning the messages' retries, one trial step probes it, and its
+success lets every waiting message through."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+import openhub
+from openhub.db import transaction
+from openhub.schema import breakers
+from openhub.overview import overview
+from openhub.testing import LocalHub
+from tests.support import promise_routes as routes
+
+
+@pytest.fixture
+def hub() -> Iterator[LocalHub]:
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_BREAKER_FAILURES="3",
+                  OPENHUB_BREAKER_OPEN="60", OPENHUB_RETRY_INTERVAL="10", OPENHUB_MAX_FAILS="2") as local:
+        yield local
+    routes.reset()
+
+
+def _billing_down(ctx):  # noqa: ANN001, ANN202
+    raise ConnectionError("billing answered 503")
+
+
+def test_an_outage_opens_the_breaker_and_postpones_without_failing(hub: LocalHub) -> None:
+    routes.HOOKS["bill"] = _billing_down
+    ids = [hub.submit("p.billing", {}).id for _ in range(5)]
+    hub.run()
+    states = [(hub.get(i).state, hub.get(i).failed_count) for i in ids]
+    assert states[:3] == [("PARTLY_FAILED", 1)] * 3  # three failures in a row open the breaker...
+    assert states[3:] == [("POSTPONED", 0)] * 2  # ...and the rest wait for it, no failure counted
+    assert routes.calls("first") == 5  # the other system's step was not held back
+    assert [b["system"] for b in overview()["open_breakers"]] == ["billing"]
+    for seconds in (15, 30, 45):  # retries due while it is open are postponed too: no message FAILED
+        hub.tick(seconds=seconds)
+    assert {hub.get(i).state for i in ids} == {"POSTPONED"}
+    assert max(hub.get(i).failed_count for i in ids) == 1
+
+
+def test_a_successful_trial_closes_the_breaker_for_everyone(hub: LocalHub) -> None:
+    routes.HOOKS["bill"] = _billing_down
+    ids = [hub.submit("p.billing", {}).id for _ in range(4)]
+    hub.run()
+    routes.HOOKS.pop("bill")  # billing is back
+    hub.tick(seconds=61)
+    assert [hub.get(i).state for i in ids] == ["OK"] * 4
+    assert routes.calls("bill") == 4 and overview()["open_breakers"] == []
+
+
+def test_a_failed_trial_opens_the_breaker_again_after_one_call(hub: LocalHub) -> None:
+    routes.HOOKS["bill"] = _billing_down
+    ids = [hub.submit("p.billing", {}).id for _ in range(4)]
+    hub.run()
+    with transaction() as conn:
+        before = conn.execute(breakers.select()).one()
+    hub.tick(seconds=61)  # one trial, still down: open again for another period
+    with transaction() as conn:
+        after = conn.execute(breakers.select()).one()
+    assert after.failures == before.failures + 1 and after.open_until > before.open_until
+    assert sum(hub.get(i).failed_count for i in ids) == 4  # three before it opened, and the one trial
+    assert openhub.list_messages(state="FAILED") == []  # none failed for waiting
