@@ -11,7 +11,7 @@ from .context import MessageInfo, MessageView, Outcome, StepContext
 from .errors import (ConfigurationError, Holdback, InputError, NotFound, OpenHubError, PayloadTooLarge, Postpone,
                      Reject, StateConflict, StoreUnavailable, TransientError, UnknownRouteError)
 from .model import Child, RetryPolicy, Route, Split, Step, step
-from .registry import confirmation
+from .registry import confirmation, on_state
 from .states import State
 
 # What needs the store (SQLAlchemy) is imported on first use, so that a route module, or anything
@@ -33,6 +33,6 @@ __all__ = [
     "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split",
     "State", "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError",
     "UnknownRouteError", "cancel", "cancel_matching", "confirmation", "get_message", "list_confirmations",
-    "list_messages",
+    "list_messages", "on_state",
     "pause", "paused", "respond", "restart", "restart_matching", "resume", "step", "submit", "submit_many",
 ]

@@ -395,9 +395,10 @@ def confirmations_list(state: str | None, source_system: str | None, message_id:
         return
     from rich.table import Table
 
-    table = Table("id", "message", "source", "correlation id", "outcome", "state", "attempts", "updated", "last error")
+    table = Table("id", "message", "to", "correlation id", "outcome", "state", "attempts", "updated", "last error")
     for r in rows:
-        table.add_row(str(r["id"]), str(r["message_id"]), _verbatim(r["source_system"]), _verbatim(r["correlation_id"]),
+        to = f"hook {r['hook']}" if r.get("hook") else r["source_system"]
+        table.add_row(str(r["id"]), str(r["message_id"]), _verbatim(to), _verbatim(r["correlation_id"]),
                       r["outcome"], _state(r["state"]), str(r["attempts"]), r["updated_at"][:19].replace("T", " "),
                       _verbatim(r["last_error"]))
     _console().print(table)

@@ -87,6 +87,8 @@ class Settings:
     http_record_bytes: int = 4096
     http_record_days: int = 14
     breaker_failures: int = 5
+    webhook_url: str | None = None
+    webhook_states: frozenset[str] = frozenset({"FAILED"})
     breaker_open: timedelta = timedelta(seconds=60)
 
     @property
@@ -127,6 +129,9 @@ class Settings:
             http_record_days=_int("OPENHUB_HTTP_RECORD_DAYS", 14),
             breaker_failures=_int("OPENHUB_BREAKER_FAILURES", 5),
             breaker_open=_seconds("OPENHUB_BREAKER_OPEN", 60),
+            webhook_url=os.environ.get("OPENHUB_WEBHOOK_URL") or None,
+            webhook_states=frozenset(s.strip().upper() for s in _env("OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
+                                     if s.strip()),
         )
 
 

@@ -1,9 +1,11 @@
-"""Confirming final messages to their source systems (OK, FAILED, CANCEL).
+"""Confirming final messages to their source systems (OK, FAILED, CANCEL), and calling state hooks.
 
 A confirmation is a row written in the same transaction as the final state, so it cannot be
 forgotten; it is sent right after commit and, if the confirmer fails, retried by the poller
 every OPENHUB_CONFIRM_INTERVAL up to OPENHUB_CONFIRM_MAX_FAILS, then parked as FAILED_END.
-Sending claims the row first (compare-and-set), so one final state is confirmed once.
+Sending claims the row first (compare-and-set), so one final state is confirmed once. A state
+hook's notification (@on_state, the stock webhook) is a row of the same table naming its hook,
+sent and retried the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .config import get_settings
 from .context import Outcome, first_line
 from .db import outage_pause, transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
-from .registry import get_registry
+from .registry import Confirmer, get_registry
 from .schema import confirmations, messages
 from .store import message_view
 
@@ -68,7 +70,11 @@ def _send_one(confirmation_id: int, claim: str) -> int:
     with transaction() as conn:
         row = conn.execute(select(confirmations).where(C.id == confirmation_id)).one()
         view = message_view(conn, row.message_id)
-    confirmer = get_registry().confirmers.get(view.source_system)
+    if row.hook is not None:  # a state hook's notification
+        hook = get_registry().hooks.get(row.hook)
+        confirmer = hook[1] if hook is not None else _missing(row.hook)
+    else:
+        confirmer = get_registry().confirmers.get(view.source_system)
     error = None
     if confirmer is None:
         log.info("message %s (%s) ended %s; no confirmer for source system %s", view.id, view.correlation_id,
@@ -78,8 +84,8 @@ def _send_one(confirmation_id: int, claim: str) -> int:
             confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors))
         except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
             error = traceback.format_exc()
-            log.warning("confirmation of message %s to %s failed: %s", view.id, view.source_system,
-                        first_line(error))
+            log.warning("%s of message %s failed: %s", f"hook {row.hook}" if row.hook else
+                        f"confirmation to {view.source_system}", view.id, first_line(error))
     now = utcnow()
     attempts = row.attempts + 1
     if error is None:
@@ -105,6 +111,12 @@ def _send_one(confirmation_id: int, claim: str) -> int:
 
 
 STATES = (PENDING, SENDING, OK, FAILED, FAILED_END)
+
+
+def _missing(name: str) -> Confirmer:
+    def missing(outcome: Outcome) -> None:
+        raise LookupError(f"no state hook named {name!r} is loaded (OPENHUB_ROUTES, OPENHUB_WEBHOOK_URL)")
+    return missing
 
 
 def list_confirmations(state: str | None = None, message_id: int | None = None, source_system: str | None = None,

@@ -1,4 +1,4 @@
-"""Loading routes and confirmers from the modules named by OPENHUB_ROUTES."""
+"""Loading routes, confirmers and state hooks from the modules named by OPENHUB_ROUTES."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from .context import Outcome
 
 Confirmer = Callable[["Outcome"], None]
+Hook = Callable[["Outcome"], None]
 _MARK = "__openhub_confirms__"
+_HOOK_MARK = "__openhub_on_state__"
+WEBHOOK = "webhook"  # the name of the stock hook OPENHUB_WEBHOOK_URL turns on
 
 
 def confirmation(source_system: str) -> Callable[[Confirmer], Confirmer]:
@@ -35,6 +38,32 @@ def confirmation(source_system: str) -> Callable[[Confirmer], Confirmer]:
     return mark
 
 
+def on_state(*states: str) -> Callable[[Hook], Hook]:
+    """Declare a function called with the message's `Outcome` each time a message enters one of
+    `states` (any state but NEW): an alert on FAILED, a dead-letter feed, an audit trail.
+
+    Called after the state is committed, from a notification row written in the same transaction,
+    retried like a confirmation (OPENHUB_CONFIRM_INTERVAL, OPENHUB_CONFIRM_MAX_FAILS, then parked).
+    """
+    from .states import State
+
+    unknown = [s for s in states if s not in State.__members__ or s == "NEW"]
+    if not states or unknown:
+        raise ConfigurationError(f"@on_state needs message states other than NEW, got {unknown or 'none'}")
+
+    def mark(fn: Hook) -> Hook:
+        setattr(fn, _HOOK_MARK, frozenset(states))
+        return fn
+
+    return mark
+
+
+def _hooks_in(module: ModuleType) -> list[tuple[str, frozenset[str], Hook]]:
+    return [(f"{value.__module__}.{value.__qualname__}", getattr(value, _HOOK_MARK), value)
+            for value in vars(module).values() if callable(value) and isinstance(getattr(value, _HOOK_MARK, None),
+                                                                                 frozenset)]
+
+
 def _confirmers_in(module: ModuleType) -> list[tuple[str, Confirmer]]:
     return [(getattr(value, _MARK), value) for value in vars(module).values()
             if callable(value) and isinstance(getattr(value, _MARK, None), str)]
@@ -46,6 +75,11 @@ class Registry:
 
     routes: dict[str, Route] = field(default_factory=dict)
     confirmers: dict[str, Confirmer] = field(default_factory=dict)
+    hooks: dict[str, tuple[frozenset[str], Hook]] = field(default_factory=dict)  # name -> (states, function)
+
+    def hooks_for(self, state: str) -> list[str]:
+        """The names of the hooks a message entering `state` calls."""
+        return [name for name, (states, _fn) in self.hooks.items() if state in states]
 
     def route(self, name: str) -> Route:
         """The route called `name`, or UnknownRouteError."""
@@ -101,6 +135,8 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
         for module in _modules(name):
             for source_system, fn in _confirmers_in(module):
                 registry.add_confirmer(source_system, fn)
+            for hook_name, states, fn in _hooks_in(module):
+                registry.hooks[hook_name] = (states, fn)
             declared = getattr(module, "routes", None)
             if declared is None:
                 continue
@@ -108,6 +144,12 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
                 raise ConfigurationError(f"{module.__name__}.routes must be a list of Route")
             for route in declared:
                 registry.add(route, module.__name__)
+    settings = get_settings()
+    if settings.webhook_url:
+        from .notify import webhook
+
+        hook = on_state(*sorted(settings.webhook_states))(webhook(settings.webhook_url))  # checks the states
+        registry.hooks[WEBHOOK] = (settings.webhook_states, hook)
     registry.check()
     return registry
 

@@ -166,6 +166,8 @@ class Confirmation(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
+    # None: the confirmation to the source system; else the state hook (@on_state) to call.
+    hook: Mapped[str | None] = mapped_column(String(300))
 
     __table_args__ = (
         Index("ix_confirmations_message", "message_id"),

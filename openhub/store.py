@@ -12,7 +12,8 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 from .context import ExtCallView, MessageView, aware
 from .db import is_postgres, utcnow
 from .errors import InputError, NotFound
-from .schema import ext_calls, messages, route_pauses, transitions
+from .registry import get_registry
+from .schema import confirmations, ext_calls, messages, route_pauses, transitions
 from .states import State
 
 M = messages.c
@@ -52,11 +53,17 @@ def lock_message(conn: Connection, message_id: int) -> Row | None:
 
 def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str | None = None,
               detail: str | None = None, now: datetime | None = None, **values: Any) -> None:
-    """Write a message's new state (and other columns) and append the transition to its history."""
+    """Write a message's new state (and other columns) and append the transition to its history; a
+    state hook (@on_state) of the new state gets its notification row in the same transaction."""
     now = now or utcnow()
     values.setdefault("updated_at", now)
     conn.execute(_UPDATE, {"mid": row.id, "state": state.value, **values})
     record_transition(conn, row.id, event, row.state, state.value, step=step, detail=detail, now=now)
+    hooks = get_registry().hooks_for(state.value) if row.state != state.value else []
+    if hooks:  # sent by the poller (or with the message's confirmation), retried like one
+        conn.execute(insert(confirmations), [
+            dict(message_id=row.id, outcome=state.value, hook=name, state="PENDING", attempts=0, due_at=now,
+                 created_at=now, updated_at=now) for name in hooks])
 
 
 def record_transition(conn: Connection, message_id: int, event: str, from_state: str | None, to_state: str,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
-from openhub import Child, Outcome, Route, Split, StepContext, confirmation, step
+from openhub import Child, Outcome, Route, Split, StepContext, confirmation, on_state, step
 
 CALLS: list[tuple[str, str]] = []  # (step, idempotency key) of every call that succeeded
 ACTIVE: dict[str, int] = {}  # step -> calls in flight now
@@ -21,7 +21,7 @@ CONFIRMED: list[tuple[int, str]] = []
 
 def reset() -> None:
     """Forget every call, hook and confirmation."""
-    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED):
+    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED):
         registry.clear()
 
 
@@ -125,3 +125,15 @@ def confirm(outcome: Outcome) -> None:
     if hook is not None:
         hook(outcome)
     CONFIRMED.append((outcome.message.id, outcome.state))
+
+
+NOTIFIED: list[tuple[int, str]] = []
+
+
+@on_state("FAILED", "PARTLY_FAILED")
+def alert(outcome: Outcome) -> None:
+    """A state hook: note each failure (after the test's hook, which may fail it)."""
+    hook = HOOKS.get("alert")
+    if hook is not None:
+        hook(outcome)
+    NOTIFIED.append((outcome.message.id, outcome.state))
