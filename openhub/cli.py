@@ -237,7 +237,8 @@ def messages_show(message_id: int, as_json: bool) -> None:
         console.print("[bold]last error[/bold]")
         console.print(_verbatim(m["failed_error"].strip()), highlight=False)
     for title, rows, columns in (
-            ("external calls", m["ext_calls"], ("step", "key", "state", "attempts", "duration_ms", "last_error")),
+            ("external calls", m["ext_calls"], ("step", "key", "state", "attempts", "worker", "duration_ms",
+                                                 "last_error")),
             ("history", m["history"], ("at", "event", "from_state", "to_state", "step", "detail")),
             ("children", m["children"], ("id", "route", "state", "object_id")),
             ("confirmation", m["confirmation"], ("outcome", "state", "attempts", "updated_at", "last_error"))):

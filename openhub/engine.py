@@ -38,7 +38,7 @@ from .split import (confirmed_to_source, dispatch_children, prepare_children, re
 from .states import Action, CallState, Event, State, transition
 from .store import (dumps, is_paused, loads, lock_message, paused_routes, record_transition, set_state,
                     update_message)
-from .workers import current_id, liveness, running
+from .workers import current_id, current_node, liveness, running
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
@@ -402,7 +402,7 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
         ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
         conn.execute(update(ext_calls).where(X.key == key).values(
             state=CallState.PROCESSING.value, message_id=row.id, msg_timestamp=row.msg_timestamp, updated_at=now,
-            attempts=ctx.attempt))
+            attempts=ctx.attempt, worker=current_node()))
     return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row), call_ok_id=call.ok_message_id if call else None,
                    call_ok_ts=call.ok_msg_timestamp if call else None)
 
@@ -491,7 +491,7 @@ def _take_call(conn: Connection, key: str, row: Any, item: RouteStep, now: datet
     inserted = conn.execute(_NEW_CALL[pg], {
         "key": key, "message_id": row.id, "step_key": item.key, "scope": item.scope,
         "state": CallState.PROCESSING.value, "msg_timestamp": row.msg_timestamp, "attempts": 1,
-        "created_at": now, "updated_at": now}).first()
+        "created_at": now, "updated_at": now, "worker": current_node()}).first()
     if inserted is not None:
         return None
     return conn.execute(_LOCK_CALL[pg], {"call_key": key}).one()

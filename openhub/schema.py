@@ -122,6 +122,7 @@ class ExtCall(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime)
     duration_ms: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(255))  # host:pid of the process of the last attempt
     # The last message whose call succeeded, kept when another message takes the record over (entity and
     # custom scopes): that message must never call again, whatever the newer message's call did.
     # Not a foreign key: the archive may move that message away while the record stays.

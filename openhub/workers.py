@@ -66,6 +66,11 @@ def current_id() -> str:
     return _current[1]
 
 
+def current_node() -> str:
+    """This process as people know it: host:pid (the heartbeat's node, an attempt's worker)."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:255]
+
+
 def start_heartbeat(url: str | None = None) -> str:
     """Make sure this process heartbeats (once per process); returns its worker id.
 
@@ -79,7 +84,7 @@ def start_heartbeat(url: str | None = None) -> str:
         with _lock:
             if _beating != pid:
                 url = url or get_settings().database_url
-                node = f"{socket.gethostname()}:{pid}"[:255]
+                node = current_node()
                 beat(worker_id, node, url, broken=True)  # the first row is written before any step runs
                 thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url), daemon=True,
                                           name="openhub-heartbeat")

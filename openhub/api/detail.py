@@ -27,7 +27,8 @@ def message_detail(message_id: int) -> dict[str, Any]:
         X = ext_calls.c
         out["ext_calls"] = [
             {"key": c.key, "step": c.step_key, "scope": c.scope, "state": c.state, "attempts": c.attempts,
-             "duration_ms": c.duration_ms, "updated_at": _iso(c.updated_at), "last_error": c.last_error}
+             "duration_ms": c.duration_ms, "updated_at": _iso(c.updated_at), "last_error": c.last_error,
+             "worker": c.worker}
             for c in conn.execute(select(ext_calls).where(X.message_id == message_id).order_by(X.id))]
         M = messages.c
         out["children"] = [

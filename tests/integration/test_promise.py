@@ -443,3 +443,12 @@ def test_a_response_for_an_earlier_wait_does_not_answer_a_later_one(hub: LocalHu
     openhub.restart(view.id, total=True)  # the same wait again: the old response does not answer it
     hub.run()
     assert hub.get(view.id).state == "WAITING_FOR_RES"
+
+
+def test_each_external_call_names_the_process_of_its_last_attempt(hub: LocalHub) -> None:
+    from openhub.api.detail import message_detail
+    from openhub.workers import current_node
+
+    view = hub.submit("p.flow", {})
+    hub.run()
+    assert {c["worker"] for c in message_detail(view.id)["ext_calls"]} == {current_node()}

@@ -173,7 +173,8 @@ async function showMessage(id, quiet) {
     $("#d-error").textContent = m.failed_error || "—";
     $("#d-payload").textContent = JSON.stringify(m.payload, null, 2);
     $("#d-business").textContent = m.business_errors.length ? JSON.stringify(m.business_errors, null, 2) : "—";
-    fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "duration_ms", "updated_at", "last_error"]);
+    fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "worker", "duration_ms", "updated_at",
+      "last_error"]);
     fillTable("#d-history", m.history, ["at", "event", "from_state", "to_state", "step", "detail"]);
     const children = fillTable("#d-children", m.children, ["id", "route", "state", "object_id"]);
     Array.from(children.rows).forEach((tr, i) => {
