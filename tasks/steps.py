@@ -76,7 +76,8 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
     run.__name__ = route.steps[index].key
     run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if limit is None else
                    f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused).")
-    return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,))(run)
+    # Not shared: a process with two apps (tests) would otherwise register each step task in both.
+    return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
 
 
 def register_step_tasks(app: Celery) -> None:
