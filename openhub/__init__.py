@@ -17,9 +17,9 @@ from .states import State
 # What needs the store (SQLAlchemy) is imported on first use, so that a route module, or anything
 # importing only the routing model, loads no database library.
 _LAZY = {"list_confirmations": "confirm", "cancel": "operator", "pause": "operator", "paused": "operator",
-         "respond": "operator", "restart": "operator", "resume": "operator", "get_message": "producer",
-         "restart_matching": "operator", "cancel_matching": "operator",
-         "list_messages": "producer", "submit": "producer", "submit_many": "producer", "HttpCall": "http"}
+         "respond": "operator", "restart": "operator", "resume": "operator", "restart_matching": "operator",
+         "cancel_matching": "operator", "get_message": "producer", "list_messages": "producer",
+         "count_messages": "producer", "submit": "producer", "submit_many": "producer", "HttpCall": "http"}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,7 +32,7 @@ __all__ = [
     "Child", "ConfigurationError", "Holdback", "HttpCall", "InputError", "MessageInfo", "MessageView", "NotFound",
     "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split",
     "State", "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError",
-    "UnknownRouteError", "cancel", "cancel_matching", "confirmation", "get_message", "list_confirmations",
-    "list_messages", "on_state",
-    "pause", "paused", "respond", "restart", "restart_matching", "resume", "step", "submit", "submit_many",
+    "UnknownRouteError", "cancel", "cancel_matching", "confirmation", "count_messages", "get_message",
+    "list_confirmations", "list_messages", "on_state", "pause", "paused", "respond", "restart", "restart_matching",
+    "resume", "step", "submit", "submit_many",
 ]

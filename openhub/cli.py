@@ -441,8 +441,8 @@ def exchanges_prune(days: int | None, as_json: bool) -> None:
     click.echo(json.dumps({"deleted": deleted}) if as_json else f"{deleted} recorded HTTP exchanges deleted")
 
 
-def _matching(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The filters of a bulk restart or cancel (instead of one MESSAGE_ID)."""
+def _filters(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The message filters of `messages count` and of a bulk restart or cancel."""
     options = [
         click.option("--state", help="Only messages in this state."),
         click.option("--route", help="service.operation."),
@@ -451,12 +451,30 @@ def _matching(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--process-id"),
         click.option("--from", "received_from", help="Received at or after (ISO 8601, UTC if no zone)."),
         click.option("--to", "received_to", help="Received before (ISO 8601)."),
-        click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1000),
-                     help="Act on at most this many (oldest first)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _matching(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The filters of a bulk restart or cancel (instead of one MESSAGE_ID), and how many at most."""
+    return _filters(click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1000),
+                                 help="Act on at most this many (oldest first).")(fn))
+
+
+def _filter_values(filters: dict[str, Any]) -> dict[str, Any]:
+    """The options of `_filters` as keyword arguments of list_messages and the bulk actions."""
+    values = dict(filters)
+    route = values.pop("route")
+    if route is not None:
+        if "." not in route:
+            raise click.BadParameter("expected service.operation", param_hint="--route")
+        values["service"], values["operation"] = route.split(".", 1)
+    values["state"] = values["state"].upper() if values["state"] else None
+    values["received_from"] = _timestamp(values["received_from"], "--from")
+    values["received_to"] = _timestamp(values["received_to"], "--to")
+    return values
 
 
 def _bulk(message_id: int | None, filters: dict[str, Any], one: Callable[[int], Any],
@@ -467,15 +485,7 @@ def _bulk(message_id: int | None, filters: dict[str, Any], one: Callable[[int], 
     if message_id is not None:
         _done(one(message_id), verb, as_json)
         return
-    route = filters.pop("route")
-    if route is not None:
-        if "." not in route:
-            raise click.BadParameter("expected service.operation", param_hint="--route")
-        filters["service"], filters["operation"] = route.split(".", 1)
-    filters["state"] = filters["state"].upper() if filters["state"] else None
-    filters["received_from"] = _timestamp(filters["received_from"], "--from")
-    filters["received_to"] = _timestamp(filters["received_to"], "--to")
-    result = many(**filters)
+    result = many(**_filter_values(filters))
     if as_json:
         click.echo(json.dumps(result.as_dict()))
         return
@@ -483,6 +493,17 @@ def _bulk(message_id: int | None, filters: dict[str, Any], one: Callable[[int], 
                                                           else "") + ("; more match: run again" if result.more else ""))
     for message_id, reason in result.refused.items():
         click.echo(f"  {message_id}: {reason}")
+
+
+@messages.command("count")
+@_filters
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def messages_count(as_json: bool, **filters: Any) -> None:
+    """How many messages match the filters."""
+    import openhub
+
+    total = openhub.count_messages(**_filter_values(filters))
+    click.echo(json.dumps({"total": total}) if as_json else f"{total} messages match")
 
 
 @messages.command("restart")

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, and_, insert, select
+from sqlalchemy import Connection, and_, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
@@ -20,7 +20,7 @@ from .model import Route
 from .registry import get_registry
 from .schema import messages, transitions
 from .states import State
-from .store import CONTROL, M, drain_reason, dumps, message_view, message_views, view_of
+from .store import CONTROL, M, drain_reason, dumps, filtered, message_view, message_views, view_of
 
 MAX_ID_LENGTH = 255
 MAX_CHILD_ID = 320  # a split child's correlation id: its parent's plus "#generation.n"
@@ -334,6 +334,12 @@ def get_message(message_id: int) -> MessageView:
     """The message with its external calls; NotFound if there is none."""
     with transaction() as conn:
         return message_view(conn, int(message_id))
+
+
+def count_messages(**filters: Any) -> int:
+    """How many messages match every filter of `list_messages`."""
+    with transaction() as conn:
+        return conn.execute(filtered(select(func.count()).select_from(messages), **filters)).scalar_one()
 
 
 def list_messages(*, state: str | None = None, service: str | None = None, operation: str | None = None,

@@ -205,9 +205,7 @@ def _no_nul(**values: str | None) -> None:
             raise ApiError(400, f"{name} must not contain NUL characters")
 
 
-@router.get("/messages", response_model=MessagePage, responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
-            summary="Search messages")
-def search_messages(
+def message_filters(
     caller: Annotated[Caller, Depends(reader)],
     state: State | None = None,
     service: Annotated[str | None, Query(max_length=100)] = None,
@@ -220,25 +218,42 @@ def search_messages(
     process_id: Annotated[str | None, Query(max_length=255)] = None,
     received_from: datetime | None = None,
     received_to: datetime | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
-    """Summaries (no payloads) of messages matching every filter, newest first; the detail has the payload.
-
-    A source system's key sees only its own messages."""
+    """The search filters of a request; a source system's key sees only its own messages."""
     _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
             object_id=object_id, error_code=error_code, process_id=process_id)
     if not caller.admin:
         if source_system is not None and source_system != caller.source_system:
             raise ApiError(403, f"this API key may read only {caller.source_system}'s messages")
         source_system = caller.source_system
-    items = message_summaries(
-        state=state.value if state else None, service=service, operation=operation, source_system=source_system,
-        correlation_id=correlation_id, object_id=object_id, parent_id=parent_id, error_code=error_code,
-        process_id=process_id, limit=limit,
-        received_from=_utc(received_from, "received_from"), received_to=_utc(received_to, "received_to"),
-        before_id=cursor)
+    return dict(state=state.value if state else None, service=service, operation=operation,
+                source_system=source_system, correlation_id=correlation_id, object_id=object_id,
+                parent_id=parent_id, error_code=error_code, process_id=process_id,
+                received_from=_utc(received_from, "received_from"), received_to=_utc(received_to, "received_to"))
+
+
+Filters = Annotated[dict[str, Any], Depends(message_filters)]
+
+
+@router.get("/messages", response_model=MessagePage, responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
+            summary="Search messages")
+def search_messages(
+    filters: Filters,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
+) -> dict[str, Any]:
+    """Summaries (no payloads) of messages matching every filter, newest first; the detail has the payload.
+
+    A source system's key sees only its own messages."""
+    items = message_summaries(limit=limit, before_id=cursor, **filters)
     return {"items": items, "next_cursor": items[-1]["id"] if len(items) == limit else None}
+
+
+@router.get("/messages:count", responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
+            summary="How many messages match the search filters")
+def count_messages(filters: Filters) -> dict[str, int]:
+    """`{"total": n}` for the filters of `GET /api/v1/messages` (a source system's key: its own)."""
+    return {"total": producer.count_messages(**filters)}
 
 
 @router.get("/messages/{message_id}", responses={s: ERRORS[s] for s in (400, 401, 404, 503)},

@@ -109,6 +109,18 @@ def test_search_and_resume_a_paused_route(hub, prefix, page):
     page.click("#search-form button[type=submit]")
     expect(page.locator("#results tbody tr")).to_have_count(1)
     expect(page.locator(f"#results tbody tr[data-id='{view.id}']")).to_contain_text("test.flow")
+    expect(page.locator("#search-total")).to_have_text("1 message match")
+    process = uuid.uuid4().hex
+    ids = [openhub.submit("test.held", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex,
+                          process_id=process).id for _ in range(3)]
+    page.fill("#search-form input[name=correlation_id]", "")
+    page.fill("#search-form input[name=process_id]", process)
+    page.fill("#search-form input[name=limit]", "2")
+    page.click("#search-form button[type=submit]")
+    expect(page.locator("#results tbody tr")).to_have_count(2)  # one page of two...
+    expect(page.locator("#search-total")).to_have_text("3 messages match")  # ...of three
+    assert {int(i) for i in page.locator("#results tbody tr").evaluate_all("rs => rs.map(r => r.dataset.id)")} \
+        <= set(ids)
 
     openhub.pause("test.held")
     page.click("#tabs button[data-tab=routes]")

@@ -102,6 +102,8 @@ def test_messages_cancel_and_restart_by_filter(cli, prefix):
                           process_id=process).id for _ in range(2)]
     listed = cli("messages", "list", "--process-id", process, "--json")
     assert sorted(m["id"] for m in json.loads(listed.output)) == sorted(ids)
+    assert json.loads(cli("messages", "count", "--process-id", process, "--json").output) == {"total": 2}
+    assert cli("messages", "count", "--process-id", process, "--route", "test.held").output == "2 messages match\n"
     neither = CliRunner().invoke(main, ["messages", "cancel"])
     assert neither.exit_code == 2 and "either one MESSAGE_ID or filters" in neither.output
     both = CliRunner().invoke(main, ["messages", "cancel", str(ids[0]), "--process-id", process])

@@ -86,6 +86,11 @@ async function search(more) {
     page.items.forEach((m) => messageRow(tbody, m, false));
     cursor = page.next_cursor;
     $("#more").hidden = !cursor;
+    if (!more) {
+      q.delete("limit");
+      const count = await api("GET", "/api/v1/messages:count?" + q.toString());
+      $("#search-total").textContent = `${count.total} message${count.total === 1 ? "" : "s"} match`;
+    }
   } catch (e) { showError(e.message); }
 }
 

@@ -242,6 +242,18 @@ def test_restart_cancel_respond_conflicts(client, cid, flow_payload):
     assert r.status_code == 400
 
 
+def test_count_matches_the_search_and_keeps_a_source_system_to_its_own(client, flow_payload):
+    process = f"p-{uuid.uuid4().hex[:8]}"
+    for _ in range(3):
+        post(client, f"c-{uuid.uuid4().hex[:12]}", flow_payload, **{"X-Process-Id": process})
+    assert client.get("/api/v1/messages:count", params={"process_id": process}, headers=ADMIN).json() == {"total": 3}
+    assert client.get("/api/v1/messages:count", params={"process_id": process}, headers=CRM).json() == {"total": 3}
+    assert client.get("/api/v1/messages:count", params={"process_id": process}, headers=SHOP).json() == {"total": 0}
+    r = client.get("/api/v1/messages:count", params={"source_system": "CRM"}, headers=SHOP)
+    assert r.status_code == 403
+    assert openhub.count_messages(process_id=process) == 3
+
+
 def test_bulk_cancel_and_restart_by_filter(client, flow_payload):
     process = f"p-{uuid.uuid4().hex[:8]}"
     ids = [post(client, f"c-{uuid.uuid4().hex[:12]}", flow_payload, **{"X-Process-Id": process}).json()["id"]
