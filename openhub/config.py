@@ -42,6 +42,19 @@ def _int(name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _limits(name: str) -> dict[str, int]:
+    """Parse `billing=4,crm=2` into {"billing": 4, "crm": 2} (each at least 1)."""
+    limits = {}
+    for system, raw in _pairs(name).items():
+        try:
+            limits[system] = int(raw)
+        except ValueError:
+            raise ConfigurationError(f"{name}: {system}={raw!r} is not a whole number of calls") from None
+        if limits[system] < 1:
+            raise ConfigurationError(f"{name}: {system} must allow at least 1 call in flight")
+    return limits
+
+
 def _pairs(name: str) -> dict[str, str]:
     """Parse `A=x,B=y` into {"A": "x", "B": "y"}."""
     raw = os.environ.get(name, "").strip()
@@ -87,6 +100,7 @@ class Settings:
     http_record_bytes: int = 4096
     http_record_days: int = 14
     breaker_failures: int = 5
+    system_limits: dict[str, int] = field(default_factory=dict)  # system -> calls in flight at most
     webhook_url: str | None = None
     webhook_states: frozenset[str] = frozenset({"FAILED"})
     breaker_open: timedelta = timedelta(seconds=60)
@@ -129,6 +143,7 @@ class Settings:
             http_record_days=_int("OPENHUB_HTTP_RECORD_DAYS", 14),
             breaker_failures=_int("OPENHUB_BREAKER_FAILURES", 5),
             breaker_open=_seconds("OPENHUB_BREAKER_OPEN", 60),
+            system_limits=_limits("OPENHUB_SYSTEM_LIMITS"),
             webhook_url=os.environ.get("OPENHUB_WEBHOOK_URL") or None,
             webhook_states=frozenset(s.strip().upper() for s in _env("OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),

@@ -19,10 +19,10 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any, Callable, ContextManager
 
-from sqlalchemy import Connection, Row, and_, bindparam, or_, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from . import breaker, dispatch
+from . import breaker, dispatch, limits
 from .config import get_settings
 from .confirm import queue_confirmation, send_confirmations
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
@@ -398,6 +398,14 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
                         detail=f"{key} is being called by message {call.message_id}",
                         due_at=now + get_settings().postpone_interval)
             return False
+    limit = get_settings().system_limits.get(system) if system else None
+    if system and limit and not limits.take(conn, system, limit, run_id, row.due_at, now):
+        if call is None:  # its record was made by this entry, and no call happened
+            conn.execute(delete(ext_calls).where(X.key == key))
+        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
+                    detail=f"{system} has its {limit} calls in flight (OPENHUB_SYSTEM_LIMITS)",
+                    due_at=now + get_settings().postpone_interval)
+        return False
     if call is not None:
         ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
         conn.execute(update(ext_calls).where(X.key == key).values(
@@ -548,6 +556,9 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **common}).first()
     if kept is None:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
+        system = getattr(item, "system", None)
+        if system in get_settings().system_limits:
+            limits.release(conn, system, entered.run_id)
         if verdict.call_state == CallState.OK:  # the call did succeed: a later run must not make it again
             conn.execute(_CALL_DONE.where(X.state == CallState.PROCESSING.value),
                          _call_done(entered, row, CallState.OK, now, duration))
@@ -581,6 +592,8 @@ def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, 
     if verdict.call_state in (CallState.OK, CallState.WAITING):
         record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
     system = getattr(item, "system", None)
+    if system in get_settings().system_limits:
+        limits.release(conn, system, entered.run_id)
     if system and verdict.event is Event.TRANSIENT:
         breaker.failed(conn, system, now)
     elif system and verdict.call_state in (CallState.OK, CallState.WAITING):

@@ -211,6 +211,17 @@ class Breaker(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime)
 
 
+class SystemSlot(Base):
+    """One of the calls a limited external system (OPENHUB_SYSTEM_LIMITS) may have in flight."""
+
+    __tablename__ = "system_slots"
+
+    system: Mapped[str] = mapped_column(String(100), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_run: Mapped[str | None] = mapped_column(String(36))  # the run holding it
+    held_until: Mapped[datetime | None] = mapped_column(DateTime)  # its lease: a dead run's slot is free after
+
+
 class HttpExchange(Base):
     """One recorded HTTP request and its response, made by a step through `openhub.http` with recording on.
 
@@ -247,5 +258,6 @@ transitions = Transition.__table__
 confirmations = Confirmation.__table__
 route_pauses = RoutePause.__table__
 breakers = Breaker.__table__
+system_slots = SystemSlot.__table__
 workers = Worker.__table__
 http_exchanges = HttpExchange.__table__

@@ -43,6 +43,16 @@ def test_an_outage_opens_the_systems_breaker_and_no_message_fails(svc, prefix, e
     assert waited >= 1  # retries due while the breaker was open waited for it, no failure counted
 
 
+def test_a_system_limited_to_one_call_never_has_two_in_flight(svc, prefix, external) -> None:
+    external.delay(f"{prefix}/post", 0.3)  # long enough for the worker's two processes to meet
+    ids = [submit(f"{svc}.limited", prefix).id for _ in range(4)]
+    assert [wait_final(i).state for i in ids] == ["OK"] * 4
+    calls = sorted((c.started, c.ended) for c in external.calls if c.path == f"{prefix}/post")
+    assert len(calls) == 4
+    assert all(later[0] >= earlier[1] for earlier, later in zip(calls, calls[1:])), calls  # one at a time
+    assert max(openhub.get_message(i).failed_count for i in ids) == 0
+
+
 @pytest.fixture
 def second_worker(hub, tmp_path):  # noqa: ANN001, ANN201
     """Another worker on the same backend, so children and funnel members run side by side."""

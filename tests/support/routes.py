@@ -146,6 +146,10 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
     def bill(ctx: StepContext) -> None:
         call(ctx, "bill")
 
+    @step(key="post", system=f"{service}-post")  # one call in flight at most (OPENHUB_SYSTEM_LIMITS)
+    def post(ctx: StepContext) -> None:
+        call(ctx, "post")
+
     return [
         route("flow", [step_a, step_b, step_c]),
         route("entity", [sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
@@ -165,6 +169,7 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
         route("badsplit", [Split(lambda ctx: [{"sku": 1}], key="malformed")]),
         route("held", [step_a]),
         route("billed", [step_a, bill]),
+        route("limited", [step_a, post]),
     ]
 
 

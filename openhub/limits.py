@@ -1,0 +1,54 @@
+"""Calls in flight per external system (OPENHUB_SYSTEM_LIMITS="billing=4"), shared by every worker
+through the store.
+
+A step of a limited system (`@step(system="billing")`) takes one of the system's slots in the
+transaction that takes its lease, right before its call, and gives it back in the transaction
+that records the outcome. With every slot taken the step is postponed, no failure counted. A slot
+is leased like the step (its timeout plus OPENHUB_LEASE_GRACE): a killed worker's slot frees
+itself. Slots are rows made on first use; lowering the limit leaves the higher ones unused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from .db import is_postgres
+from .schema import system_slots
+
+S = system_slots.c
+
+
+def take(conn: Connection, system: str, limit: int, run_id: str, held_until: datetime, now: datetime) -> bool:
+    """Take a free slot of `system` for the step run `run_id`; False when all `limit` are taken."""
+    free = (select(S.slot).where(and_(S.system == system, S.slot < limit,
+                                      or_(S.step_run.is_(None), S.held_until < now))).order_by(S.slot).limit(1))
+    if is_postgres(conn):
+        free = free.with_for_update(skip_locked=True)
+    slot = conn.execute(free).scalar()
+    if slot is None and _made(conn, system, limit):
+        slot = conn.execute(free).scalar()
+    if slot is None:
+        return False
+    conn.execute(update(system_slots).where(and_(S.system == system, S.slot == slot))
+                 .values(step_run=run_id, held_until=held_until))
+    return True
+
+
+def release(conn: Connection, system: str, run_id: str) -> None:
+    """The run's call is over: its slot is free for the next."""
+    conn.execute(update(system_slots).where(and_(S.system == system, S.step_run == run_id))
+                 .values(step_run=None, held_until=None))
+
+
+def _made(conn: Connection, system: str, limit: int) -> bool:
+    """Make the system's missing slots (first use, or a raised limit); whether any was made."""
+    have = conn.execute(select(S.slot).where(S.system == system)).scalars().all()
+    missing = [{"system": system, "slot": n} for n in range(limit) if n not in set(have)]
+    if not missing:
+        return False
+    dialect = postgresql if is_postgres(conn) else sqlite
+    conn.execute(dialect.insert(system_slots).values(missing).on_conflict_do_nothing())
+    return True
