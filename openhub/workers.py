@@ -39,6 +39,7 @@ FORGET_AFTER = timedelta(days=1)  # rows of processes gone this long are deleted
 _lock = threading.Lock()
 _current: tuple[int, str] | None = None  # (pid, worker id) of this process
 _beating: int | None = None  # pid whose heartbeat thread runs
+_heart: tuple[threading.Thread, threading.Event] | None = None  # that thread, and what stops it
 _runs: set[str] = set()  # the step runs in flight in this process
 
 
@@ -77,7 +78,7 @@ def start_heartbeat(url: str | None = None) -> str:
     Called by the Celery adapter before a task runs. Processes that never call it (a web app
     submitting, `openhub.testing.LocalHub`) have no row: their leases end only when they expire.
     """
-    global _beating
+    global _beating, _heart
     worker_id = current_id()
     pid = os.getpid()
     if _beating != pid:
@@ -86,10 +87,11 @@ def start_heartbeat(url: str | None = None) -> str:
                 url = url or get_settings().database_url
                 node = current_node()
                 beat(worker_id, node, url, broken=True)  # the first row is written before any step runs
-                thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url), daemon=True,
+                stop = threading.Event()
+                thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url, stop), daemon=True,
                                           name="openhub-heartbeat")
                 thread.start()
-                _beating = pid
+                _beating, _heart = pid, (thread, stop)
     return worker_id
 
 
@@ -107,10 +109,20 @@ def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = Fa
             forget_gone(conn, now)  # a process's first heartbeat clears out the long gone
 
 
-def _heartbeat(worker_id: str, node: str, url: str) -> None:
+def stop_heartbeat() -> None:
+    """Stop this process's heartbeat (an in-process test worker that is done); a later step starts it anew."""
+    global _beating, _heart
+    with _lock:
+        if _heart is not None and _beating == os.getpid():
+            thread, stop = _heart
+            stop.set()
+            thread.join(timeout=10)
+        _beating, _heart = None, None
+
+
+def _heartbeat(worker_id: str, node: str, url: str, stop: threading.Event) -> None:
     interval = max(get_settings().worker_dead_after.total_seconds() / 5, 0.05)
     broken = False
-    stop = threading.Event()
     while not stop.wait(interval):
         try:
             beat(worker_id, node, url, broken=broken)

@@ -15,7 +15,7 @@ from celery import Celery
 import openhub
 from openhub import dispatch
 from openhub.api.detail import message_detail
-from openhub.workers import current_node
+from openhub.workers import current_node, stop_heartbeat
 from tasks.steps import register_step_tasks
 from tests.support import backends
 from tests.support.checks import assert_each_step_ok_once
@@ -35,6 +35,7 @@ def celery_app(backend: backends.Backend, tmp_path: Path) -> Iterator[Celery]:
     app = dispatch.celery_app()
     register_step_tasks(app)
     yield app
+    stop_heartbeat()  # the worker thread's steps started this process's heartbeat, on this test's store
     backend.activate()
 
 
