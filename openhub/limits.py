@@ -43,6 +43,11 @@ def release(conn: Connection, system: str, run_id: str) -> None:
                  .values(step_run=None, held_until=None))
 
 
+def release_runs(conn: Connection, runs: list[str]) -> None:
+    """Runs that will never record an outcome (their worker died): their slots are free at once."""
+    conn.execute(update(system_slots).where(S.step_run.in_(runs)).values(step_run=None, held_until=None))
+
+
 def _made(conn: Connection, system: str, limit: int) -> bool:
     """Make the system's missing slots (first use, or a raised limit); whether any was made."""
     have = conn.execute(select(S.slot).where(S.system == system)).scalars().all()

@@ -24,6 +24,7 @@ from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
 from .engine import Effects, after_commit, apply_event, publish_all, redispatch
 from .errors import UnknownRouteError
+from .limits import release_runs
 from .registry import get_registry
 from .schema import ext_calls, messages
 from .states import Action, CallState, Event, State
@@ -86,6 +87,7 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
     and the worker processes witnessed dead.
     """
     finished = []
+    lost = []
     with transaction() as conn:
         query = select(messages).where(M.worker.is_not(None), M.step_run.is_not(None)).limit(BATCH)
         if is_postgres(conn):
@@ -102,6 +104,7 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
         for row in rows:
             if live.run_in_flight(row.worker, row.step_run, row.updated_at) is not False:
                 continue
+            lost.append(row.step_run)
             route = get_registry().routes.get(f"{row.service}.{row.operation}")
             actions = Effects()
             if row.state == State.PROCESSING and route is not None:
@@ -115,6 +118,8 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
                     actions.add(Action.RELEASE_FUNNEL)
             if route is not None:
                 finished.append((route, row.id, actions))
+        if lost and get_settings().system_limits:  # the calls in flight they held are over too
+            release_runs(conn, lost)
     for route, message_id, actions in finished:
         after_commit(route, message_id, actions)
     return len(finished), live.dead

@@ -3,15 +3,17 @@ a step waits (postponed, no failure) while its system has as many calls in fligh
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Iterator
 
 import pytest
 
-from openhub.db import transaction
+from openhub.db import transaction, utcnow
 from openhub.errors import ConfigurationError
 from openhub.config import reset_settings, get_settings
 from openhub.schema import ext_calls, system_slots
 from openhub.testing import LocalHub
+from openhub.workers import beat, current_id
 from tests.support import promise_routes as routes
 
 
@@ -53,3 +55,22 @@ def test_a_limit_must_be_a_positive_whole_number(monkeypatch) -> None:  # noqa: 
         with pytest.raises(ConfigurationError, match="OPENHUB_SYSTEM_LIMITS"):
             get_settings()
     reset_settings()
+
+
+def test_a_dead_workers_slot_is_free_as_soon_as_its_death_is_seen(hub: LocalHub) -> None:
+    def killed(ctx):  # noqa: ANN001, ANN202
+        if not routes.MOST.get("killed"):
+            routes.MOST["killed"] = 1
+            raise KeyboardInterrupt  # the process dies mid-call: no outcome, its slot still taken
+
+    routes.HOOKS["post"] = killed
+    view = hub.submit("p.limited", {})
+    with pytest.raises(KeyboardInterrupt):
+        hub.run()
+    now = utcnow()
+    beat(current_id(), "victim", now=now - timedelta(minutes=1))  # silent for a minute...
+    beat("witness", "other", broken=True, now=now - timedelta(minutes=2))
+    beat("witness", "other", now=now)  # ...while another worker went on beating
+    hub.tick()  # repaired at once, and re-run: the slot must not wait for its 10-minute lease
+    assert hub.get(view.id).state == "OK", hub.get(view.id)
+    assert routes.calls("post") == 1
