@@ -78,7 +78,8 @@ def cancel(message_id: int) -> MessageView:
 def _cancel(conn: Connection, row: Any, now: datetime) -> list[tuple[Route | None, int, Effects]]:
     """Cancel a message and, after it, its children not final yet (theirs too): what each needs after commit."""
     result = transition(row.state, Event.CANCELLED, row.failed_count)
-    if confirmed_to_source(conn, row):
+    confirmed = confirmed_to_source(conn, row)
+    if confirmed:
         queue_confirmation(conn, row.id, result.state.value, now)
     # A new token makes any chain still carrying the message stop without effect. A step already
     # calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
@@ -87,7 +88,7 @@ def _cancel(conn: Connection, row: Any, now: datetime) -> list[tuple[Route | Non
     set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
               attempt_id=str(uuid.uuid4()), **keep_run)
     effects = Effects(result.actions - {Action.NOTIFY_PARENT})  # the caller settles the parent
-    if not confirmed_to_source(conn, row):
+    if not confirmed:
         effects.discard(Action.CONFIRM)
     done = [(get_registry().routes.get(f"{row.service}.{row.operation}"), row.id, effects)]
     children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
