@@ -93,11 +93,6 @@ def confirmed_to_source(conn: Connection, row: Any) -> bool:
     return split is not None and split.confirm_children
 
 
-def _awaiting_turn() -> Any:
-    """Children of a sequential split that have not had their turn yet (or wait for it again)."""
-    return and_(M.state.in_((State.NEW.value, State.PARTLY_FAILED.value)), M.due_at.is_(None))
-
-
 def current_children(parent: Any) -> Any:
     """The WHERE clause of a parent's children of its current generation (a total restart starts anew)."""
     prefix = f"{parent.correlation_id}#{parent.generation}."
