@@ -18,11 +18,9 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_BREAKER_FAILURES="3",
-                  OPENHUB_BREAKER_OPEN="60", OPENHUB_RETRY_INTERVAL="10", OPENHUB_MAX_FAILS="2") as local:
+    with routes.local_hub(OPENHUB_BREAKER_FAILURES="3", OPENHUB_BREAKER_OPEN="60", OPENHUB_RETRY_INTERVAL="10",
+                          OPENHUB_MAX_FAILS="2") as local:
         yield local
-    routes.reset()
 
 
 def _billing_down(ctx):  # noqa: ANN001, ANN202

@@ -14,10 +14,8 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED") as local:
+    with routes.local_hub() as local:
         yield local
-    routes.reset()
 
 
 def test_restart_matching_restarts_the_failures_of_one_kind_only(hub: LocalHub) -> None:

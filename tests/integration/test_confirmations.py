@@ -22,11 +22,8 @@ ADMIN = "confirmations-admin-" + "x" * 32
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_CONFIRM_MAX_FAILS="1",
-                  OPENHUB_ADMIN_TOKEN=ADMIN) as local:
+    with routes.local_hub(OPENHUB_CONFIRM_MAX_FAILS="1", OPENHUB_ADMIN_TOKEN=ADMIN) as local:
         yield local
-    routes.reset()
 
 
 def _parked(hub: LocalHub, count: int) -> list[int]:

@@ -24,11 +24,8 @@ CRM = "drain-crm-key-" + "y" * 32
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_ADMIN_TOKEN=ADMIN,
-                  OPENHUB_API_KEYS=f"CRM={CRM}") as local:
+    with routes.local_hub(OPENHUB_ADMIN_TOKEN=ADMIN, OPENHUB_API_KEYS=f"CRM={CRM}") as local:
         yield local  # a fresh store each test: no drain outlives it
-    routes.reset()
 
 
 def test_a_drain_lets_the_chain_under_way_finish_and_starts_nothing_new(hub: LocalHub) -> None:

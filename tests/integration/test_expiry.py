@@ -19,10 +19,8 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_RETRY_INTERVAL="60") as local:
+    with routes.local_hub(OPENHUB_RETRY_INTERVAL="60") as local:
         yield local
-    routes.reset()
 
 
 def _expired(hub: LocalHub, message_id: int) -> bool:

@@ -13,10 +13,8 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_MAX_FAILS="3") as local:
+    with routes.local_hub(OPENHUB_MAX_FAILS="3") as local:
         yield local
-    routes.reset()
 
 
 @pytest.fixture

@@ -19,11 +19,8 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_SYSTEM_LIMITS="post=1",
-                  OPENHUB_POSTPONE_INTERVAL="5") as local:
+    with routes.local_hub(OPENHUB_SYSTEM_LIMITS="post=1", OPENHUB_POSTPONE_INTERVAL="5") as local:
         yield local
-    routes.reset()
 
 
 def test_a_second_call_waits_while_the_system_has_its_one_call_in_flight(hub: LocalHub) -> None:

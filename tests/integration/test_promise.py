@@ -24,11 +24,8 @@ from tests.support.backends import postgres_database
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_RETRY_INTERVAL="60",
-                  OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3") as local:
+    with routes.local_hub(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3") as local:
         yield local
-    routes.reset()
 
 
 def _history(message_id: int) -> list[str]:

@@ -15,10 +15,8 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED") as local:
+    with routes.local_hub() as local:
         yield local
-    routes.reset()
 
 
 def _children(parent_id: int) -> list[openhub.MessageView]:

@@ -19,11 +19,8 @@ HOOK = "tests.support.promise_routes.alert"
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_MAX_FAILS="1",
-                  OPENHUB_RETRY_INTERVAL="60", OPENHUB_CONFIRM_MAX_FAILS="2") as local:
+    with routes.local_hub(OPENHUB_MAX_FAILS="1", OPENHUB_RETRY_INTERVAL="60", OPENHUB_CONFIRM_MAX_FAILS="2") as local:
         yield local
-    routes.reset()
 
 
 def test_a_hook_hears_of_each_state_it_subscribed_to_once(hub: LocalHub) -> None:

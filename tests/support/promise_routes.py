@@ -7,8 +7,9 @@ call is in flight, as a concurrent operator or worker would.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from openhub import Child, Outcome, Route, Split, StepContext, confirmation, on_state, step
 
@@ -23,6 +24,20 @@ def reset() -> None:
     """Forget every call, hook and confirmation."""
     for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED):
         registry.clear()
+
+
+@contextmanager
+def local_hub(**env: str) -> Iterator[Any]:
+    """A LocalHub over these routes (messages from source system CONFIRMED, which has a confirmer),
+    with every call, hook and confirmation forgotten before and after."""
+    from openhub.testing import LocalHub
+
+    reset()
+    try:
+        with LocalHub(__name__, source_system="CONFIRMED", **env) as hub:
+            yield hub
+    finally:
+        reset()
 
 
 def calls(name: str, key: str | None = None) -> int:
