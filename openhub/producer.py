@@ -223,23 +223,28 @@ def insert_new(conn: Connection, row: dict[str, Any]) -> int | None:
 
 
 INSERT_CHUNK = 1000  # rows per INSERT: ~20 columns each stays far below PostgreSQL's 65,535 parameters
+_KEY, _CHILD_KEY = (M.source_system, M.correlation_id), (M.parent_id, M.correlation_id)
+# The partial unique index of each id namespace is named by its WHERE clause.
+_INSERT_NEW = {(pg, children): (postgresql if pg else sqlite).insert(messages)
+               .on_conflict_do_nothing(index_elements=[c.name for c in (_CHILD_KEY if children else _KEY)],
+                                       index_where=M.parent_id.is_not(None) if children else M.parent_id.is_(None))
+               .returning(M.id, *(_CHILD_KEY if children else _KEY))
+               for pg in (False, True) for children in (False, True)}
 
 
 def insert_new_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
     """Insert NEW messages (in chunks, in the caller's transaction): each row's id, or None where it is
     already stored."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     # Top-level ids are unique per source system; a split's children are unique per parent (one call
-    # inserts one kind). The partial unique index each namespace has is named by its WHERE clause.
+    # inserts one kind).
     children = rows[0]["parent_id"] is not None if rows else False
-    key = (M.parent_id, M.correlation_id) if children else (M.source_system, M.correlation_id)
-    where = M.parent_id.is_not(None) if children else M.parent_id.is_(None)
+    key = _CHILD_KEY if children else _KEY
+    stmt = _INSERT_NEW[(conn.dialect.name == "postgresql", children)]
     stored: dict[tuple[Any, str], int] = {}
     for start in range(0, len(rows), INSERT_CHUNK):
-        stmt = (dialect.insert(messages).values(rows[start:start + INSERT_CHUNK])
-                .on_conflict_do_nothing(index_elements=[c.name for c in key], index_where=where)
-                .returning(M.id, *key))
-        stored.update({(a, b): i for i, a, b in conn.execute(stmt)})
+        # One statement built once: SQLAlchemy sends the rows as multi-row VALUES pages
+        # ("insertmanyvalues") without compiling a new statement for each batch size.
+        stored.update({(a, b): i for i, a, b in conn.execute(stmt, rows[start:start + INSERT_CHUNK])})
     ids: list[int | None] = []
     for row in rows:  # a key twice in one batch: the second is a duplicate of the first
         ids.append(stored.pop((row[key[0].name], row["correlation_id"]), None))
