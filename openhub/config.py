@@ -55,6 +55,20 @@ def _limits(name: str) -> dict[str, int]:
     return limits
 
 
+def _rates(name: str) -> dict[str, tuple[int, float]]:
+    """Parse `billing=10/1,crm=100/60` (calls per seconds) into {"billing": (10, 1.0), "crm": (100, 60.0)}."""
+    rates = {}
+    for system, raw in _pairs(name).items():
+        calls, _, seconds = raw.partition("/")
+        try:
+            rates[system] = (int(calls), float(seconds))
+        except ValueError:
+            raise ConfigurationError(f"{name}: {system}={raw!r} is not CALLS/SECONDS") from None
+        if rates[system][0] < 1 or not rates[system][1] > 0:
+            raise ConfigurationError(f"{name}: {system} needs at least 1 call per a positive number of seconds")
+    return rates
+
+
 def _pairs(name: str) -> dict[str, str]:
     """Parse `A=x,B=y` into {"A": "x", "B": "y"}."""
     raw = os.environ.get(name, "").strip()
@@ -101,6 +115,7 @@ class Settings:
     http_record_days: int = 14
     breaker_failures: int = 5
     system_limits: dict[str, int] = field(default_factory=dict)  # system -> calls in flight at most
+    system_rates: dict[str, tuple[int, float]] = field(default_factory=dict)  # system -> (calls, per seconds)
     webhook_url: str | None = None
     webhook_states: frozenset[str] = frozenset({"FAILED"})
     breaker_open: timedelta = timedelta(seconds=60)
@@ -144,6 +159,7 @@ class Settings:
             breaker_failures=_int("OPENHUB_BREAKER_FAILURES", 5),
             breaker_open=_seconds("OPENHUB_BREAKER_OPEN", 60),
             system_limits=_limits("OPENHUB_SYSTEM_LIMITS"),
+            system_rates=_rates("OPENHUB_SYSTEM_RATES"),
             webhook_url=os.environ.get("OPENHUB_WEBHOOK_URL") or None,
             webhook_states=frozenset(s.strip().upper() for s in _env("OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),

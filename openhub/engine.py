@@ -398,13 +398,13 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
                         detail=f"{key} is being called by message {call.message_id}",
                         due_at=now + get_settings().postpone_interval)
             return False
-    limit = get_settings().system_limits.get(system) if system else None
-    if system and limit and not limits.take(conn, system, limit, run_id, row.due_at, now):
+    busy = _system_busy(system, run_id, row.due_at, conn, now) if system else None
+    if busy is not None:  # the system takes no more calls now: wait, no failure counted
         if call is None:  # its record was made by this entry, and no call happened
             conn.execute(delete(ext_calls).where(X.key == key))
+        until, why = busy
         apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
-                    detail=f"{system} has its {limit} calls in flight (OPENHUB_SYSTEM_LIMITS)",
-                    due_at=now + get_settings().postpone_interval)
+                    detail=why, due_at=until)
         return False
     if call is not None:
         ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
@@ -413,6 +413,20 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
             attempts=ctx.attempt, worker=current_node()))
     return Entered(run_id=run_id, key=key, ctx=ctx, row=_with(row), call_ok_id=call.ok_message_id if call else None,
                    call_ok_ts=call.ok_msg_timestamp if call else None)
+
+
+def _system_busy(system: str, run_id: str, lease_until: datetime, conn: Connection,
+                 now: datetime) -> tuple[datetime, str] | None:
+    """Until when, and why, a step may not call its system now: its rate or its calls in flight."""
+    settings = get_settings()
+    rate = settings.system_rates.get(system)
+    until = limits.paced(conn, system, rate, now) if rate else None
+    if until is not None:
+        return until, f"{system} is at its rate of {rate[0]} calls per {rate[1]:g} s (OPENHUB_SYSTEM_RATES)"
+    limit = settings.system_limits.get(system)
+    if limit and not limits.take(conn, system, limit, run_id, lease_until, now):
+        return now + settings.postpone_interval, f"{system} has its {limit} calls in flight (OPENHUB_SYSTEM_LIMITS)"
+    return None
 
 
 def _in_flight(conn: Connection, message_id: int, now: datetime) -> bool:

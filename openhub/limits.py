@@ -1,5 +1,9 @@
-"""Calls in flight per external system (OPENHUB_SYSTEM_LIMITS="billing=4"), shared by every worker
-through the store.
+"""Calls in flight (OPENHUB_SYSTEM_LIMITS="billing=4") and calls per second
+(OPENHUB_SYSTEM_RATES="billing=10/1") per external system, shared by every worker through the store.
+
+A step of a rate-limited system takes a token from the system's bucket (refilled at its rate, up
+to `calls` tokens) right before its call; with none left it is postponed to when the next token
+is due, no failure counted.
 
 A step of a limited system (`@step(system="billing")`) takes one of the system's slots in the
 transaction that takes its lease, right before its call, and gives it back in the transaction
@@ -10,15 +14,39 @@ itself. Slots are rows made on first use; lowering the limit leaves the higher o
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .db import is_postgres
-from .schema import system_slots
+from .schema import system_rates, system_slots
 
 S = system_slots.c
+R = system_rates.c
+
+
+def paced(conn: Connection, system: str, rate: tuple[int, float], now: datetime) -> datetime | None:
+    """Take one token of the system's bucket (`calls` per `seconds`); None when the call may start
+    now, else when the next token is due."""
+    calls, seconds = rate
+    per_second = calls / seconds
+    bucket = select(R.tokens, R.updated_at).where(R.system == system)
+    if is_postgres(conn):
+        bucket = bucket.with_for_update()
+    row = conn.execute(bucket).first()
+    if row is None:
+        dialect = postgresql if is_postgres(conn) else sqlite
+        made = conn.execute(dialect.insert(system_rates).values(system=system, tokens=calls - 1, updated_at=now)
+                            .on_conflict_do_nothing()).rowcount
+        if made:
+            return None
+        row = conn.execute(bucket).one()
+    tokens = min(float(calls), row.tokens + max((now - row.updated_at).total_seconds(), 0.0) * per_second)
+    if tokens < 1:
+        return now + timedelta(seconds=(1 - tokens) / per_second)
+    conn.execute(update(system_rates).where(R.system == system).values(tokens=tokens - 1, updated_at=now))
+    return None
 
 
 def take(conn: Connection, system: str, limit: int, run_id: str, held_until: datetime, now: datetime) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -222,6 +222,16 @@ class SystemSlot(Base):
     held_until: Mapped[datetime | None] = mapped_column(DateTime)  # its lease: a dead run's slot is free after
 
 
+class SystemRate(Base):
+    """The token bucket of a rate-limited external system (OPENHUB_SYSTEM_RATES)."""
+
+    __tablename__ = "system_rates"
+
+    system: Mapped[str] = mapped_column(String(100), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)  # calls that may start now
+    updated_at: Mapped[datetime] = mapped_column(DateTime)  # when `tokens` was right
+
+
 class HttpExchange(Base):
     """One recorded HTTP request and its response, made by a step through `openhub.http` with recording on.
 
@@ -259,5 +269,6 @@ confirmations = Confirmation.__table__
 route_pauses = RoutePause.__table__
 breakers = Breaker.__table__
 system_slots = SystemSlot.__table__
+system_rates = SystemRate.__table__
 workers = Worker.__table__
 http_exchanges = HttpExchange.__table__

@@ -1,5 +1,6 @@
-"""Calls in flight per external system (issue 13, part 3) on LocalHub: with OPENHUB_SYSTEM_LIMITS
-a step waits (postponed, no failure) while its system has as many calls in flight as it allows."""
+"""Calls in flight and calls per second per external system (issue 13, part 3) on LocalHub: with
+OPENHUB_SYSTEM_LIMITS a step waits (postponed, no failure) while its system has as many calls in
+flight as it allows; with OPENHUB_SYSTEM_RATES until its system's next call is due."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from tests.support import promise_routes as routes
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_SYSTEM_LIMITS="post=1", OPENHUB_POSTPONE_INTERVAL="5") as local:
+    with routes.local_hub(OPENHUB_SYSTEM_LIMITS="post=1", OPENHUB_POSTPONE_INTERVAL="5",
+                          OPENHUB_SYSTEM_RATES="paced=2/60") as local:
         yield local
 
 
@@ -45,12 +47,26 @@ def test_a_second_call_waits_while_the_system_has_its_one_call_in_flight(hub: Lo
     assert hub.get(second[0]).state == "OK" and routes.calls("post") == 2
 
 
-def test_a_limit_must_be_a_positive_whole_number(monkeypatch) -> None:  # noqa: ANN001
-    for bad in ("post=0", "post=many"):
-        monkeypatch.setenv("OPENHUB_SYSTEM_LIMITS", bad)
-        reset_settings()
-        with pytest.raises(ConfigurationError, match="OPENHUB_SYSTEM_LIMITS"):
-            get_settings()
+def test_a_system_paced_at_two_calls_a_minute_makes_the_third_wait(hub: LocalHub) -> None:
+    ids = [hub.submit("p.paced", {}).id for _ in range(4)]
+    hub.run()  # the bucket starts full: two calls now
+    assert [(hub.get(i).state, hub.get(i).failed_count) for i in ids] == [("OK", 0)] * 2 + [("POSTPONED", 0)] * 2
+    hub.tick(seconds=10)  # not due yet: nothing called
+    assert routes.calls("paced") == 2
+    hub.tick(seconds=31)  # one token back after 30 s
+    assert routes.calls("paced") == 3 and hub.get(ids[3]).state == "POSTPONED"
+    hub.tick(seconds=62)
+    assert [hub.get(i).state for i in ids] == ["OK"] * 4 and routes.calls("paced") == 4
+
+
+@pytest.mark.parametrize("name, bad", [("OPENHUB_SYSTEM_LIMITS", "post=0"), ("OPENHUB_SYSTEM_LIMITS", "post=many"),
+                                       ("OPENHUB_SYSTEM_RATES", "paced=10"), ("OPENHUB_SYSTEM_RATES", "paced=1/0")])
+def test_a_limit_must_be_positive(monkeypatch, name: str, bad: str) -> None:  # noqa: ANN001
+    monkeypatch.setenv(name, bad)
+    reset_settings()
+    with pytest.raises(ConfigurationError, match=name):
+        get_settings()
+    monkeypatch.undo()
     reset_settings()
 
 

@@ -53,6 +53,20 @@ def test_a_system_limited_to_one_call_never_has_two_in_flight(svc, prefix, exter
     assert max(openhub.get_message(i).failed_count for i in ids) == 0
 
 
+def test_a_system_paced_at_two_calls_a_second_is_never_called_faster(svc, prefix, external) -> None:
+    ids = [submit(f"{svc}.paced", prefix).id for _ in range(6)]
+    assert [wait_final(i).state for i in ids] == ["OK"] * 6
+    starts = sorted(c.started for c in external.calls if c.path == f"{prefix}/paced")
+    assert len(starts) == 6
+    # A full bucket lets two calls go at once; each later one waits half a second for its token, so
+    # the six span at least 2 s and the last four 1.5 s. Arrival at the external system lags the
+    # token by a few ms, and by more for a worker process's first call: the margins allow for that;
+    # without the rate the six calls take well under half a second.
+    late = [round(starts[i] - starts[0], 2) for i in range(6)]
+    assert late[5] >= 1.6 and starts[5] - starts[2] >= 1.2, late
+    assert max(openhub.get_message(i).failed_count for i in ids) == 0
+
+
 @pytest.fixture
 def second_worker(hub, tmp_path):  # noqa: ANN001, ANN201
     """Another worker on the same backend, so children and funnel members run side by side."""

@@ -120,6 +120,7 @@ routes = [
     Route("p.fused", steps=[first, second], fused=True),
     Route("p.billing", steps=[first, bill]),
     Route("p.limited", steps=[step(key="post", system="post")(external("post"))]),
+    Route("p.paced", steps=[step(key="paced", system="paced")(external("paced"))]),
     Route("p.expiring", steps=[first, second], expires_after=timedelta(minutes=10)),
     Route("p.sequence", steps=[Split(many, route="p.leaf", sequential=True)]),
     Route("p.told", steps=[Split(many, key="told", route="p.leaf", confirm_children=True)]),

@@ -150,6 +150,10 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
     def post(ctx: StepContext) -> None:
         call(ctx, "post")
 
+    @step(key="paced", system=f"{service}-paced")  # two calls a second (OPENHUB_SYSTEM_RATES)
+    def paced(ctx: StepContext) -> None:
+        call(ctx, "paced")
+
     return [
         route("flow", [step_a, step_b, step_c]),
         route("entity", [sync_entity], object_id=lambda p: p["id"], entity_type="thing"),
@@ -170,6 +174,7 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
         route("held", [step_a]),
         route("billed", [step_a, bill]),
         route("limited", [step_a, post]),
+        route("paced", [paced]),
     ]
 
 
