@@ -95,7 +95,10 @@ class Matching(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state: State | None = None
     route: str | None = Field(None, max_length=201, description="`service.operation`.")
+    service: str | None = Field(None, max_length=100)
+    operation: str | None = Field(None, max_length=100)
     source_system: str | None = Field(None, max_length=100)
+    correlation_id: str | None = Field(None, max_length=320)
     error_code: str | None = Field(None, max_length=100)
     process_id: str | None = Field(None, max_length=255)
     object_id: str | None = Field(None, max_length=255)
@@ -105,13 +108,17 @@ class Matching(BaseModel):
     limit: int = Field(operator.BULK_LIMIT, ge=1, le=operator.BULK_LIMIT)
 
     def filters(self) -> dict[str, Any]:
-        _no_nul(route=self.route, source_system=self.source_system, error_code=self.error_code,
-                process_id=self.process_id, object_id=self.object_id)
-        service = operation = None
+        _no_nul(route=self.route, service=self.service, operation=self.operation, source_system=self.source_system,
+                correlation_id=self.correlation_id, error_code=self.error_code, process_id=self.process_id,
+                object_id=self.object_id)
+        service, operation = self.service, self.operation
         if self.route is not None:
+            if service is not None or operation is not None:
+                raise InputError("give either route or service and operation")
             service, operation = get_registry().route(self.route).name.split(".", 1)
         return dict(state=self.state.value if self.state else None, service=service, operation=operation,
-                    source_system=self.source_system, error_code=self.error_code, process_id=self.process_id,
+                    source_system=self.source_system, correlation_id=self.correlation_id,
+                    error_code=self.error_code, process_id=self.process_id,
                     object_id=self.object_id, parent_id=self.parent_id, limit=self.limit,
                     received_from=_utc(self.received_from, "received_from"),
                     received_to=_utc(self.received_to, "received_to"))

@@ -111,16 +111,26 @@ def test_search_and_resume_a_paused_route(hub, prefix, page):
     expect(page.locator(f"#results tbody tr[data-id='{view.id}']")).to_contain_text("test.flow")
     expect(page.locator("#search-total")).to_have_text("1 message match")
     process = uuid.uuid4().hex
-    ids = [openhub.submit("test.held", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex,
-                          process_id=process).id for _ in range(3)]
-    page.fill("#search-form input[name=correlation_id]", "")
-    page.fill("#search-form input[name=process_id]", process)
-    page.fill("#search-form input[name=limit]", "2")
-    page.click("#search-form button[type=submit]")
-    expect(page.locator("#results tbody tr")).to_have_count(2)  # one page of two...
-    expect(page.locator("#search-total")).to_have_text("3 messages match")  # ...of three
-    assert {int(i) for i in page.locator("#results tbody tr").evaluate_all("rs => rs.map(r => r.dataset.id)")} \
-        <= set(ids)
+    page.on("dialog", lambda dialog: dialog.accept())  # the bulk buttons ask "... matching this search?"
+    openhub.pause("test.held")  # its messages stay live until the page cancels them
+    try:
+        ids = [openhub.submit("test.held", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex,
+                              process_id=process).id for _ in range(3)]
+        page.fill("#search-form input[name=correlation_id]", "")
+        page.fill("#search-form input[name=process_id]", process)
+        page.fill("#search-form input[name=limit]", "2")
+        page.click("#search-form button[type=submit]")
+        expect(page.locator("#results tbody tr")).to_have_count(2)  # one page of two...
+        expect(page.locator("#search-total")).to_have_text("3 messages match")  # ...of three
+        shown = page.locator("#results tbody tr").evaluate_all("rs => rs.map(r => r.dataset.id)")
+        assert {int(i) for i in shown} <= set(ids)
+        page.click("#bulk-cancel")  # every match, not only the page shown
+        expect(page.locator("#bulk-result")).to_have_text("3 cancelled")
+        assert {openhub.get_message(i).state for i in ids} == {"CANCEL"}
+        page.click("#bulk-restart")
+        expect(page.locator("#bulk-result")).to_have_text("3 restarted")
+    finally:
+        openhub.resume("test.held")
 
     openhub.pause("test.held")
     page.click("#tabs button[data-tab=routes]")

@@ -90,7 +90,23 @@ async function search(more) {
       q.delete("limit");
       const count = await api("GET", "/api/v1/messages:count?" + q.toString());
       $("#search-total").textContent = `${count.total} message${count.total === 1 ? "" : "s"} match`;
+      $("#search-bulk").hidden = count.total === 0 || q.toString() === "";  // a bulk action needs a filter
+      $("#bulk-result").textContent = "";
     }
+  } catch (e) { showError(e.message); }
+}
+
+async function bulk(action) {
+  const q = searchQuery();
+  q.delete("limit");
+  const body = Object.fromEntries(q.entries());
+  const what = action === "restart" ? "Restart every OK, FAILED or CANCEL message" : "Cancel every message not final yet";
+  if (!window.confirm(`${what} matching this search (up to 1000)?`)) return;
+  try {
+    const r = await api("POST", `/api/v1/messages:${action}`, body);
+    await search(false);
+    $("#bulk-result").textContent = `${r.done.length} ${action === "restart" ? "restarted" : "cancelled"}` +
+      (r.refused.length ? `, ${r.refused.length} had moved on` : "") + (r.more ? "; more match: run it again" : "");
   } catch (e) { showError(e.message); }
 }
 
@@ -251,6 +267,8 @@ $("#d-close").addEventListener("click", () => { $("#detail").hidden = true; curr
 $("#d-restart").addEventListener("click", () => act("restart", { total: false }));
 $("#d-restart-total").addEventListener("click", () => act("restart", { total: true },
   "Total restart makes every external call of this message again. Continue?"));
+$("#bulk-restart").addEventListener("click", () => bulk("restart"));
+$("#bulk-cancel").addEventListener("click", () => bulk("cancel"));
 $("#ov-resend-parked").addEventListener("click", () => resendConfirmations("/api/v1/confirmations:resend"));
 $("#d-cancel").addEventListener("click", () => act("cancel", undefined, "Cancel this message?"));
 

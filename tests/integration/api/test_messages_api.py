@@ -261,6 +261,8 @@ def test_bulk_cancel_and_restart_by_filter(client, flow_payload):
     assert client.post("/api/v1/messages:cancel", json={"process_id": process}, headers=CRM).status_code == 403
     assert client.post("/api/v1/messages:cancel", json={}, headers=ADMIN).status_code == 400
     assert client.post("/api/v1/messages:cancel", json={"process": process}, headers=ADMIN).status_code == 400
+    both = {"process_id": process, "route": "test.flow", "service": "test"}
+    assert client.post("/api/v1/messages:cancel", json=both, headers=ADMIN).status_code == 400
     found = client.get("/api/v1/messages", params={"process_id": process}, headers=ADMIN).json()["items"]
     assert sorted(m["id"] for m in found) == sorted(ids)
     r = client.post("/api/v1/messages:cancel", json={"process_id": process, "route": "test.flow"}, headers=ADMIN)
