@@ -75,12 +75,16 @@ function searchQuery() {
   return q;
 }
 
+let searchSeq = 0;  // the newest search: an older one's answer arriving late is not shown
+
 async function search(more) {
   showError("");
+  const seq = ++searchSeq;
   const q = searchQuery();
   if (more && cursor) q.set("cursor", cursor);
   try {
     const page = await api("GET", "/api/v1/messages?" + q.toString());
+    if (seq !== searchSeq) return;
     const tbody = $("#results tbody");
     if (!more) tbody.textContent = "";
     page.items.forEach((m) => messageRow(tbody, m, false));
@@ -89,6 +93,7 @@ async function search(more) {
     if (!more) {
       q.delete("limit");
       const count = await api("GET", "/api/v1/messages:count?" + q.toString());
+      if (seq !== searchSeq) return;
       $("#search-total").textContent = `${count.total} message${count.total === 1 ? "" : "s"} match`;
       $("#search-bulk").hidden = count.total === 0 || q.toString() === "";  // a bulk action needs a filter
       $("#bulk-result").textContent = "";
