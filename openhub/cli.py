@@ -184,18 +184,13 @@ def messages_list(state: str | None, service: str | None, operation: str | None,
                   received_to: str | None, limit: int,
                   cursor: int | None, as_json: bool) -> None:
     """Messages matching every filter, newest first."""
-    if route:
-        if "." not in route:
-            raise click.BadParameter("expected service.operation", param_hint="--route")
-        service, operation = route.split(".", 1)
     from .api.summary import message_summaries
 
-    items = message_summaries(state=state.upper() if state else None, service=service, operation=operation,
-                              source_system=source_system, correlation_id=correlation_id, object_id=object_id,
-                              parent_id=parent_id, error_code=error_code, process_id=process_id, limit=limit,
-                              before_id=cursor,
-                              received_from=_timestamp(received_from, "--from"),
-                              received_to=_timestamp(received_to, "--to"))
+    filters = _filter_values(dict(state=state, service=service, operation=operation, route=route or None,
+                                  source_system=source_system, correlation_id=correlation_id, object_id=object_id,
+                                  parent_id=parent_id, error_code=error_code, process_id=process_id,
+                                  received_from=received_from, received_to=received_to))
+    items = message_summaries(limit=limit, before_id=cursor, **filters)
     if as_json:
         click.echo(json.dumps(items, indent=2, ensure_ascii=False))
         return
