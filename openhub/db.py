@@ -12,8 +12,10 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from .config import get_settings
@@ -90,6 +92,12 @@ def dispose_engines() -> None:
 def is_postgres(conn: Connection) -> bool:
     """Whether `conn` talks to PostgreSQL (row locks with SKIP LOCKED are available)."""
     return conn.dialect.name == "postgresql"
+
+
+def insert_or_ignore(table: Table, pg: bool, **conflict: Any) -> Insert:
+    """INSERT ... ON CONFLICT DO NOTHING for PostgreSQL (`pg`) or SQLite; `conflict` names the unique
+    index (index_elements, index_where). Hot-path callers build theirs once per dialect."""
+    return (postgresql if pg else sqlite).insert(table).on_conflict_do_nothing(**conflict)
 
 
 @contextmanager

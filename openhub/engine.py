@@ -3,7 +3,8 @@
 A step runs in three parts: `enter` (claim the message or check the chain's fencing token,
 take the step lease, consult the step's external-call record), the step itself outside any
 transaction, and `record` (write the outcome, if the lease is still ours). Every state change
-goes through `states.transition`, so the rules live in one table.
+is written by `lifecycle.apply_event` from the state table, and what it asks for after commit
+is carried out by `redrive.carry_out` when the task's steps are done.
 """
 
 from __future__ import annotations
@@ -15,45 +16,30 @@ import uuid
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
 from types import SimpleNamespace
 from typing import Any, Callable, ContextManager
 
 from sqlalchemy import Connection, Row, and_, bindparam, delete, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
-from . import breaker, dispatch, limits
+from . import breaker, limits
 from .config import get_settings
-from .confirm import queue_confirmation, send_confirmations
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
-from .db import is_postgres, outage_pause, transaction, utcnow
+from .db import insert_or_ignore, is_postgres, outage_pause, transaction, utcnow
 from .errors import Holdback, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
-from .funnel import funnel_blocked, release_funnel
-from .model import RetryPolicy, Route, RouteStep, Split
+from .funnel import funnel_blocked
+from .lifecycle import FollowUps, apply_event, redispatch, resume_split, retry_policy
+from .model import Route, RouteStep, Split
+from .redrive import carry_out
 from .registry import get_registry
-from .schema import ext_calls, messages, route_pauses, transitions
-from .split import (confirmed_to_source, dispatch_children, prepare_children, resume_split, settle_parent,
-                    write_children)
-from .states import Action, CallState, Event, State, transition
-from .store import (dumps, is_paused, loads, lock_message, paused_routes, record_transition, set_state,
-                    update_message)
+from .schema import ext_calls, messages, transitions
+from .split import prepare_children, write_children
+from .states import CallState, Event, State
+from .store import dumps, is_paused, loads, lock_message, paused_routes, record_transition, update_message
 from .workers import current_id, current_node, liveness, running
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
-
-
-class Effects(set):
-    """The actions of committed transitions, and follow-ups to run once the transaction committed."""
-
-    def __init__(self, actions: Any = ()) -> None:
-        super().__init__(actions)
-        self.later: list[Callable[[], Any]] = []
-
-    def merge(self, other: "Effects") -> None:
-        self.update(other)
-        self.later.extend(other.later)
 
 
 @dataclass
@@ -90,16 +76,6 @@ class Verdict:
 
     def __post_init__(self) -> None:
         self.call_state = self.call_state or CALL_STATES.get(self.event, CallState.FAILED)
-
-
-def retry_policy(route: Route, item: RouteStep | None) -> RetryPolicy:
-    """The retry policy of a step: its own, else its route's, else the OPENHUB_* defaults."""
-    if item is not None and item.retry is not None:
-        return item.retry
-    if route.retry is not None:
-        return route.retry
-    s = get_settings()
-    return RetryPolicy(max_fails=s.max_fails, interval=s.retry_interval or timedelta(seconds=1))
 
 
 def step_timeout(item: RouteStep) -> timedelta:
@@ -172,7 +148,7 @@ def run_steps(route_name: str, start: int, end: int, message_id: int, token: str
     between two steps instead of two, with the same claim, fencing token and external-call record.
     """
     route = get_registry().route(route_name)
-    actions = Effects()
+    follow = FollowUps()
     index, entered, report = start, None, StepReport(True, "skipped")
     try:
         with ExitStack() as runs:  # each run listed in this process's heartbeat until the task ends
@@ -180,10 +156,10 @@ def run_steps(route_name: str, start: int, end: int, message_id: int, token: str
                 if entered is None:
                     run_id = _new_run(runs)
                     with transaction() as conn:
-                        entered = _enter(conn, route, index, message_id, token, redelivered, run_id, actions, clock())
+                        entered = _enter(conn, route, index, message_id, token, redelivered, run_id, follow, clock())
                 if isinstance(entered, Entered):
                     handed, report = _carry(route, index, end, message_id, token, entered, redelivered, runs,
-                                            actions, clock, limit)
+                                            follow, clock, limit)
                     if handed is not None:
                         index, entered = index + 1, handed
                         continue
@@ -193,23 +169,23 @@ def run_steps(route_name: str, start: int, end: int, message_id: int, token: str
                     break
                 index, entered = index + 1, None
     finally:  # also when the store went away meanwhile: what committed is carried out
-        after_commit(route, message_id, actions)
+        carry_out(follow, clock())
     return index, report
 
 
 def _carry(route: Route, index: int, end: int, message_id: int, token: str, entered: Entered, redelivered: bool,
-           runs: ExitStack, actions: Effects, clock: Callable[[], datetime],
+           runs: ExitStack, follow: FollowUps, clock: Callable[[], datetime],
            limit: TimeLimit | None) -> tuple[Entered | bool | None, StepReport]:
     """Run an entered step and write its outcome; returns the next step's entry where it was handed
     over to it (None where not), and the step's report."""
     verdict = _outcome(route, index, entered, clock, limit)
     if verdict.event is None and index + 1 < end:
         handed = _hand_over(route, index, message_id, token, entered, verdict, redelivered, _new_run(runs),
-                            actions, clock)
+                            follow, clock)
         if handed is not None:
             return handed, StepReport(True, "ok")
     recorded, go_on, verdict = record_outcome(route, index, message_id, token, entered, verdict, clock)
-    actions.merge(recorded)
+    follow.merge(recorded)
     return None, StepReport(go_on, verdict.event.value if verdict.event else "ok", _short(verdict.error))
 
 
@@ -238,7 +214,7 @@ def _outcome(route: Route, index: int, entered: Entered, clock: Callable[[], dat
 
 
 def _hand_over(route: Route, index: int, message_id: int, token: str, entered: Entered, verdict: Verdict,
-               redelivered: bool, next_run: str, actions: Effects,
+               redelivered: bool, next_run: str, follow: FollowUps,
                clock: Callable[[], datetime]) -> Entered | bool | None:
     """Record step `index`'s success and enter the next step in one transaction (a fused task).
 
@@ -248,12 +224,12 @@ def _hand_over(route: Route, index: int, message_id: int, token: str, entered: E
     """
     attempt = 0
     while True:
-        handed = Effects()
+        handed = FollowUps()
         try:
             with transaction() as conn:
                 entered_next = _record_and_enter(conn, route, index, message_id, token, entered, verdict,
                                                  redelivered, next_run, handed, clock())
-            actions.merge(handed)
+            follow.merge(handed)
             return entered_next
         except StoreUnavailable as exc:
             attempt += 1
@@ -268,7 +244,7 @@ def _hand_over(route: Route, index: int, message_id: int, token: str, entered: E
 
 
 def _record_and_enter(conn: Connection, route: Route, index: int, message_id: int, token: str, entered: Entered,
-                      verdict: Verdict, redelivered: bool, next_run: str, actions: Effects,
+                      verdict: Verdict, redelivered: bool, next_run: str, follow: FollowUps,
                       now: datetime) -> Entered | bool:
     item = route.steps[index]
     row = entered.row
@@ -280,13 +256,13 @@ def _record_and_enter(conn: Connection, route: Route, index: int, message_id: in
         "custom_data": entered.custom_data if entered.custom_data is not None else row.custom_data,
         "business_errors": dumps(errors) if errors else None}).first()
     if taken is None:  # the lease was lost: discard the outcome as `_record` does
-        return _record(conn, route, index, message_id, token, entered, verdict, actions, now)
+        return _record(conn, route, index, message_id, token, entered, verdict, follow, now)
     _close_call(conn, entered, verdict, row, item, now)
-    return _prepare(conn, route, index + 1, taken, next_run, redelivered, actions, now)
+    return _prepare(conn, route, index + 1, taken, next_run, redelivered, follow, now)
 
 
 def record_outcome(route: Route, index: int, message_id: int, token: str, entered: Entered,
-                   verdict: Verdict, clock: Callable[[], datetime] = utcnow) -> tuple[Effects, bool, Verdict]:
+                   verdict: Verdict, clock: Callable[[], datetime] = utcnow) -> tuple[FollowUps, bool, Verdict]:
     """Write a step's outcome; never give up while this process lives, or a repair would call again.
 
     The lease stays ours meanwhile: the heartbeat tells the poller this process is alive. A store
@@ -296,7 +272,7 @@ def record_outcome(route: Route, index: int, message_id: int, token: str, entere
     item = route.steps[index]
     attempt = 0
     while True:
-        recorded = Effects()
+        recorded = FollowUps()
         try:
             try:
                 with transaction() as conn:
@@ -330,7 +306,7 @@ def _is_interruption(exc: BaseException) -> bool:
 
 
 def _enter(conn: Connection, route: Route, index: int, message_id: int, token: str, redelivered: bool,
-           run_id: str, actions: Effects, now: datetime) -> Entered | bool:
+           run_id: str, follow: FollowUps, now: datetime) -> Entered | bool:
     item = route.steps[index]
     lease = _lease(item, run_id, now)
     row = _take_lease(conn, message_id, token, now, lease)
@@ -343,11 +319,11 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
             log.info("message %s is %s%s: this chain stops", message_id, row.state,
                      " and another run holds the step lease" if row.state == State.PROCESSING else "")
             return False
-        if not _claim(conn, row, route, item, now, lease, actions):
+        if not _claim(conn, row, route, item, now, lease, follow):
             return False
         row = _with(row, state=State.PROCESSING.value, attempts=row.attempts + 1,
                     started_at=row.started_at or now, blocked_since=None, **lease)
-    return _prepare(conn, route, index, row, run_id, redelivered, actions, now)
+    return _prepare(conn, route, index, row, run_id, redelivered, follow, now)
 
 
 def _lease(item: RouteStep, run_id: str, now: datetime) -> dict[str, Any]:
@@ -357,7 +333,7 @@ def _lease(item: RouteStep, run_id: str, now: datetime) -> dict[str, Any]:
 
 
 def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, redelivered: bool,
-             actions: Effects, now: datetime) -> Entered | bool:
+             follow: FollowUps, now: datetime) -> Entered | bool:
     """With the step lease ours: the step's context and its external-call record (or why it does not run)."""
     item = route.steps[index]
     message_id = row.id
@@ -367,34 +343,34 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
     try:
         key = call_key(row, item, ctx)
     except Exception as exc:  # a custom key that cannot be computed is the message's fault
-        _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}", code="CUSTOM_KEY"), now, actions)
+        _finish(conn, row, route, item, Verdict(Event.REJECTED, error=f"{exc}", code="CUSTOM_KEY"), now, follow)
         return False
     system = getattr(item, "system", None)
     until = breaker.closed_until(conn, system, now) if system else None
     if until is not None:  # its system is failing: wait for the breaker, no failure counted
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
+        apply_event(conn, row, Event.POSTPONED, route, item, now, follow, step_run=None, worker=None,
                     detail=f"{system} is unavailable: its circuit breaker is open", due_at=until)
         return False
     call = _take_call(conn, key, row, item, now)
     if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded
-        if isinstance(item, Split) and not resume_split(conn, row, now, actions):
+        if isinstance(item, Split) and not resume_split(conn, row, item, now, follow):
             return False
         log.debug("message %s: step %s already OK, skipped", message_id, item.key)
         if index == len(route.steps) - 1:
-            _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, actions)
+            _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, follow)
             return False
         update_message(conn, row.id, step_run=None, worker=None, due_at=now + get_settings().lease_grace,
                        updated_at=now)
         return True
     if call is not None and call.ok_message_id is not None and \
             (call.ok_msg_timestamp, call.ok_message_id) > (row.msg_timestamp, row.id):
-        apply_event(conn, row, Event.OBSOLETE, route, item, now, actions, due_at=None, finished_at=now,
+        apply_event(conn, row, Event.OBSOLETE, route, item, now, follow, due_at=None, finished_at=now,
                     detail=f"newer message {call.ok_message_id} already did {key}")
         return False
     if call is not None and call.state == CallState.PROCESSING and call.message_id != row.id:
         holder = _in_flight(conn, call.message_id, now)
         if holder:  # two versions of one entity must not call the system at once; the older would win
-            apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
+            apply_event(conn, row, Event.POSTPONED, route, item, now, follow, step_run=None, worker=None,
                         detail=f"{key} is being called by message {call.message_id}",
                         due_at=now + get_settings().postpone_interval)
             return False
@@ -403,7 +379,7 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
         if call is None:  # its record was made by this entry, and no call happened
             conn.execute(delete(ext_calls).where(X.key == key))
         until, why = busy
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, step_run=None, worker=None,
+        apply_event(conn, row, Event.POSTPONED, route, item, now, follow, step_run=None, worker=None,
                     detail=why, due_at=until)
         return False
     if call is not None:
@@ -460,22 +436,22 @@ def _take_lease(conn: Connection, message_id: int, token: str, now: datetime, le
 
 
 def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datetime, lease: dict[str, Any],
-           actions: Effects) -> bool:
+           follow: FollowUps) -> bool:
     """The chain's first task takes a NEW/IN_QUEUE message, unless its route is paused, its funnel busy,
     or a run of an earlier chain (cancelled, then restarted) is still calling out."""
     settings = get_settings()
     if row.expires_at is not None and row.expires_at <= now:
         expired = f"expired at {row.expires_at.isoformat()}Z before it was carried out"
-        apply_event(conn, row, Event.EXPIRED, route, item, now, actions, detail=expired, error_code="EXPIRED",
+        apply_event(conn, row, Event.EXPIRED, route, item, now, follow, detail=expired, error_code="EXPIRED",
                     failed_error=expired)
         return False
     if row.step_run is not None and _in_flight(conn, row.id, now):
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, due_at=now + settings.postpone_interval,
+        apply_event(conn, row, Event.POSTPONED, route, item, now, follow, due_at=now + settings.postpone_interval,
                     detail="an earlier run of the message is still in flight")
         return False
     paused = paused_routes(conn)
     if is_paused(paused, route.name):
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions,
+        apply_event(conn, row, Event.POSTPONED, route, item, now, follow,
                     detail="route paused" if route.name in paused else "the hub is draining",
                     due_at=now + settings.postpone_interval)
         return False
@@ -485,14 +461,14 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
         # when it arrived: time spent paused or waiting for a retry is not time blocked.
         since = row.blocked_since or now
         if route.order_timeout and since < now - route.order_timeout:
-            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, actions, detail=blocked,
+            apply_event(conn, row, Event.ORDER_EXPIRED, route, item, now, follow, detail=blocked,
                         error_code="ORDER_TIMEOUT",
                         failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
             return False
-        apply_event(conn, row, Event.POSTPONED, route, item, now, actions, detail=blocked, blocked_since=since,
+        apply_event(conn, row, Event.POSTPONED, route, item, now, follow, detail=blocked, blocked_since=since,
                     due_at=now + settings.postpone_interval)
         return False
-    apply_event(conn, row, Event.CLAIMED, route, item, now, actions, attempts=row.attempts + 1,
+    apply_event(conn, row, Event.CLAIMED, route, item, now, follow, attempts=row.attempts + 1,
                 started_at=row.started_at or now, blocked_since=None, **lease)
     return True
 
@@ -519,8 +495,7 @@ def _take_call(conn: Connection, key: str, row: Any, item: RouteStep, now: datet
     return conn.execute(_LOCK_CALL[pg], {"call_key": key}).one()
 
 
-_NEW_CALL = {pg: (postgresql if pg else sqlite).insert(ext_calls).on_conflict_do_nothing(index_elements=["key"])
-             .returning(X.id) for pg in (False, True)}
+_NEW_CALL = {pg: insert_or_ignore(ext_calls, pg, index_elements=["key"]).returning(X.id) for pg in (False, True)}
 _LOCK_CALL = {False: select(ext_calls).where(X.key == bindparam("call_key")),
               True: select(ext_calls).where(X.key == bindparam("call_key")).with_for_update()}
 
@@ -551,7 +526,7 @@ def _run(route: Route, item: RouteStep, ctx: StepContext, limit: TimeLimit | Non
 
 
 def _record(conn: Connection, route: Route, index: int, message_id: int, token: str, entered: Entered,
-            verdict: Verdict, actions: Effects, now: datetime) -> bool:
+            verdict: Verdict, follow: FollowUps, now: datetime) -> bool:
     item = route.steps[index]
     ctx = entered.ctx
     row = entered.row  # still accurate: the step lease kept everyone else off the message
@@ -581,7 +556,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
                                                             messages.c.step_run == entered.run_id))
                                 .values(step_run=None, worker=None).returning(messages.c.funnel)).first()
         if released is not None and released.funnel is not None:
-            actions.add(Action.RELEASE_FUNNEL)
+            follow.funnels.append(message_id)
         return False
     _close_call(conn, entered, verdict, row, item, now)
     if verdict.event is None and not last:
@@ -589,11 +564,10 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and (
         kept.response != row.response or _answered_early(conn, row.id))
     row = _with(row, **common)
-    _finish(conn, row, route, item, verdict if verdict.event else Verdict(Event.COMPLETED), now, actions)
+    _finish(conn, row, route, item, verdict if verdict.event else Verdict(Event.COMPLETED), now, follow)
     if answered_meanwhile:  # the response came while the step ran: no need to wait for it
         conn.execute(_CALL_DONE, _call_done(entered, row, CallState.OK, now, duration))
-        again, token, start = redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now)
-        actions.later.append(partial(publish_all, [(again, row.id, token, start)]))
+        redispatch(conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, now, follow)
     return False
 
 
@@ -648,7 +622,7 @@ def _call_done(entered: Entered, row: Any, state: str, now: datetime, duration: 
 
 
 def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: Verdict, now: datetime,
-            actions: set[Action], **values: Any) -> None:
+            follow: FollowUps, **values: Any) -> None:
     """Apply a verdict that ends this chain: final state, retry, postpone, wait or split."""
     settings = get_settings()
     event = verdict.event
@@ -658,9 +632,8 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
         values.update(failed_step=item.key, failed_error=verdict.error, error_code=verdict.code)
     if event is Event.POSTPONED:
         values["due_at"] = now + (verdict.delay or settings.postpone_interval)
-    elif event is Event.HELD_BACK:
+    elif event is Event.HELD_BACK:  # the state table's PAUSE_ROUTE pauses the route
         values["due_at"] = now + settings.postpone_interval
-        _pause(conn, route.name, f"held back by message {row.id}: {verdict.error}", now)
     elif event is Event.WAIT_RESPONSE:
         values["due_at"] = now + (verdict.delay or settings.step_timeout)
     elif event is Event.NO_EFFECT:
@@ -668,42 +641,8 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
     elif event is Event.SPLIT:
         values["due_at"] = None
         assert isinstance(item, Split)
-        write_children(conn, row.id, item, verdict.children, actions)
-    apply_event(conn, row, event, route, item, now, actions, detail=_short(verdict.error), **values)
-
-
-def apply_event(conn: Connection, row: Row, event: Event, route: Route, item: RouteStep | None, now: datetime,
-                actions: Effects, detail: str | None = None, **values: Any) -> None:
-    """Write the transition of `event` with the state machine's verdict and note its actions."""
-    policy = retry_policy(route, item)
-    result = transition(row.state, event, row.failed_count, policy.max_fails)
-    values.setdefault("failed_count", result.failed_count)
-    if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
-        values["due_at"] = now + policy.delay(result.failed_count)
-    if result.state in (State.OK, State.FAILED, State.CANCEL, State.SKIPPED):
-        values.update(due_at=None, finished_at=now, step_run=None, worker=None)
-    confirmed = Action.CONFIRM in result.actions and confirmed_to_source(conn, row)
-    if confirmed:
-        queue_confirmation(conn, row.id, result.state.value, now)
-    elif Action.CONFIRM in result.actions:
-        log.info("message %s (%s) ended %s; not confirmed (no confirmer for %s, or a split child)", row.id,
-                 row.correlation_id, result.state.value, row.source_system)
-    set_state(conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=now,
-              **values)
-    actions.update(result.actions)
-    if not confirmed:
-        actions.discard(Action.CONFIRM)
-    if row.funnel is None:
-        actions.discard(Action.RELEASE_FUNNEL)
-    actions.discard(Action.NOTIFY_PARENT)  # done here, in this transaction, not after commit
-    if Action.NOTIFY_PARENT in result.actions and row.parent_id is not None:
-        settle_parent(conn, row.parent_id, now, actions)
-
-
-def _pause(conn: Connection, route_name: str, reason: str, now: datetime) -> None:
-    dialect = postgresql if is_postgres(conn) else sqlite
-    conn.execute(dialect.insert(route_pauses).values(route=route_name, paused_at=now, reason=reason)
-                 .on_conflict_do_nothing(index_elements=["route"]))
+        write_children(conn, row.id, item, verdict.children)
+    apply_event(conn, row, event, route, item, now, follow, detail=_short(verdict.error), **values)
 
 
 def _short(text: str | None) -> str | None:
@@ -711,59 +650,3 @@ def _short(text: str | None) -> str | None:
         return None
     lines = text.strip().splitlines()
     return lines[-1][:500] if lines else None
-
-
-def after_commit(route: Route, message_id: int, actions: Effects) -> None:
-    """Carry out what committed transitions asked for: confirm, dispatch children, release the funnel.
-
-    Each has a backstop if this process dies first: confirmations and re-driven messages are due in
-    the store for the poller, children are NEW rows it re-drives.
-    """
-    work: list[Callable[[], Any]] = []
-    if Action.CONFIRM in actions:
-        work.append(partial(send_confirmations, message_id))
-    if Action.DISPATCH_CHILDREN in actions:
-        work.append(partial(dispatch_children, message_id))
-    if Action.RELEASE_FUNNEL in actions:
-        work.append(partial(release_funnel, message_id))
-    for fn in work + getattr(actions, "later", []):
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - the poller's backstop takes over
-            log.exception("message %s: follow-up %s failed; the poller takes over", message_id, fn)
-
-
-def redispatch(conn: Connection, row: Row, event: Event, now: datetime, start: int = 0) -> tuple[Route, str, int]:
-    """Give a message a new fencing token and state IN_QUEUE; publish the returned chain after commit.
-
-    A run still in flight from a cancelled chain keeps its lease: the new chain waits for it at claim.
-    """
-    route = get_registry().route(f"{row.service}.{row.operation}")
-    token = str(uuid.uuid4())
-    result = transition(row.state, event, row.failed_count)
-    handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
-    set_state(conn, row, event.value, result.state, now=now, attempt_id=token,
-              due_at=now + _chain_wait(row, event, now), **handed_over)
-    return route, token, start
-
-
-CHAIN_WAIT_MAX = timedelta(hours=1)
-
-
-def _chain_wait(row: Row, event: Event, now: datetime) -> timedelta:
-    """How long a published chain may take to reach its first task before it is published again.
-
-    OPENHUB_LEASE_GRACE, doubled each time the chain was not taken in time (a backlog that outlasts
-    the grace): every republication adds a chain to the queue, and only the newest carries the message.
-    """
-    grace = get_settings().lease_grace
-    if event is not Event.CHAIN_LOST:
-        return grace
-    waited = now - row.updated_at  # since the previous chain was published
-    return max(grace, min(2 * waited, max(grace, CHAIN_WAIT_MAX)))
-
-
-def publish_all(chains: list[tuple[Route, int, str, int]]) -> None:
-    """Publish chains after their transaction committed (a refused publish is re-driven later)."""
-    for route, message_id, token, start in chains:
-        dispatch.publish(route, message_id, token, start)

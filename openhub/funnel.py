@@ -8,9 +8,11 @@ dispatching the next postponed message at once instead of waiting for the poller
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import Connection, Row, and_, or_, select, text, update
 
-from .db import is_postgres, transaction, utcnow
+from .db import is_postgres, transaction
 from .model import Route
 from .schema import messages
 from .states import State
@@ -55,19 +57,16 @@ def _ancestors(conn: Connection, row: Row) -> list[int]:
     return found
 
 
-def release_funnel(message_id: int) -> None:
-    """Make the next postponed message of the finished message's funnel due now, and re-drive it."""
-    from .poller import redrive_due_messages
-
+def release_funnel(message_id: int, now: datetime) -> int | None:
+    """Make the next postponed message of the finished message's funnel due now; its id (to re-drive)."""
     with transaction() as conn:
         funnel = conn.execute(select(M.funnel).where(M.id == message_id)).scalar()
         if funnel is None:
-            return
+            return None
         nxt = conn.execute(select(M.id).where(and_(M.funnel == funnel, M.state == State.POSTPONED.value))
                            .order_by(M.msg_timestamp, M.id).limit(1)).scalar()
         if nxt is None:
-            return
+            return None
         # Only if it is still postponed: the poller may have re-driven it meanwhile.
-        conn.execute(update(messages).where(and_(M.id == nxt, M.state == State.POSTPONED.value))
-                     .values(due_at=utcnow()))
-    redrive_due_messages(utcnow(), only_ids=[nxt])
+        conn.execute(update(messages).where(and_(M.id == nxt, M.state == State.POSTPONED.value)).values(due_at=now))
+    return nxt

@@ -17,9 +17,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
-from .db import is_postgres
+from .db import insert_or_ignore, is_postgres
 from .schema import system_rates, system_slots
 
 S = system_slots.c
@@ -36,9 +35,8 @@ def paced(conn: Connection, system: str, rate: tuple[int, float], now: datetime)
         bucket = bucket.with_for_update()
     row = conn.execute(bucket).first()
     if row is None:
-        dialect = postgresql if is_postgres(conn) else sqlite
-        made = conn.execute(dialect.insert(system_rates).values(system=system, tokens=calls - 1, updated_at=now)
-                            .on_conflict_do_nothing()).rowcount
+        made = conn.execute(insert_or_ignore(system_rates, is_postgres(conn))
+                            .values(system=system, tokens=calls - 1, updated_at=now)).rowcount
         if made:
             return None
         row = conn.execute(bucket).one()
@@ -82,6 +80,5 @@ def _made(conn: Connection, system: str, limit: int) -> bool:
     missing = [{"system": system, "slot": n} for n in range(limit) if n not in set(have)]
     if not missing:
         return False
-    dialect = postgresql if is_postgres(conn) else sqlite
-    conn.execute(dialect.insert(system_slots).values(missing).on_conflict_do_nothing())
+    conn.execute(insert_or_ignore(system_slots, is_postgres(conn)).values(missing))
     return True

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Callable
 
-from sqlalchemy import Connection, and_, delete, func, not_, select, update
+from sqlalchemy import and_, delete, func, not_, select, update
 
-from .confirm import queue_confirmation
 from .context import MessageView
-from .db import is_postgres, transaction, utcnow
-from .engine import Effects, after_commit, publish_all, redispatch
-from .model import Route
+from .db import transaction, utcnow
 from .errors import InputError, NotFound, StateConflict
+from .lifecycle import FollowUps, apply_event, cancel_family, redispatch
+from .model import Route
 from .producer import get_message, shallow
+from .redrive import carry_out, redrive_due_messages
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
-from .split import confirmed_to_source, settle_parent
-from .states import FINAL, NON_FINAL, Action, CallState, Event, State, allowed, transition
-from .store import (DRAIN, drain_reason, dumps, filtered, lock_message, message_view, paused_routes,
-                    record_transition, set_state, update_message)
+from .states import FINAL, NON_FINAL, CallState, Event, State, allowed
+from .store import (DRAIN, drain_reason, dumps, filtered, lock_message, message_view, pause_route, paused_routes,
+                    record_transition, update_message)
 
 M = messages.c
 RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
@@ -40,64 +38,39 @@ def restart(message_id: int, total: bool = False) -> MessageView:
     `total=True` also forgets its OK external calls, so every call is made again (with new
     idempotency keys).
     """
+    follow = FollowUps(redrive=[int(message_id)])
     with transaction() as conn:
         row = _locked(conn, message_id)
-        result = transition(row.state, Event.RESTARTED, row.failed_count)
         now = utcnow()
         # A run still in flight (the message was cancelled mid-step) keeps its lease: the new chain waits for it.
-        values: dict[str, Any] = dict(failed_count=result.failed_count, due_at=now, finished_at=None,
-                                      failed_error=None, failed_step=None, error_code=None, blocked_since=None,
-                                      attempt_id=str(uuid.uuid4()), expires_at=None)  # restarted: carried out anyway
+        values: dict[str, Any] = dict(due_at=now, finished_at=None, failed_error=None, failed_step=None,
+                                      error_code=None, blocked_since=None, attempt_id=str(uuid.uuid4()),
+                                      expires_at=None)  # restarted: carried out anyway
         if total:
             conn.execute(delete(ext_calls).where(ext_calls.c.message_id == row.id))
             conn.execute(update(ext_calls).where(ext_calls.c.ok_message_id == row.id)
                          .values(ok_message_id=None, ok_msg_timestamp=None))
             values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
-        set_state(conn, row, Event.RESTARTED.value, result.state, now=now,
-                  detail="total restart" if total else None, **values)
-    from .poller import redrive_due_messages
-
-    redrive_due_messages(utcnow(), only_ids=[int(message_id)])
+        # StateConflict unless OK, FAILED or CANCEL, and then the transaction writes nothing.
+        apply_event(conn, row, Event.RESTARTED, _route_of(row), None, now, follow,
+                    detail="total restart" if total else None, **values)
+    carry_out(follow, now)
     return get_message(message_id)
 
 
 def cancel(message_id: int) -> MessageView:
     """Cancel a message in any non-final state; it is confirmed as CANCEL and its chain stops."""
+    follow = FollowUps()
     with transaction() as conn:
         row = _locked(conn, message_id)
         now = utcnow()
-        cancelled = _cancel(conn, row, now)
-        if row.parent_id is not None:
-            settle_parent(conn, row.parent_id, now, cancelled[0][2])
-    for route, cancelled_id, effects in cancelled:
-        if route is not None:
-            after_commit(route, cancelled_id, effects)
+        cancel_family(conn, row, now, follow)
+    carry_out(follow, now)
     return get_message(message_id)
 
 
-def _cancel(conn: Connection, row: Any, now: datetime) -> list[tuple[Route | None, int, Effects]]:
-    """Cancel a message and, after it, its children not final yet (theirs too): what each needs after commit."""
-    result = transition(row.state, Event.CANCELLED, row.failed_count)
-    confirmed = confirmed_to_source(conn, row)
-    if confirmed:
-        queue_confirmation(conn, row.id, result.state.value, now)
-    # A new token makes any chain still carrying the message stop without effect. A step already
-    # calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
-    # restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
-    keep_run = {} if row.worker is not None and row.step_run is not None else {"step_run": None, "worker": None}
-    set_state(conn, row, Event.CANCELLED.value, result.state, now=now, due_at=None, finished_at=now,
-              attempt_id=str(uuid.uuid4()), **keep_run)
-    effects = Effects(result.actions - {Action.NOTIFY_PARENT})  # the caller settles the parent
-    if not confirmed:
-        effects.discard(Action.CONFIRM)
-    done = [(get_registry().routes.get(f"{row.service}.{row.operation}"), row.id, effects)]
-    children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
-                            .order_by(M.id)).scalars().all()
-    for child_id in children:  # a cancelled parent's family is cancelled with it
-        child = lock_message(conn, child_id)
-        if child is not None and child.state not in FINAL:
-            done.extend(_cancel(conn, child, now))
-    return done
+def _route_of(row: Any) -> Route | None:
+    return get_registry().routes.get(f"{row.service}.{row.operation}")
 
 
 BULK_LIMIT = 1000  # messages one bulk action acts on; `more` says when others match too
@@ -174,20 +147,18 @@ def respond(message_id: int, payload: Any) -> MessageView:
         conn.execute(update(ext_calls).where(waiting)
                      .values(state=CallState.OK.value, ok_message_id=row.id, ok_msg_timestamp=row.msg_timestamp,
                              updated_at=utcnow()))
-        route, token, start = redispatch(conn, row, Event.RESPONDED, utcnow())
-    publish_all([(route, int(message_id), token, start)])
+        now = utcnow()
+        follow = FollowUps()
+        redispatch(conn, row, Event.RESPONDED, now, follow)
+    carry_out(follow, now)
     return get_message(message_id)
 
 
 def pause(route: str, reason: str = "paused by an operator") -> None:
     """Pause a route: none of its messages starts until `resume`."""
     get_registry().route(route)
-    from sqlalchemy.dialects import postgresql, sqlite
-
     with transaction() as conn:
-        dialect = postgresql if is_postgres(conn) else sqlite
-        conn.execute(dialect.insert(route_pauses).values(route=route, paused_at=utcnow(), reason=reason)
-                     .on_conflict_do_nothing(index_elements=["route"]))
+        pause_route(conn, route, reason, utcnow())
 
 
 def resume(route: str) -> int:
@@ -198,12 +169,8 @@ def resume(route: str) -> int:
 def drain(reason: str = "drained by an operator") -> int:
     """Drain the hub before maintenance: new messages are refused (HTTP 503) and none starts, while
     the chains under way finish. Returns how many messages are still under way (PROCESSING)."""
-    from sqlalchemy.dialects import postgresql, sqlite
-
     with transaction() as conn:
-        dialect = postgresql if is_postgres(conn) else sqlite
-        conn.execute(dialect.insert(route_pauses).values(route=DRAIN, paused_at=utcnow(), reason=reason)
-                     .on_conflict_do_nothing(index_elements=["route"]))
+        pause_route(conn, DRAIN, reason, utcnow())
     return drain_status()["under_way"]
 
 
@@ -239,8 +206,6 @@ def _resume(name: str, route: Route | None) -> int:
         if ids:  # the time they spent paused was not time blocked in their funnel
             conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE)))
                          .values(due_at=now, blocked_since=None))
-    from .poller import redrive_due_messages
-
     redriven = 0
     for i in range(0, len(ids), 500):
         redriven += redrive_due_messages(now, only_ids=ids[i:i + 500])[0]

@@ -9,12 +9,11 @@ from types import SimpleNamespace
 from typing import Any, Iterable
 
 from sqlalchemy import Connection, and_, func, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from . import dispatch
 from .config import get_settings
 from .context import MessageView
-from .db import transaction, utcnow
+from .db import insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import Draining, InputError, PayloadTooLarge
 from .model import Route
 from .registry import get_registry
@@ -225,9 +224,9 @@ def insert_new(conn: Connection, row: dict[str, Any]) -> int | None:
 INSERT_CHUNK = 1000  # rows per INSERT: ~20 columns each stays far below PostgreSQL's 65,535 parameters
 _KEY, _CHILD_KEY = (M.source_system, M.correlation_id), (M.parent_id, M.correlation_id)
 # The partial unique index of each id namespace is named by its WHERE clause.
-_INSERT_NEW = {(pg, children): (postgresql if pg else sqlite).insert(messages)
-               .on_conflict_do_nothing(index_elements=[c.name for c in (_CHILD_KEY if children else _KEY)],
-                                       index_where=M.parent_id.is_not(None) if children else M.parent_id.is_(None))
+_INSERT_NEW = {(pg, children): insert_or_ignore(
+    messages, pg, index_elements=[c.name for c in (_CHILD_KEY if children else _KEY)],
+    index_where=M.parent_id.is_not(None) if children else M.parent_id.is_(None))
                .returning(M.id, *(_CHILD_KEY if children else _KEY))
                for pg in (False, True) for children in (False, True)}
 
@@ -239,7 +238,7 @@ def insert_new_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int | 
     # inserts one kind).
     children = rows[0]["parent_id"] is not None if rows else False
     key = _CHILD_KEY if children else _KEY
-    stmt = _INSERT_NEW[(conn.dialect.name == "postgresql", children)]
+    stmt = _INSERT_NEW[(is_postgres(conn), children)]
     stored: dict[tuple[Any, str], int] = {}
     for start in range(0, len(rows), INSERT_CHUNK):
         # One statement built once: SQLAlchemy sends the rows as multi-row VALUES pages
@@ -299,20 +298,30 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
     now = utcnow()
     rows = []
     for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise InputError(f"message #{i + 1}: expected a dict")
-        unknown = set(item) - _SUBMIT_KEYS
-        if unknown:
-            raise InputError(f"message #{i + 1}: unknown field(s) {', '.join(sorted(unknown))}")
-        if "route" not in item:
-            raise InputError(f"message #{i + 1}: route is required")
         try:
-            rows.append(prepare(item["route"], item.get("payload"), source_system=item.get("source_system"),
-                                correlation_id=item.get("correlation_id"), process_id=item.get("process_id"),
-                                msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"),
-                                now=now))
+            rows.append(prepare_item(item, now))
         except InputError as exc:
             raise type(exc)(f"message #{i + 1}: {exc}" if len(items) > 1 else str(exc)) from None
+    return store_new(rows)
+
+
+def prepare_item(item: Any, now: datetime) -> dict[str, Any]:
+    """Check one of `submit_many`'s items and turn it into a NEW row (`prepare`); InputError says why not."""
+    if not isinstance(item, dict):
+        raise InputError("expected a dict")
+    unknown = set(item) - _SUBMIT_KEYS
+    if unknown:
+        raise InputError(f"unknown field(s) {', '.join(sorted(unknown))}")
+    if "route" not in item:
+        raise InputError("route is required")
+    return prepare(item["route"], item.get("payload"), source_system=item.get("source_system"),
+                   correlation_id=item.get("correlation_id"), process_id=item.get("process_id"),
+                   msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"), now=now)
+
+
+def store_new(rows: list[dict[str, Any]]) -> list[MessageView]:
+    """Store prepared NEW rows all-or-nothing and publish their chains; a view per row, in order (an
+    already stored (source system, correlation id) answers with the stored message, marked duplicate)."""
     # One transaction: the new rows, and what the duplicates answer with. The chains are published after
     # it commits; nothing after the commit touches the store, so nothing can fail the stored messages.
     with transaction() as conn:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 from .config import get_settings
 from .errors import ConfigurationError, UnknownRouteError
 from .model import Route, Split
+from .states import State
 
 if TYPE_CHECKING:
     from .context import Outcome
@@ -45,8 +46,6 @@ def on_state(*states: str) -> Callable[[Hook], Hook]:
     Called after the state is committed, from a notification row written in the same transaction,
     retried like a confirmation (OPENHUB_CONFIRM_INTERVAL, OPENHUB_CONFIRM_MAX_FAILS, then parked).
     """
-    from .states import State
-
     unknown = [s for s in states if s not in State.__members__ or s == "NEW"]
     if not states or unknown:
         raise ConfigurationError(f"@on_state needs message states other than NEW, got {unknown or 'none'}")
@@ -146,7 +145,7 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
                 registry.add(route, module.__name__)
     settings = get_settings()
     if settings.webhook_url:
-        from .notify import webhook
+        from .notify import webhook  # httpx is loaded only where a webhook is configured
 
         hook = on_state(*sorted(settings.webhook_states))(webhook(settings.webhook_url))  # checks the states
         registry.hooks[WEBHOOK] = (settings.webhook_states, hook)

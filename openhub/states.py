@@ -1,7 +1,8 @@
 """Message states and the pure state machine: (state, event) -> (new state, failed count, actions).
 
-This is DESIGN.md §3 as a function. The engine, the poller and the operator actions all ask it
-before they write a state, so the table in the design and the code cannot drift apart.
+This is DESIGN.md §3 as a function. Every state a message is given is written by
+`openhub.lifecycle.apply_event`, which asks this table first, so the design and the code cannot
+drift apart.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Event(StrEnum):
     REDRIVEN = "redriven"              # the poller (or a funnel release) published a new chain
     CHAIN_LOST = "chain_lost"          # no step took the chain in time (a backlog, a flushed broker): a new one
     CLAIMED = "claimed"                # the first task of the chain took it
-    COMPLETED = "completed"            # the last step succeeded
+    COMPLETED = "completed"            # the last step succeeded (a last split: every child is OK)
     TRANSIENT = "transient"            # a step failed in a way worth retrying
     NO_EFFECT = "no_effect"            # a step asked to try again later without counting a failure
     REJECTED = "rejected"              # a step refused the message for good
@@ -47,7 +48,7 @@ class Event(StrEnum):
     HELD_BACK = "held_back"            # a step held it back and paused the route
     OBSOLETE = "obsolete"              # a newer message for the same entity is already done
     SPLIT = "split"                    # children were written; the parent waits for them
-    CHILDREN_OK = "children_ok"        # every child is OK: the parent goes on after the split
+    CHILDREN_OK = "children_ok"        # every child is OK: the parent goes on with the steps after the split
     CHILD_FAILED = "child_failed"      # a child ended FAILED
     WAIT_RESPONSE = "wait_response"    # a step parked the message until a response arrives
     RESPONDED = "responded"            # the awaited response arrived
@@ -99,7 +100,7 @@ def _failure(failed_count: int, max_fails: int) -> Transition:
 _ALLOWED: dict[Event, frozenset[State]] = {
     Event.REDRIVEN: frozenset({State.NEW, State.PARTLY_FAILED, State.POSTPONED}),
     Event.CLAIMED: frozenset({State.NEW, State.IN_QUEUE}),
-    Event.COMPLETED: frozenset({State.PROCESSING}),
+    Event.COMPLETED: frozenset({State.PROCESSING, State.WAITING}),  # WAITING: its split was the last step
     Event.TRANSIENT: frozenset({State.PROCESSING, State.WAITING_FOR_RES}),
     Event.NO_EFFECT: frozenset({State.PROCESSING}),
     Event.REJECTED: frozenset({State.PROCESSING}),
@@ -158,7 +159,7 @@ def transition(state: State | str, event: Event, failed_count: int = 0, max_fail
     if event is Event.OBSOLETE:
         return Transition(State.SKIPPED, same, frozenset({Action.RELEASE_FUNNEL, Action.NOTIFY_PARENT}))
     if event is Event.SPLIT:
-        return Transition(State.WAITING, same)
+        return Transition(State.WAITING, same, frozenset({Action.DISPATCH_CHILDREN}))
     if event is Event.CHILDREN_OK:
         return Transition(State.IN_QUEUE, same)
     if event is Event.WAIT_RESPONSE:

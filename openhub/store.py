@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
-from .db import is_postgres, utcnow
+from .db import insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import InputError, NotFound
 from .registry import get_registry
 from .schema import confirmations, ext_calls, messages, route_pauses, transitions
@@ -81,8 +81,6 @@ def update_message(conn: Connection, message_id: int, **values: Any) -> None:
 
 def record_crash(message_id: int, detail: str) -> None:
     """Note in a message's history that a task carrying it crashed outside its step."""
-    from .db import transaction
-
     with transaction() as conn:
         state = conn.execute(select(M.state).where(M.id == message_id)).scalar()
         if state is not None:
@@ -95,6 +93,14 @@ DRAIN = "*"  # the route_pauses row of a drain: every route is paused and new me
 def paused_routes(conn: Connection) -> set[str]:
     """Names of the routes an operator (or a Holdback) has paused; DRAIN among them while draining."""
     return {r for (r,) in conn.execute(_PAUSED)}
+
+
+def pause_route(conn: Connection, route: str, reason: str, now: datetime) -> None:
+    """Pause a route (DRAIN: the whole hub); a pause already there keeps its reason."""
+    conn.execute(_PAUSE[is_postgres(conn)], {"route": route, "paused_at": now, "reason": reason})
+
+
+_PAUSE = {pg: insert_or_ignore(route_pauses, pg, index_elements=["route"]) for pg in (False, True)}
 
 
 def is_paused(paused: set[str], route: str) -> bool:

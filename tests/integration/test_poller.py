@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select, update
 
 from openhub.db import transaction, utcnow
-from openhub.poller import _due_query, tick
+from openhub.poller import tick
+from openhub.redrive import _due_query
 from openhub.producer import insert_new_many, prepare
 from openhub.schema import messages, transitions
 from tests.support.waiting import wait_final

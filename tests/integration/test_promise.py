@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event, select
 
 import openhub
-from openhub import dispatch, engine, poller
+from openhub import dispatch, engine, lifecycle, poller
 from openhub.db import get_engine, transaction, utcnow
 from openhub.errors import StoreUnavailable
 from openhub.schema import ext_calls, messages, transitions
@@ -55,7 +55,7 @@ def test_custom_data_that_is_not_json_keeps_the_call_and_fails_the_message_once(
 
 
 def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
-    real = engine.queue_confirmation
+    real = lifecycle.queue_confirmation
     failures = []
 
     def fails_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a fault injected into our own code
@@ -64,7 +64,7 @@ def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHu
             raise RuntimeError("confirmation queue broke")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "queue_confirmation", fails_once)
+    monkeypatch.setattr(lifecycle, "queue_confirmation", fails_once)
     view = hub.submit("p.flow", {})
     hub.run()
     assert hub.get(view.id).state == "PARTLY_FAILED"

@@ -18,6 +18,7 @@ TABLE = [
     (S.NEW, E.CLAIMED, 0, S.PROCESSING, 0, set()),
     # last step ok
     (S.PROCESSING, E.COMPLETED, 1, S.OK, 1, FIN),
+    (S.WAITING, E.COMPLETED, 0, S.OK, 0, FIN),  # a split that was the last step: its family is OK
     # transient error: +1, retried; over max_fails: FAILED
     (S.PROCESSING, E.TRANSIENT, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
     (S.PROCESSING, E.TRANSIENT, 2, S.PARTLY_FAILED, 3, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
@@ -34,7 +35,7 @@ TABLE = [
     # obsolete entity message
     (S.PROCESSING, E.OBSOLETE, 1, S.SKIPPED, 1, {A.RELEASE_FUNNEL, A.NOTIFY_PARENT}),
     # split: parent waits; children done -> goes on, or FAILED
-    (S.PROCESSING, E.SPLIT, 0, S.WAITING, 0, set()),
+    (S.PROCESSING, E.SPLIT, 0, S.WAITING, 0, {A.DISPATCH_CHILDREN}),
     (S.WAITING, E.CHILDREN_OK, 0, S.IN_QUEUE, 0, set()),
     (S.WAITING, E.CHILD_FAILED, 0, S.FAILED, 0, FIN),
     # async response

@@ -1,0 +1,232 @@
+"""A message's life in the store: every change of a message's state is written here.
+
+`apply_event` writes what the state table (openhub.states) says an event does to a message, and
+carries out the table's actions that belong in the same transaction: a final state queues the
+confirmation and settles the split family, HELD_BACK pauses the route. `redispatch` gives a message
+a new chain, `cancel_family` ends a message with the family under it, `settle_parent` and `resume_split`
+move a split's family along. Nothing here reaches outside the transaction: what has to happen once
+it committed (send a confirmation, publish a chain, re-drive a message) is collected as data in
+`FollowUps`, and `redrive.carry_out` does it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, select
+
+from .config import get_settings
+from .confirm import queue_confirmation
+from .model import RetryPolicy, Route, RouteStep, Split
+from .registry import get_registry
+from .schema import messages
+from .split import children_counts, current_children, split_of
+from .states import FINAL, Action, Event, State, transition
+from .store import lock_message, pause_route, set_state, update_message
+
+log = logging.getLogger("openhub.lifecycle")
+M = messages.c
+CHAIN_WAIT_MAX = timedelta(hours=1)
+
+
+@dataclass
+class FollowUps:
+    """What committed writes ask for once they have committed, as data (`redrive.carry_out` does it).
+
+    Each has a backstop in the store should the process die before: the poller finds a queued
+    confirmation, a due message and a NEW child on its own.
+    """
+
+    confirm: list[int] = field(default_factory=list)  # messages whose confirmation was queued
+    children: list[int] = field(default_factory=list)  # split parents whose NEW children were written
+    funnels: list[int] = field(default_factory=list)  # messages that left their funnel: the next one goes on
+    redrive: list[int] = field(default_factory=list)  # messages made due now
+    chains: list[tuple[Route, int, str, int]] = field(default_factory=list)  # (route, message, token, step)
+
+    def merge(self, other: FollowUps) -> None:
+        for f in fields(self):
+            getattr(self, f.name).extend(getattr(other, f.name))
+
+
+def retry_policy(route: Route | None, item: RouteStep | None) -> RetryPolicy:
+    """The retry policy of a step: its own, else its route's, else the OPENHUB_* defaults."""
+    if item is not None and item.retry is not None:
+        return item.retry
+    if route is not None and route.retry is not None:
+        return route.retry
+    s = get_settings()
+    return RetryPolicy(max_fails=s.max_fails, interval=s.retry_interval or timedelta(seconds=1))
+
+
+def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, item: RouteStep | None,
+                now: datetime, follow: FollowUps, detail: str | None = None, *, keep_run: bool = False,
+                settle: bool = True, **values: Any) -> State:
+    """Write the transition of `event` with the state table's verdict and carry out its actions:
+    those of this transaction here, the rest noted in `follow`. Returns the new state.
+
+    `keep_run`: a final state leaves the message's step run in place (a cancelled step still calling
+    out keeps its lease until it ends). `settle=False`: the caller settles the split parent itself.
+    """
+    policy = retry_policy(route, item)
+    result = transition(row.state, event, row.failed_count, policy.max_fails)
+    values.setdefault("failed_count", result.failed_count)
+    if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
+        values["due_at"] = now + policy.delay(result.failed_count)
+    if result.state in FINAL:
+        values.update(due_at=None, finished_at=now)
+        if not keep_run:
+            values.update(step_run=None, worker=None)
+    if Action.CONFIRM in result.actions:
+        if confirmed_to_source(conn, row):
+            queue_confirmation(conn, row.id, result.state.value, now)
+            follow.confirm.append(row.id)
+        else:
+            log.info("message %s (%s) ended %s; not confirmed (no confirmer for %s, or a split child)", row.id,
+                     row.correlation_id, result.state.value, row.source_system)
+    set_state(conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=now,
+              **values)
+    if Action.PAUSE_ROUTE in result.actions and route is not None:
+        pause_route(conn, route.name, f"held back by message {row.id}: {detail}", now)
+    if Action.RELEASE_FUNNEL in result.actions and row.funnel is not None:
+        follow.funnels.append(row.id)
+    if Action.DISPATCH_CHILDREN in result.actions:
+        follow.children.append(row.id)
+    if Action.NOTIFY_PARENT in result.actions and row.parent_id is not None and settle:
+        settle_parent(conn, row.parent_id, now, follow)
+    return result.state
+
+
+def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: FollowUps, start: int = 0) -> None:
+    """Give a message a new fencing token and state IN_QUEUE; its chain (from step `start`) is published
+    after commit. A run still in flight from a cancelled chain keeps its lease: the new chain waits for it.
+    """
+    route = get_registry().route(f"{row.service}.{row.operation}")
+    token = str(uuid.uuid4())
+    handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
+    apply_event(conn, row, event, route, None, now, follow, attempt_id=token,
+                due_at=now + _chain_wait(row, event, now), **handed_over)
+    follow.chains.append((route, row.id, token, start))
+
+
+def _chain_wait(row: Row, event: Event, now: datetime) -> timedelta:
+    """How long a published chain may take to reach its first task before it is published again.
+
+    OPENHUB_LEASE_GRACE, doubled each time the chain was not taken in time (a backlog that outlasts
+    the grace): every republication adds a chain to the queue, and only the newest carries the message.
+    """
+    grace = get_settings().lease_grace
+    if event is not Event.CHAIN_LOST:
+        return grace
+    waited = now - row.updated_at  # since the previous chain was published
+    return max(grace, min(2 * waited, max(grace, CHAIN_WAIT_MAX)))
+
+
+def cancel_family(conn: Connection, row: Row, now: datetime, follow: FollowUps) -> None:
+    """Cancel a message, then its children not final yet (and theirs).
+
+    A new token makes any chain still carrying the message stop without effect. A step already
+    calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
+    restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
+    """
+    route = get_registry().routes.get(f"{row.service}.{row.operation}")
+    apply_event(conn, row, Event.CANCELLED, route, None, now, follow, attempt_id=str(uuid.uuid4()),
+                keep_run=row.worker is not None and row.step_run is not None)
+    children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
+                            .order_by(M.id)).scalars().all()
+    for child_id in children:  # a cancelled parent's family is cancelled with it
+        child = lock_message(conn, child_id)
+        if child is not None and child.state not in FINAL:
+            cancel_family(conn, child, now, follow)
+
+
+def confirmed_to_source(conn: Connection, row: Any) -> bool:
+    """Whether a final state of the message is confirmed to its source system: a top-level message's
+    always (with a confirmer), a split child's only when its split asks (the source never sent its id)."""
+    if row.source_system not in get_registry().confirmers:
+        return False
+    if row.parent_id is None:
+        return True
+    parent = conn.execute(select(M.service, M.operation).where(M.id == row.parent_id)).first()
+    split = split_of(f"{parent.service}.{parent.operation}") if parent is not None else None
+    return split is not None and split.confirm_children
+
+
+def settle_parent(conn: Connection, parent_id: int, now: datetime, follow: FollowUps) -> None:
+    """A child's final state was just written in this transaction: finalise or resume its parent if the
+    family is complete (and so on up, for nested splits).
+
+    Settling in the child's transaction, under the parent's row lock, means the parent is finalised once
+    however many children finish together, and never forgotten if a worker dies after the commit.
+    """
+    parent = lock_message(conn, parent_id)
+    if parent is None or parent.state != State.WAITING:
+        return
+    route = get_registry().route(f"{parent.service}.{parent.operation}")
+    counts = children_counts(conn, parent)
+    failed, cancelled = counts.get(State.FAILED, 0), counts.get(State.CANCEL, 0)
+    split = split_of(route.name)
+    if split is not None and split.sequential:
+        if _next_turn(conn, parent, split, failed + cancelled, now, follow):
+            return
+        counts = children_counts(conn, parent)  # those awaiting their turn may have been cancelled
+        failed, cancelled = counts.get(State.FAILED, 0), counts.get(State.CANCEL, 0)
+    if failed or cancelled:
+        apply_event(conn, parent, Event.CHILD_FAILED, route, None, now, follow,
+                    failed_error=f"{failed} child message(s) FAILED, {cancelled} cancelled")
+    elif sum(counts.values()) == counts.get(State.OK, 0) + counts.get(State.SKIPPED, 0):
+        start = next(i for i, s in enumerate(route.steps) if isinstance(s, Split)) + 1
+        if start < len(route.steps):
+            redispatch(conn, parent, Event.CHILDREN_OK, now, follow, start)
+        else:  # nothing after the split: the family's success is the parent's
+            apply_event(conn, parent, Event.COMPLETED, route, None, now, follow)
+
+
+def _next_turn(conn: Connection, parent: Any, split: Split, failed: int, now: datetime, follow: FollowUps) -> bool:
+    """A sequential family: make the next child due when none runs; True while the family goes on.
+
+    After a failure the children still awaiting their turn are cancelled (they never ran), so the
+    parent ends now rather than waiting for them.
+    """
+    live = conn.execute(select(M.id, M.state, M.due_at, M.step_run, M.failed_count, M.funnel, M.parent_id,
+                               M.source_system, M.correlation_id).where(and_(
+                                   current_children(parent), M.state.not_in([s.value for s in FINAL])))
+                        .order_by(M.id)).all()
+    waiting = [r for r in live if r.state in (State.NEW, State.PARTLY_FAILED) and r.due_at is None]
+    if failed:
+        for child in waiting:
+            apply_event(conn, child, Event.CANCELLED, None, None, now, follow, settle=False,
+                        detail=f"a child before it in sequential split of message {parent.id} failed")
+        return len(live) > len(waiting)  # a child still running ends first
+    if len(live) > len(waiting):
+        return True  # one child is under way
+    if not waiting:
+        return False
+    update_message(conn, waiting[0].id, due_at=now, updated_at=now)  # the poller's backstop, if we die now
+    follow.redrive.append(waiting[0].id)
+    return True
+
+
+def resume_split(conn: Connection, parent: Any, item: Split, now: datetime, follow: FollowUps) -> bool:
+    """A split already done runs again (a restart, a re-drive): go on only if all its children are OK.
+
+    Otherwise its FAILED and cancelled children are restarted and the parent waits for the family again.
+    """
+    counts = children_counts(conn, parent)
+    if sum(counts.values()) == counts.get(State.OK, 0) + counts.get(State.SKIPPED, 0):
+        return True
+    again = conn.execute(select(messages).where(and_(current_children(parent),
+                                                     M.state.in_((State.FAILED.value, State.CANCEL.value))))
+                         .order_by(M.id)).all()
+    for n, child in enumerate(again):
+        due = now if n == 0 or not item.sequential else None  # a sequential family goes on with its first
+        apply_event(conn, child, Event.RESTARTED, None, None, now, follow, detail=f"parent {parent.id} restarted",
+                    due_at=due, finished_at=None, step_run=None, attempt_id=str(uuid.uuid4()))
+    route = get_registry().route(f"{parent.service}.{parent.operation}")
+    apply_event(conn, parent, Event.SPLIT, route, item, now, follow, step_run=None, due_at=None,
+                detail=f"waiting again for its children ({len(again)} restarted)")
+    follow.redrive.extend(c.id for c in again[:1 if item.sequential else len(again)])
+    return False

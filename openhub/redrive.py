@@ -1,0 +1,137 @@
+"""After commit: carrying out what committed writes asked for, and re-driving due messages.
+
+Every writer of message state (openhub.lifecycle) returns its follow-ups as data; `carry_out`
+is the one place that does them once the transaction committed: send the queued confirmations,
+publish the children of a split and the chains of re-dispatched messages, let a funnel's next
+message go, re-drive the messages made due now. Each has a backstop in the store if this process
+dies first: the poller finds the confirmation, the due message and the NEW child on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+from sqlalchemy import and_, not_, select, update
+
+from . import dispatch
+from .config import get_settings
+from .confirm import send_confirmations
+from .db import is_postgres, transaction
+from .errors import UnknownRouteError
+from .funnel import release_funnel
+from .lifecycle import FollowUps, apply_event, redispatch
+from .registry import get_registry
+from .schema import ext_calls, messages
+from .split import dispatch_children
+from .states import CallState, Event, State
+from .store import DRAIN, paused_routes, update_message
+from .workers import liveness
+
+log = logging.getLogger("openhub.redrive")
+M = messages.c
+BATCH = 500
+POLLED = tuple(s.value for s in (State.NEW, State.IN_QUEUE, State.PROCESSING, State.PARTLY_FAILED,
+                                 State.POSTPONED, State.WAITING_FOR_RES))
+UNKNOWN_ROUTE_BACKOFF = timedelta(hours=1)
+
+
+def carry_out(follow: FollowUps, now: datetime) -> None:
+    """Do what committed writes asked for (at time `now`, the time they were written at).
+
+    A follow-up that fails is logged and left to the poller's backstop; the others still run.
+    """
+    for route, message_id, token, start in follow.chains:
+        _attempt(message_id, "publish its chain", dispatch.publish, route, message_id, token, start)
+    for message_id in follow.confirm:
+        _attempt(message_id, "send its confirmation", send_confirmations, message_id)
+    for message_id in follow.children:
+        _attempt(message_id, "publish its children", dispatch_children, message_id)
+    due = list(follow.redrive)
+    for message_id in follow.funnels:
+        nxt = _attempt(message_id, "release its funnel", release_funnel, message_id, now)
+        if nxt is not None:
+            due.append(nxt)
+    if due:
+        _attempt(due[0], "re-drive", redrive_due_messages, now, due)
+
+
+def _attempt(message_id: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - the poller's backstop takes over
+        log.exception("message %s: could not %s after commit; the poller takes over", message_id, what)
+        return None
+
+
+def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None):  # noqa: ANN202
+    # `due_at <= now` implies the partial index's `due_at IS NOT NULL`: only live rows are read.
+    # (No state filter here: SQLite would rather use the state index for it.)
+    query = select(messages).where(M.due_at <= now)
+    waiting = M.state.in_((State.NEW.value, State.PARTLY_FAILED.value, State.POSTPONED.value))
+    if DRAIN in paused:  # nothing new starts; the chains under way go on
+        query = query.where(not_(waiting))
+    for name in paused - {DRAIN}:
+        service, operation = name.split(".", 1)
+        query = query.where(not_(and_(M.service == service, M.operation == operation, waiting)))
+    if only_ids is not None:
+        query = query.where(M.id.in_(only_ids))
+    return query.order_by(M.due_at).limit(BATCH)
+
+
+def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tuple[int, int]:
+    """Publish new chains for due messages and fail over those whose lease expired.
+
+    Returns (re-driven, repaired): PARTLY_FAILED/POSTPONED/unpublished NEW messages get a new
+    chain, and so do IN_QUEUE messages and chains between steps that no task took in time (no
+    failure counted); a step whose lease ran out is extended while its worker lives and counts a
+    failure otherwise; WAITING_FOR_RES messages past their timeout count a failure.
+    """
+    follow = FollowUps()
+    redriven = repaired = 0
+    registry = get_registry()
+    with transaction() as conn:
+        query = _due_query(now, paused_routes(conn), only_ids)
+        if is_postgres(conn):
+            query = query.with_for_update(skip_locked=True, key_share=True)
+        rows = conn.execute(query).all()
+        live = liveness(conn) if any(r.step_run is not None for r in rows) else None
+        for row in rows:
+            try:
+                route = registry.route(f"{row.service}.{row.operation}")
+            except UnknownRouteError:
+                log.error("message %s belongs to route %s.%s, which is not loaded; skipped for an hour",
+                          row.id, row.service, row.operation)
+                update_message(conn, row.id, due_at=now + UNKNOWN_ROUTE_BACKOFF)
+                continue
+            if row.state not in POLLED:  # nothing to do for it at any time
+                update_message(conn, row.id, due_at=None)
+                continue
+            if row.state in (State.NEW, State.PARTLY_FAILED, State.POSTPONED):
+                redispatch(conn, row, Event.REDRIVEN, now, follow)
+                redriven += 1
+                continue
+            stepping = row.state == State.PROCESSING and row.step_run is not None
+            if stepping and live is not None and live.run_in_flight(row.worker, row.step_run, row.updated_at):
+                # slow, not lost: its worker's heartbeat still lists the run
+                update_message(conn, row.id, due_at=now + get_settings().lease_grace)
+                continue
+            if row.state in (State.IN_QUEUE, State.PROCESSING) and not stepping:
+                redispatch(conn, row, Event.CHAIN_LOST, now, follow)
+                redriven += 1
+                continue
+            if row.state == State.WAITING_FOR_RES:  # the request is sent again on the next attempt
+                reason = "no response before the timeout"
+                conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id,
+                                                          ext_calls.c.state == CallState.WAITING.value))
+                             .values(state=CallState.FAILED.value, last_error=reason, updated_at=now))
+                apply_event(conn, row, Event.TRANSIENT, route, None, now, follow, detail=reason, failed_error=reason,
+                            error_code="RESPONSE_TIMEOUT")
+            else:
+                reason = f"lease expired in step run {row.step_run}: its worker is gone"
+                apply_event(conn, row, Event.LEASE_EXPIRED, route, None, now, follow, detail=reason, due_at=now,
+                            step_run=None, worker=None, failed_error=reason, error_code="WORKER_LOST")
+            repaired += 1
+    carry_out(follow, now)
+    return redriven, repaired
