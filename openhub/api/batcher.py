@@ -7,8 +7,8 @@ request to an `AcceptBatcher`: when no flush is running the request is stored at
 latency when traffic is light); requests that arrive while flushes are running wait for the
 next flush and go into the store as one `submit_many`. Each request still gets its own answer:
 
-- every item is checked on its own first (`producer.prepare`), so a bad payload is refused
-  alone and never sinks the others of its batch;
+- every item is checked on its own first (`producer.prepare_item`), so a bad payload is refused
+  alone and never sinks the others of its batch, and the checked rows are what is stored;
 - a store failure (StoreUnavailable) fails every request of the batch: nothing was stored;
 - any other error of the batch is retried item by item, so it stays with the request that
   caused it.
@@ -26,6 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from .. import producer
 from ..context import MessageView
+from ..db import utcnow
 from ..errors import StoreUnavailable
 
 log = logging.getLogger("openhub.api.batcher")
@@ -35,17 +36,17 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
     """Store `items` (submit_many keyword dicts) with one outcome per item, in order."""
     outcomes: list[MessageView | BaseException | None] = [None] * len(items)
     valid: list[int] = []
+    rows: dict[int, dict[str, Any]] = {}
+    now = utcnow()
     for i, item in enumerate(items):
         try:
-            producer.prepare(item["route"], item["payload"], source_system=item["source_system"],
-                             correlation_id=item["correlation_id"], process_id=item.get("process_id"),
-                             msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"))
+            rows[i] = producer.prepare_item(item, now)
             valid.append(i)
         except Exception as exc:  # noqa: BLE001 - the item's own refusal, answered to its request
             outcomes[i] = exc
     if valid:
         try:
-            for i, view in zip(valid, producer.submit_many([items[i] for i in valid])):
+            for i, view in zip(valid, producer.store_new([rows[i] for i in valid])):
                 outcomes[i] = view
         except StoreUnavailable as exc:
             for i in valid:
@@ -56,7 +57,7 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
             log.warning("a batch of %d submissions failed as a whole; storing them one by one", len(valid))
             for i in valid:
                 try:
-                    outcomes[i] = producer.submit_many([items[i]])[0]
+                    outcomes[i] = producer.store_new([rows[i]])[0]
                 except Exception as exc:  # noqa: BLE001
                     outcomes[i] = exc
     return outcomes  # type: ignore[return-value]
