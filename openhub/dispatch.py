@@ -88,17 +88,21 @@ def task_options(route: Route, index: int) -> dict[str, Any]:
     return options
 
 
-def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:
-    """The Celery chain that carries one message through `route` from step `start` on: one task per
-    step, or per run of fused steps."""
+def step_signatures(route: Route, message_id: int, token: str, start: int = 0) -> list[Any]:
+    """The tasks that carry one message through `route` from step `start` on: one per step, or per run
+    of fused steps, each with the error callback that records a crashed task."""
     app = celery_app()
+    errback = app.signature(CHAIN_FAILED_TASK, args=(message_id, token), immutable=False)
+    return [app.signature(route.task_name(route.steps[index]), args=(message_id, token), immutable=True,
+                          options=task_options(route, index)).on_error(errback)
+            for index in route.task_starts(start)]
+
+
+def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:
+    """The same tasks as a Celery chain."""
     from celery.canvas import chain
-    signatures = [app.signature(route.task_name(route.steps[index]), args=(message_id, token), immutable=True,
-                                options=task_options(route, index))
-                  for index in route.task_starts(start)]
-    flow = chain(*signatures) if len(signatures) > 1 else signatures[0]
-    flow.on_error(app.signature(CHAIN_FAILED_TASK, args=(message_id, token), immutable=False))
-    return flow
+
+    return chain(*step_signatures(route, message_id, token, start))
 
 
 # Where `openhub.testing.LocalHub` collects chains instead of publishing them (None: Celery).
@@ -110,15 +114,34 @@ def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
 
     A message whose chain was not published stays due in the store, so the poller re-drives it.
     """
+    return bool(publish_many([(route, message_id, token, start)]))
+
+
+def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
+    """Publish several messages' chains (route, message id, token, first step); the ids the broker took.
+
+    One producer publishes them all inside kombu's publish batch: on Redis every task message and its
+    task-sent event go out in one pipelined round trip instead of two round trips per chain (other
+    transports publish one by one). A refused batch is refused whole: its messages stay due in the
+    store and the poller re-drives them.
+    """
     if local_chains is not None:
-        local_chains.append((route.name, message_id, token, start))
-        return True
+        local_chains.extend((route.name, message_id, token, start) for route, message_id, token, start in chains)
+        return {message_id for _route, message_id, _token, _start in chains}
+    if not chains:
+        return set()
     try:
-        step_chain(route, message_id, token, start).apply_async()
-        return True
+        app = celery_app()
+        with app.producer_or_acquire() as producer, producer.batch():
+            for route, message_id, token, start in chains:
+                first, *rest = step_signatures(route, message_id, token, start)
+                # A chain's own apply_async takes its first task's producer from the pool, outside the
+                # batch: sent here, the first task carries the rest as Celery's message protocol does.
+                first.apply_async(producer=producer, chain=rest[::-1] or None)
+        return {message_id for _route, message_id, _token, _start in chains}
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
-        log.warning("could not publish message %s (%s): %s", message_id, route.name, exc)
-        return False
+        log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)
+        return set()
 
 
 def restore_orphans(dead: Collection[str]) -> int:

@@ -267,12 +267,8 @@ def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
     chain was refused (or lost) is re-driven by the poller when its due time comes.
     """
     registry = get_registry()
-    published = set()
-    for message_id, row in fresh:
-        route = registry.route(f"{row['service']}.{row['operation']}")
-        if dispatch.publish(route, message_id, row["attempt_id"]):
-            published.add(message_id)
-    return published
+    return dispatch.publish_many([(registry.route(f"{row['service']}.{row['operation']}"), message_id,
+                                   row["attempt_id"], 0) for message_id, row in fresh])
 
 
 def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,

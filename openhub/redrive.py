@@ -42,8 +42,8 @@ def carry_out(follow: FollowUps, now: datetime) -> None:
 
     A follow-up that fails is logged and left to the poller's backstop; the others still run.
     """
-    for route, message_id, token, start in follow.chains:
-        _attempt(message_id, "publish its chain", dispatch.publish, route, message_id, token, start)
+    if follow.chains:
+        dispatch.publish_many(follow.chains)  # a refused publish is re-driven by the poller
     for message_id in follow.confirm:
         _attempt(message_id, "send its confirmation", send_confirmations, message_id)
     for message_id in follow.children:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 from typing import Iterator
 
@@ -99,3 +101,33 @@ def test_an_acknowledged_delivery_has_no_holder(server) -> None:  # noqa: ANN001
         queue.put({"n": 1})
         queue.get(timeout=5).ack()
         assert not conn.default_channel.client.hgetall("unacked.owners")
+
+
+def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
+              "OPENHUB_VAR_DIR": str(tmp_path / "var")})
+    from openhub.registry import get_registry
+
+    route = get_registry().route("p.flow")
+    dispatch.publish_many([(route, 0, "warm-up", 0)])  # connects, declares the queue
+    client = server.client()
+    client.delete("openhub")
+    sends: list[int] = []
+    original = redis.connection.Connection.send_packed_command
+
+    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        sends.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
+    assert dispatch.publish_many([(route, n, f"token-{n}", 0) for n in range(1, 51)]) == set(range(1, 51))
+    assert len(sends) <= 2, f"{len(sends)} round trips to Redis for 50 chains"
+    monkeypatch.undo()
+    tasks = [json.loads(raw) for raw in client.lrange("openhub", 0, -1)]
+    assert len(tasks) == 50
+    for task in tasks:  # the first step's task, carrying the second step's task as the rest of its chain
+        (message_id, token), _kwargs, embed = json.loads(base64.b64decode(task["body"]))
+        assert task["headers"]["task"] == route.task_name(route.steps[0]) and token == f"token-{message_id}"
+        assert [sig["task"] for sig in embed["chain"]] == [route.task_name(route.steps[1])]
+        assert embed["chain"][0]["args"] == [message_id, token]
+        assert [e["task"] for e in embed["errbacks"]] == [dispatch.CHAIN_FAILED_TASK]
