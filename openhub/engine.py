@@ -34,7 +34,7 @@ from .redrive import carry_out
 from .registry import get_registry
 from .schema import ext_calls, messages, transitions
 from .split import prepare_children, write_children
-from .states import CallState, Event, State
+from .states import CallState, Event, Note, State
 from .store import dumps, is_paused, loads, lock_message, paused_routes, record_transition, update_message
 from .workers import current_id, current_node, liveness, running
 
@@ -578,7 +578,7 @@ def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, 
     error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
     conn.execute(_CALL_DONE, _call_done(entered, row, verdict.call_state, now, duration, error))
     if verdict.call_state in (CallState.OK, CallState.WAITING):
-        record_transition(conn, row.id, "step_ok", row.state, row.state, step=item.key, now=now)
+        record_transition(conn, row.id, Note.STEP_OK.value, row.state, row.state, step=item.key, now=now)
     system = getattr(item, "system", None)
     if system in get_settings().system_limits:
         limits.release(conn, system, entered.run_id)
@@ -596,9 +596,9 @@ def _answered_early(conn: Connection, message_id: int) -> bool:
     """
     last = conn.execute(select(transitions.c.event).where(and_(
         transitions.c.message_id == message_id,
-        transitions.c.event.in_(("response_early", Event.WAIT_RESPONSE.value, Event.RESPONDED.value))))
+        transitions.c.event.in_((Note.RESPONSE_EARLY.value, Event.WAIT_RESPONSE.value, Event.RESPONDED.value))))
         .order_by(transitions.c.id.desc()).limit(1)).scalar()
-    return last == "response_early"
+    return last == Note.RESPONSE_EARLY
 
 
 # Compare-and-set of a step's outcome: written only while the step's lease is still this run's.

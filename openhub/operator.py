@@ -17,7 +17,7 @@ from .producer import get_message, shallow
 from .redrive import carry_out, redrive_due_messages
 from .registry import get_registry
 from .schema import ext_calls, messages, route_pauses
-from .states import FINAL, NON_FINAL, CallState, Event, State, allowed
+from .states import FINAL, NON_FINAL, CallState, Event, Note, State, allowed
 from .store import (DRAIN, drain_reason, dumps, filtered, lock_message, message_view, pause_route, paused_routes,
                     record_transition, update_message)
 
@@ -138,7 +138,7 @@ def respond(message_id: int, payload: Any) -> MessageView:
         if row.state == State.PROCESSING and row.step_run is not None:
             # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
             update_message(conn, row.id, response=text)
-            record_transition(conn, row.id, "response_early", row.state, row.state)
+            record_transition(conn, row.id, Note.RESPONSE_EARLY.value, row.state, row.state)
             return message_view(conn, row.id)
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")

@@ -18,7 +18,7 @@ from .errors import Draining, InputError, PayloadTooLarge
 from .model import Route
 from .registry import get_registry
 from .schema import messages, transitions
-from .states import State
+from .states import Note, State
 from .store import CONTROL, M, drain_reason, dumps, filtered, message_view, message_views, view_of
 
 MAX_ID_LENGTH = 255
@@ -247,7 +247,7 @@ def insert_new_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int | 
     ids: list[int | None] = []
     for row in rows:  # a key twice in one batch: the second is a duplicate of the first
         ids.append(stored.pop((row[key[0].name], row["correlation_id"]), None))
-    history = [dict(message_id=i, at=row["received_at"], event="accepted", from_state=None,
+    history = [dict(message_id=i, at=row["received_at"], event=Note.ACCEPTED.value, from_state=None,
                     to_state=State.NEW.value, step_key=None, detail=None) for i, row in zip(ids, rows) if i]
     for start in range(0, len(history), INSERT_CHUNK):
         conn.execute(insert(transitions), history[start:start + INSERT_CHUNK])

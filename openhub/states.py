@@ -59,6 +59,15 @@ class Event(StrEnum):
     CANCELLED = "cancelled"            # an operator cancelled a non-final message
 
 
+class Note(StrEnum):
+    """History entries that are not state changes (the `event` column beside the `Event`s)."""
+
+    ACCEPTED = "accepted"              # the message was stored (NEW)
+    STEP_OK = "step_ok"                # a step's call succeeded (or was sent, for a wait)
+    RESPONSE_EARLY = "response_early"  # a response came while the step that waits for it still ran
+    TASK_CRASHED = "task_crashed"      # a task carrying the message crashed outside its step
+
+
 class CallState(StrEnum):
     """The states of an external-call record (`ext_calls.state`)."""
 

@@ -14,7 +14,7 @@ from .db import insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import InputError, NotFound
 from .registry import get_registry
 from .schema import confirmations, ext_calls, messages, route_pauses, transitions
-from .states import State
+from .states import Note, State
 
 M = messages.c
 # C0, DEL, C1 and the Unicode line/paragraph separators: in an id they forge log lines and break
@@ -84,7 +84,7 @@ def record_crash(message_id: int, detail: str) -> None:
     with transaction() as conn:
         state = conn.execute(select(M.state).where(M.id == message_id)).scalar()
         if state is not None:
-            record_transition(conn, message_id, "task_crashed", state, state, detail=detail)
+            record_transition(conn, message_id, Note.TASK_CRASHED.value, state, state, detail=detail)
 
 
 DRAIN = "*"  # the route_pauses row of a drain: every route is paused and new messages are refused
