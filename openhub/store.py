@@ -27,7 +27,19 @@ CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _LOCK = {False: select(messages).where(M.id == bindparam("mid")),
          True: select(messages).where(M.id == bindparam("mid")).with_for_update(key_share=True)}
 _UPDATE = update(messages).where(M.id == bindparam("mid"))
-_HISTORY = insert(transitions)
+_HISTORY = insert(transitions).values(message_id=bindparam("mid"), at=bindparam("h_at"), event=bindparam("h_event"),
+                                      from_state=bindparam("h_from"), to_state=bindparam("h_to"),
+                                      step_key=bindparam("h_step"), detail=bindparam("h_detail"))
+
+
+def with_history(statement: Any) -> Any:
+    """`statement` (whose parameter `mid` is the message's id) with a history entry in the same statement,
+    for PostgreSQL: the entry is a data-modifying CTE, one round trip instead of two (SQLite has none).
+    Run it with the parameters of `history_entry`."""
+    return statement.add_cte(_HISTORY.cte("history"))
+
+
+_UPDATE_NOTED = with_history(_UPDATE)
 _PAUSED = select(route_pauses.c.route)
 
 
@@ -57,8 +69,12 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
     state hook (@on_state) of the new state gets its notification row in the same transaction."""
     now = now or utcnow()
     values.setdefault("updated_at", now)
-    conn.execute(_UPDATE, {"mid": row.id, "state": state.value, **values})
-    record_transition(conn, row.id, event, row.state, state.value, step=step, detail=detail, now=now)
+    entry = history_entry(row.id, event, row.state, state.value, step=step, detail=detail, now=now)
+    if is_postgres(conn):
+        conn.execute(_UPDATE_NOTED, {"state": state.value, **values, **entry})
+    else:
+        conn.execute(_UPDATE, {"mid": row.id, "state": state.value, **values})
+        conn.execute(_HISTORY, entry)
     hooks = get_registry().hooks_for(state.value) if row.state != state.value else []
     if hooks:  # sent by the poller (or with the message's confirmation), retried like one
         conn.execute(insert(confirmations), [
@@ -69,9 +85,14 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
 def record_transition(conn: Connection, message_id: int, event: str, from_state: str | None, to_state: str,
                       *, step: str | None = None, detail: str | None = None, now: datetime | None = None) -> None:
     """Append one entry to a message's history."""
-    conn.execute(_HISTORY, {"message_id": message_id, "at": now or utcnow(), "event": event,
-                            "from_state": from_state, "to_state": to_state, "step_key": step,
-                            "detail": detail[:4000] if detail else None})
+    conn.execute(_HISTORY, history_entry(message_id, event, from_state, to_state, step=step, detail=detail, now=now))
+
+
+def history_entry(message_id: int, event: str, from_state: str | None, to_state: str, *, step: str | None = None,
+                  detail: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """The parameters of one history entry (for `record_transition` and `with_history` statements)."""
+    return {"mid": message_id, "h_at": now or utcnow(), "h_event": event, "h_from": from_state, "h_to": to_state,
+            "h_step": step, "h_detail": detail[:4000] if detail else None}
 
 
 def update_message(conn: Connection, message_id: int, **values: Any) -> None:
