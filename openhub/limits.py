@@ -40,10 +40,13 @@ def paced(conn: Connection, system: str, rate: tuple[int, float], now: datetime)
         if made:
             return None
         row = conn.execute(bucket).one()
-    tokens = min(float(calls), row.tokens + max((now - row.updated_at).total_seconds(), 0.0) * per_second)
+    # The bucket's clock only goes forward: a transaction that read `now` before another one's commit
+    # (a lock wait) refills nothing, and must not set the clock back for the next to refill twice.
+    filled_at = max(now, row.updated_at)
+    tokens = min(float(calls), row.tokens + (filled_at - row.updated_at).total_seconds() * per_second)
     if tokens < 1:
-        return now + timedelta(seconds=(1 - tokens) / per_second)
-    conn.execute(update(system_rates).where(R.system == system).values(tokens=tokens - 1, updated_at=now))
+        return filled_at + timedelta(seconds=(1 - tokens) / per_second)
+    conn.execute(update(system_rates).where(R.system == system).values(tokens=tokens - 1, updated_at=filled_at))
     return None
 
 

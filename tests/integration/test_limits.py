@@ -87,3 +87,21 @@ def test_a_dead_workers_slot_is_free_as_soon_as_its_death_is_seen(hub: LocalHub)
     hub.tick()  # repaired at once, and re-run: the slot must not wait for its 10-minute lease
     assert hub.get(view.id).state == "OK", hub.get(view.id)
     assert routes.calls("post") == 1
+
+
+def test_a_transaction_that_read_the_clock_earlier_never_winds_the_bucket_back(hub: LocalHub) -> None:
+    from openhub import limits
+
+    start = utcnow()
+    rate = (2, 60.0)  # a token every 30 s, two in the bucket
+    with transaction() as conn:
+        assert limits.paced(conn, "wound", rate, start) is None  # created full: one token left
+    with transaction() as conn:
+        assert limits.paced(conn, "wound", rate, start + timedelta(seconds=31)) is None  # 1 + 1.03 -> 1.03 left
+    # A worker that read its clock before that commit, and committed after it.
+    with transaction() as conn:
+        assert limits.paced(conn, "wound", rate, start + timedelta(seconds=1)) is None  # 1.03 -> 0.03 left
+    # 0.03 tokens at 31 s: the next is due at about 60 s, not granted at 32 s as if 31 s had passed since 1 s.
+    with transaction() as conn:
+        due = limits.paced(conn, "wound", rate, start + timedelta(seconds=32))
+    assert due is not None and due >= start + timedelta(seconds=59), due
