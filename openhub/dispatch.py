@@ -125,11 +125,12 @@ def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
     transports publish one by one). A refused batch is refused whole: its messages stay due in the
     store and the poller re-drives them.
     """
+    ids = {message_id for _route, message_id, _token, _start in chains}
     if local_chains is not None:
         local_chains.extend((route.name, message_id, token, start) for route, message_id, token, start in chains)
-        return {message_id for _route, message_id, _token, _start in chains}
+        return ids
     if not chains:
-        return set()
+        return ids
     try:
         app = celery_app()
         with app.producer_or_acquire() as producer, producer.batch():
@@ -138,7 +139,7 @@ def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
                 # A chain's own apply_async takes its first task's producer from the pool, outside the
                 # batch: sent here, the first task carries the rest as Celery's message protocol does.
                 first.apply_async(producer=producer, chain=rest[::-1] or None)
-        return {message_id for _route, message_id, _token, _start in chains}
+        return ids
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
         log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)
         return set()

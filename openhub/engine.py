@@ -35,8 +35,8 @@ from .registry import get_registry
 from .schema import ext_calls, messages, transitions
 from .split import prepare_children, write_children
 from .states import CallState, Event, Note, State
-from .store import (dumps, history_entry, is_paused, loads, lock_message, paused_routes, record_transition,
-                    update_message, with_history)
+from .store import (dumps, execute_noted, history_entry, is_paused, loads, lock_message, paused_routes,
+                    update_message)
 from .workers import current_id, current_node, liveness, running
 
 log = logging.getLogger("openhub.engine")
@@ -578,14 +578,11 @@ def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, 
     duration = int((time.monotonic() - entered.started) * 1000)
     error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
     done = _call_done(entered, row, verdict.call_state, now, duration, error)
-    if verdict.call_state not in (CallState.OK, CallState.WAITING):
-        conn.execute(_CALL_DONE, done)
-    elif is_postgres(conn):  # with its history entry, in one round trip
-        conn.execute(_CALL_DONE_NOTED, {**done, **history_entry(row.id, Note.STEP_OK.value, row.state, row.state,
-                                                                step=item.key, now=now)})
+    if verdict.call_state in (CallState.OK, CallState.WAITING):  # with a step_ok entry in the history
+        execute_noted(conn, _CALL_DONE, done, history_entry(row.id, Note.STEP_OK.value, row.state, row.state,
+                                                            step=item.key, now=now))
     else:
         conn.execute(_CALL_DONE, done)
-        record_transition(conn, row.id, Note.STEP_OK.value, row.state, row.state, step=item.key, now=now)
     system = getattr(item, "system", None)
     if system in get_settings().system_limits:
         limits.release(conn, system, entered.run_id)
@@ -617,7 +614,6 @@ _KEEP = (update(messages).where(and_(
 _HAND_OVER = (update(messages).where(_KEEP.whereclause).returning(*messages.c))
 _CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
               .values(ok_message_id=bindparam("ok_id"), ok_msg_timestamp=bindparam("ok_ts")))
-_CALL_DONE_NOTED = with_history(_CALL_DONE)  # and a step_ok entry in the message's history (PostgreSQL)
 
 
 def _call_done(entered: Entered, row: Any, state: str, now: datetime, duration: int,

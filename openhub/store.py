@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cache
 from datetime import datetime
 from typing import Any, Iterable
 
@@ -32,14 +33,21 @@ _HISTORY = insert(transitions).values(message_id=bindparam("mid"), at=bindparam(
                                       step_key=bindparam("h_step"), detail=bindparam("h_detail"))
 
 
-def with_history(statement: Any) -> Any:
-    """`statement` (whose parameter `mid` is the message's id) with a history entry in the same statement,
-    for PostgreSQL: the entry is a data-modifying CTE, one round trip instead of two (SQLite has none).
-    Run it with the parameters of `history_entry`."""
+@cache
+def _noted(statement: Any) -> Any:
+    # The statement with a history entry as a data-modifying CTE, built once per statement.
     return statement.add_cte(_HISTORY.cte("history"))
 
 
-_UPDATE_NOTED = with_history(_UPDATE)
+def execute_noted(conn: Connection, statement: Any, params: dict[str, Any], entry: dict[str, Any]) -> None:
+    """Run `statement` (whose parameter `mid` is the message's id) and append the history entry `entry`
+    (`history_entry`): on PostgreSQL in one round trip, the entry as a data-modifying CTE; SQLite has
+    no such CTE and takes two statements."""
+    if is_postgres(conn):
+        conn.execute(_noted(statement), {**params, **entry})
+    else:
+        conn.execute(statement, params)
+        conn.execute(_HISTORY, entry)
 _PAUSED = select(route_pauses.c.route)
 
 
@@ -69,12 +77,8 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
     state hook (@on_state) of the new state gets its notification row in the same transaction."""
     now = now or utcnow()
     values.setdefault("updated_at", now)
-    entry = history_entry(row.id, event, row.state, state.value, step=step, detail=detail, now=now)
-    if is_postgres(conn):
-        conn.execute(_UPDATE_NOTED, {"state": state.value, **values, **entry})
-    else:
-        conn.execute(_UPDATE, {"mid": row.id, "state": state.value, **values})
-        conn.execute(_HISTORY, entry)
+    execute_noted(conn, _UPDATE, {"mid": row.id, "state": state.value, **values},
+                  history_entry(row.id, event, row.state, state.value, step=step, detail=detail, now=now))
     hooks = get_registry().hooks_for(state.value) if row.state != state.value else []
     if hooks:  # sent by the poller (or with the message's confirmation), retried like one
         conn.execute(insert(confirmations), [
@@ -90,7 +94,7 @@ def record_transition(conn: Connection, message_id: int, event: str, from_state:
 
 def history_entry(message_id: int, event: str, from_state: str | None, to_state: str, *, step: str | None = None,
                   detail: str | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """The parameters of one history entry (for `record_transition` and `with_history` statements)."""
+    """The parameters of one history entry (for `record_transition` and `execute_noted`)."""
     return {"mid": message_id, "h_at": now or utcnow(), "h_event": event, "h_from": from_state, "h_to": to_state,
             "h_step": step, "h_detail": detail[:4000] if detail else None}
 
