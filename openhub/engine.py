@@ -16,10 +16,12 @@ import uuid
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from types import SimpleNamespace
 from typing import Any, Callable, ContextManager
 
-from sqlalchemy import Connection, Row, and_, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, delete, literal, or_, select, true, update
+from sqlalchemy.dialects import postgresql
 
 from . import breaker, limits
 from .config import get_settings
@@ -35,8 +37,8 @@ from .registry import get_registry
 from .schema import ext_calls, messages, transitions
 from .split import prepare_children, write_children
 from .states import CallState, Event, Note, State
-from .store import (dumps, execute_noted, history_entry, is_paused, loads, lock_message, paused_routes,
-                    update_message)
+from .store import (dumps, execute_noted, history_entry, history_where, is_paused, loads, lock_message,
+                    paused_routes, update_message)
 from .workers import current_id, current_node, liveness, running
 
 log = logging.getLogger("openhub.engine")
@@ -100,7 +102,12 @@ def call_key(row: Row, item: RouteStep, ctx: StepContext) -> str:
         return f"entity:{row.source_system}:{row.entity_type}:{row.object_id}:{item.key}"
     if item.scope == "custom":
         return f"custom:{item.custom_key(ctx)}:{item.key}"  # type: ignore[misc]
-    return f"msg:{row.id}:{item.key}"
+    return message_call_key(row.id, item)
+
+
+def message_call_key(message_id: int, item: RouteStep) -> str:
+    """The external-call record of a step with message scope."""
+    return f"msg:{message_id}:{item.key}"
 
 
 def _info(row: Row) -> MessageInfo:
@@ -252,14 +259,12 @@ def _record_and_enter(conn: Connection, route: Route, index: int, message_id: in
     errors = loads(row.business_errors, []) + entered.ctx.business_errors
     lease = _lease(route.steps[index + 1], next_run, now)
     # The compare-and-set of `_record`, taking the next step's lease in the same statement.
-    taken = conn.execute(_HAND_OVER, {
-        "mid": message_id, "token": token, "run": entered.run_id, **lease,
-        "custom_data": entered.custom_data if entered.custom_data is not None else row.custom_data,
-        "business_errors": dumps(errors) if errors else None}).first()
+    taken, call_taken = _write_outcome(conn, message_id, token, entered, verdict, item, dict(
+        lease, custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
+        business_errors=dumps(errors) if errors else None), now, route.steps[index + 1])
     if taken is None:  # the lease was lost: discard the outcome as `_record` does
         return _record(conn, route, index, message_id, token, entered, verdict, follow, now)
-    _close_call(conn, entered, verdict, row, item, now)
-    return _prepare(conn, route, index + 1, taken, next_run, redelivered, follow, now)
+    return _prepare(conn, route, index + 1, taken, next_run, redelivered, follow, now, call_taken)
 
 
 def record_outcome(route: Route, index: int, message_id: int, token: str, entered: Entered,
@@ -310,21 +315,29 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
            run_id: str, follow: FollowUps, now: datetime) -> Entered | bool:
     item = route.steps[index]
     lease = _lease(item, run_id, now)
-    row = _take_lease(conn, message_id, token, now, lease)
+    # The route's first step finds its message NEW or IN_QUEUE, to be claimed: the lease would not take it.
+    row, call_taken = (None, False) if index == 0 else _take_lease(conn, item, message_id, token, now, lease)
     if row is None:  # not a chain going on to its next step: find out why, under the row lock
         row = lock_message(conn, message_id)
         if row is None or row.attempt_id != token:
             log.info("message %s: stale chain (token changed), stopping without effect", message_id)
             return False
-        if row.state not in (State.NEW, State.IN_QUEUE):
+        if index == 0 and row.state == State.PROCESSING:  # the first task delivered again: as any step's
+            row, call_taken = _take_lease(conn, item, message_id, token, now, lease)
+            if row is None:
+                log.info("message %s is PROCESSING and another run holds the step lease: this chain stops",
+                         message_id)
+                return False
+        elif row.state not in (State.NEW, State.IN_QUEUE):
             log.info("message %s is %s%s: this chain stops", message_id, row.state,
                      " and another run holds the step lease" if row.state == State.PROCESSING else "")
             return False
-        if not _claim(conn, row, route, item, now, lease, follow):
-            return False
-        row = _with(row, state=State.PROCESSING.value, attempts=row.attempts + 1,
-                    started_at=row.started_at or now, blocked_since=None, **lease)
-    return _prepare(conn, route, index, row, run_id, redelivered, follow, now)
+        else:
+            if not _claim(conn, row, route, item, now, lease, follow):
+                return False
+            row = _with(row, state=State.PROCESSING.value, attempts=row.attempts + 1,
+                        started_at=row.started_at or now, blocked_since=None, **lease)
+    return _prepare(conn, route, index, row, run_id, redelivered, follow, now, call_taken)
 
 
 def _lease(item: RouteStep, run_id: str, now: datetime) -> dict[str, Any]:
@@ -334,8 +347,9 @@ def _lease(item: RouteStep, run_id: str, now: datetime) -> dict[str, Any]:
 
 
 def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, redelivered: bool,
-             follow: FollowUps, now: datetime) -> Entered | bool:
-    """With the step lease ours: the step's context and its external-call record (or why it does not run)."""
+             follow: FollowUps, now: datetime, call_taken: bool = False) -> Entered | bool:
+    """With the step lease ours: the step's context and its external-call record (or why it does not run);
+    `call_taken`: the statement that took the lease inserted the step's first call record."""
     item = route.steps[index]
     message_id = row.id
     custom_data = loads(row.custom_data, {})
@@ -352,7 +366,7 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
         apply_event(conn, row, Event.POSTPONED, route, item, now, follow, step_run=None, worker=None,
                     detail=f"{system} is unavailable: its circuit breaker is open", due_at=until)
         return False
-    call = _take_call(conn, key, row, item, now)
+    call = None if call_taken else _take_call(conn, key, row, item, now)
     if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded
         if isinstance(item, Split) and not resume_split(conn, row, item, now, follow):
             return False
@@ -430,10 +444,59 @@ _LEASE = (update(messages).where(and_(
     .returning(*messages.c))
 
 
-def _take_lease(conn: Connection, message_id: int, token: str, now: datetime, lease: dict[str, Any]) -> Row | None:
-    """The common case in one statement: the chain carrying the message takes the next step's lease."""
-    return conn.execute(_LEASE, {"mid": message_id, "token": token, "now": now, "run": lease["step_run"],
-                                 "holder": lease["worker"], "lease_until": lease["due_at"]}).first()
+def _first_call(source: Any) -> Any:
+    # PostgreSQL: the step's first call record (message scope) of the message row the data-modifying CTE
+    # `source` returns, inserted where there is none; the statement returns that row and `new_call`, the
+    # record's id (None: it was there, or the row was not written).
+    new = (postgresql.insert(ext_calls).from_select(
+        ["key", "message_id", "step_key", "scope", "state", "msg_timestamp", "attempts", "created_at", "updated_at",
+         "worker"],
+        select(bindparam("n_key", type_=X.key.type), source.c.id, bindparam("n_step_key", type_=X.step_key.type),
+               literal("message"), literal(CallState.PROCESSING.value), source.c.msg_timestamp, literal(1),
+               bindparam("n_now", type_=X.created_at.type), bindparam("n_now", type_=X.created_at.type),
+               bindparam("n_node", type_=X.worker.type)))
+           .on_conflict_do_nothing(index_elements=["key"]).returning(X.id).cte("new_call"))
+    return select(source, new.c.id.label("new_call")).select_from(source.outerjoin(new, true()))
+
+
+def _folds_call(conn: Connection, item: RouteStep) -> bool:
+    """Whether the statement that takes the step's lease also inserts its first call record: on
+    PostgreSQL, for a step with message scope and no system (whose circuit breaker and limits are
+    consulted before a record is made)."""
+    return item.scope == "message" and getattr(item, "system", None) is None and is_postgres(conn)
+
+
+def _first_call_params(message_id: int, item: RouteStep, now: datetime) -> dict[str, Any]:
+    return {"n_key": message_call_key(message_id, item), "n_step_key": item.key, "n_now": now,
+            "n_node": current_node()}
+
+
+def _with_first_call(row: Row | None) -> tuple[Any, bool]:
+    """The message row of a `_first_call` statement, and whether the call record was inserted."""
+    if row is None:
+        return None, False
+    values = dict(row._mapping)
+    inserted = values.pop("new_call") is not None
+    return SimpleNamespace(**values), inserted
+
+
+_LEASE_AND_CALL = _first_call(_LEASE.cte("lease"))
+
+
+def _take_lease(conn: Connection, item: RouteStep, message_id: int, token: str, now: datetime,
+                lease: dict[str, Any]) -> tuple[Row | None, bool]:
+    """The common case in one statement: the chain carrying the message takes the next step's lease.
+
+    On PostgreSQL, a step with message scope and no system (whose breaker and limits are consulted
+    before a call record is made) gets its first call record in the same statement: the row, and
+    whether that record was inserted.
+    """
+    params = {"mid": message_id, "token": token, "now": now, "run": lease["step_run"], "holder": lease["worker"],
+              "lease_until": lease["due_at"]}
+    if not _folds_call(conn, item):
+        return conn.execute(_LEASE, params).first(), False
+    return _with_first_call(conn.execute(_LEASE_AND_CALL, {**params, **_first_call_params(message_id, item, now)})
+                            .first())
 
 
 def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datetime, lease: dict[str, Any],
@@ -542,8 +605,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         common["due_at"] = now + get_settings().lease_grace  # the next step's task must arrive by then
         # This worker publishes that task: named here, its death re-publishes the chain at once.
         common["worker"] = current_id()
-    # Compare-and-set: the outcome counts only if the lease is still ours (no cancel, no repair).
-    kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **common}).first()
+    kept, _ = _write_outcome(conn, message_id, token, entered, verdict, item, common, now)
     if kept is None:
         log.warning("message %s: step %s finished after its lease was lost; outcome discarded", message_id, item.key)
         system = getattr(item, "system", None)
@@ -559,7 +621,6 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         if released is not None and released.funnel is not None:
             follow.funnels.append(message_id)
         return False
-    _close_call(conn, entered, verdict, row, item, now)
     if verdict.event is None and not last:
         return True
     answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and (
@@ -572,17 +633,74 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
     return False
 
 
-def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, item: RouteStep,
-                now: datetime) -> None:
-    """Write what the step's external call did to its record, and a succeeded step to the history."""
+def _write_outcome(conn: Connection, message_id: int, token: str, entered: Entered, verdict: Verdict,
+                   item: RouteStep, values: dict[str, Any], now: datetime,
+                   next_item: RouteStep | None = None) -> tuple[Any, bool]:
+    """The compare-and-set of a step's outcome, writing `values` to the message: it counts only if the
+    lease is still ours (no cancel, no repair). Where it held, the step's call record is closed
+    (`_close_call`); with `next_item`, whose lease `values` take, the next step's first call record
+    may be inserted too. Returns the row written (None, with nothing written, where the lease was
+    lost) and whether that record was. On PostgreSQL all of it is one statement."""
+    if not is_postgres(conn):
+        kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **values}).first()
+        if kept is not None:
+            _close_call(conn, entered, verdict, entered.row, item, now)
+        return kept, False
+    done, entry = _closing(entered, verdict, entered.row, item, now)
+    fold = next_item is not None and _folds_call(conn, next_item)
+    # Parameters named after no column: SQLAlchemy would take those for more SET columns of both tables.
+    params = {"mid": message_id, "token": token, "run": entered.run_id, **{f"m_{c}": v for c, v in values.items()},
+              **{f"c_{c}": v for c, v in done.items()}, **(entry or {})}
+    if fold:
+        assert next_item is not None
+        params.update(_first_call_params(message_id, next_item, now))
+    kept, call_taken = _with_first_call(conn.execute(_outcome_statement(tuple(sorted(values)), entry is not None,
+                                                                        fold), params).first())
+    if kept is not None:
+        _call_effects(conn, entered, verdict, item, now)
+    return kept, call_taken
+
+
+@cache
+def _outcome_statement(columns: tuple[str, ...], noted: bool, first_call: bool) -> Any:
+    # _KEEP setting `columns`, with _CALL_DONE (and, `noted`, the step_ok entry; `first_call`, the
+    # next step's first call record) as data-modifying CTEs that write only where the compare-and-set
+    # held. Built once per shape.
+    keep = _KEEP.values({c: bindparam(f"m_{c}") for c in columns}).cte("keep")
+    held = select(keep.c.id).exists()
+    done = (update(ext_calls).where(X.key == bindparam("c_call_key"), X.message_id == bindparam("mid"), held)
+            .values({**{c: bindparam(f"c_{c}") for c in ("state", "updated_at", "duration_ms", "last_error")},
+                     "ok_message_id": bindparam("c_ok_id"), "ok_msg_timestamp": bindparam("c_ok_ts")}))
+    ctes = [done.cte("call_done")] + ([history_where(held).cte("history")] if noted else [])
+    if first_call:
+        return _first_call(keep).add_cte(*ctes)
+    return select(keep, literal(None).label("new_call")).add_cte(*ctes)
+
+
+def _closing(entered: Entered, verdict: Verdict, row: Any, item: RouteStep,
+             now: datetime) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The parameters of _CALL_DONE for a step's outcome, and of its step_ok entry where it succeeded."""
     duration = int((time.monotonic() - entered.started) * 1000)
     error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
     done = _call_done(entered, row, verdict.call_state, now, duration, error)
-    if verdict.call_state in (CallState.OK, CallState.WAITING):  # with a step_ok entry in the history
-        execute_noted(conn, _CALL_DONE, done, history_entry(row.id, Note.STEP_OK.value, row.state, row.state,
-                                                            step=item.key, now=now))
+    if verdict.call_state not in (CallState.OK, CallState.WAITING):
+        return done, None
+    return done, history_entry(row.id, Note.STEP_OK.value, row.state, row.state, step=item.key, now=now)
+
+
+def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, item: RouteStep,
+                now: datetime) -> None:
+    """Write what the step's external call did to its record, and a succeeded step to the history."""
+    done, entry = _closing(entered, verdict, row, item, now)
+    if entry is not None:
+        execute_noted(conn, _CALL_DONE, done, entry)
     else:
         conn.execute(_CALL_DONE, done)
+    _call_effects(conn, entered, verdict, item, now)
+
+
+def _call_effects(conn: Connection, entered: Entered, verdict: Verdict, item: RouteStep, now: datetime) -> None:
+    """What a step's call tells its system's limits and circuit breaker."""
     system = getattr(item, "system", None)
     if system in get_settings().system_limits:
         limits.release(conn, system, entered.run_id)
@@ -605,13 +723,12 @@ def _answered_early(conn: Connection, message_id: int) -> bool:
     return last == Note.RESPONSE_EARLY
 
 
-# Compare-and-set of a step's outcome: written only while the step's lease is still this run's.
+# Compare-and-set of a step's outcome: written only while the step's lease is still this run's (and
+# where the step succeeded in a fused task, taking the next step's lease); the row written is returned.
 _KEEP = (update(messages).where(and_(
     messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
     messages.c.step_run == bindparam("run"), messages.c.state == State.PROCESSING.value))
-    .returning(messages.c.response))
-# The same, handing the lease to the next step's run (a fused task): the updated row is returned.
-_HAND_OVER = (update(messages).where(_KEEP.whereclause).returning(*messages.c))
+    .returning(*messages.c))
 _CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
               .values(ok_message_id=bindparam("ok_id"), ok_msg_timestamp=bindparam("ok_ts")))
 

@@ -39,6 +39,16 @@ def _noted(statement: Any) -> Any:
     return statement.add_cte(_HISTORY.cte("history"))
 
 
+def history_where(condition: Any) -> Any:
+    """The history entry of `history_entry`'s parameters, inserted only where `condition` holds: a
+    data-modifying CTE (PostgreSQL) whose entry depends on another CTE's write."""
+    T = transitions.c
+    names = {"message_id": "mid", "at": "h_at", "event": "h_event", "from_state": "h_from", "to_state": "h_to",
+             "step_key": "h_step", "detail": "h_detail"}
+    values = select(*(bindparam(name, type_=T[column].type) for column, name in names.items()))
+    return insert(transitions).from_select(list(names), values.where(condition))
+
+
 def execute_noted(conn: Connection, statement: Any, params: dict[str, Any], entry: dict[str, Any]) -> None:
     """Run `statement` (whose parameter `mid` is the message's id) and append the history entry `entry`
     (`history_entry`): on PostgreSQL in one round trip, the entry as a data-modifying CTE; SQLite has

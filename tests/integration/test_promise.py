@@ -15,16 +15,31 @@ import openhub
 from openhub import dispatch, engine, lifecycle, poller
 from openhub.db import get_engine, transaction, utcnow
 from openhub.errors import StoreUnavailable
-from openhub.schema import ext_calls, messages, transitions
+from openhub.migrate import upgrade
+from openhub.schema import Base, ext_calls, messages, transitions
 from openhub.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 from tests.support.backends import postgres_database
 
 
-@pytest.fixture
-def hub() -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3") as local:
+@pytest.fixture(scope="module")
+def pg_store() -> Iterator[str]:
+    with postgres_database("openhub_promise") as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def hub(request: pytest.FixtureRequest) -> Iterator[LocalHub]:
+    """A LocalHub on SQLite, and on PostgreSQL, where the engine writes some steps in fewer statements."""
+    env = dict(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3")
+    if request.param == "postgresql":  # the module's one database, emptied for each test
+        env["OPENHUB_DATABASE_URL"] = url = request.getfixturevalue("pg_store")
+        with transaction(url) as conn:
+            conn.exec_driver_sql(f"TRUNCATE {', '.join(t.name for t in Base.metadata.sorted_tables)} "
+                                 "RESTART IDENTITY CASCADE")
+    with routes.local_hub(**env) as local:
         yield local
 
 
@@ -112,6 +127,34 @@ def test_a_fused_task_hands_each_lease_on_in_the_commit_that_records_the_step(hu
     assert hub.get(view.id).state == "OK"
     assert len(commits) == 3  # claim and enter first; record first and enter second; record second
     assert _history(view.id) == ["accepted", "claimed", "step_ok", "step_ok", "completed"]
+
+
+# Per message of a 2-step route, on PostgreSQL: the claim (lock, pauses, claim, call record), then per
+# step one statement that records the outcome with its call record and history entry, and one that takes
+# the lease with the next call record (chain mode) or the final state (the last step).
+@pytest.mark.parametrize("route, statements, commits", [("p.flow", 8, 4), ("p.fused", 7, 3)])
+def test_a_message_takes_few_statements_on_postgresql(route: str, statements: int, commits: int,
+                                                      hub: LocalHub) -> None:
+    counted = {"statements": 0, "commits": 0}
+
+    def statement(*_args) -> None:  # noqa: ANN002
+        counted["statements"] += 1
+
+    def commit(_conn) -> None:  # noqa: ANN001
+        counted["commits"] += 1
+
+    view = hub.submit(route, {}, source_system="UNCONFIRMED")  # no confirmation's statements counted
+    event.listen(get_engine(), "before_cursor_execute", statement)
+    event.listen(get_engine(), "commit", commit)
+    try:
+        hub.run()
+    finally:
+        event.remove(get_engine(), "before_cursor_execute", statement)
+        event.remove(get_engine(), "commit", commit)
+    assert hub.get(view.id).state == "OK"
+    assert counted["commits"] == commits
+    if get_engine().dialect.name == "postgresql":
+        assert counted["statements"] == statements
 
 
 def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
