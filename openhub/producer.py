@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime, timezone
+from functools import cache
 from types import SimpleNamespace
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, and_, func, insert, select
+from sqlalchemy import Connection, and_, bindparam, func, insert, literal, select
 
 from . import dispatch
 from .config import get_settings
@@ -19,7 +20,7 @@ from .model import Route
 from .registry import get_registry
 from .schema import messages, transitions
 from .states import Note, State
-from .store import CONTROL, M, drain_reason, dumps, filtered, message_view, message_views, view_of
+from .store import CONTROL, M, drain_reason, draining, dumps, filtered, message_view, message_views, view_of
 
 MAX_ID_LENGTH = 255
 MAX_CHILD_ID = 320  # a split child's correlation id: its parent's plus "#generation.n"
@@ -254,6 +255,36 @@ def insert_new_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int | 
     return ids
 
 
+def _insert_unless_draining(conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
+    """`insert_new_many`, or Draining (nothing stored) while the hub drains.
+
+    One message on PostgreSQL (`openhub.submit`) is one round trip: the row, its history entry and
+    the drain check in one statement, rolled back by the Draining it raises.
+    """
+    if len(rows) == 1 and rows[0]["parent_id"] is None and is_postgres(conn):
+        stored = conn.execute(_insert_one(tuple(rows[0])), rows[0]).first()
+        reason = stored.draining if stored is not None else drain_reason(conn)
+        ids = [stored.id if stored is not None else None]
+    else:
+        reason = drain_reason(conn)
+        ids = [] if reason is not None else insert_new_many(conn, rows)
+    if reason is not None:
+        raise Draining(f"the hub is draining ({reason}): no new messages are taken; retry later")
+    return ids
+
+
+@cache
+def _insert_one(columns: tuple[str, ...]) -> Any:
+    # PostgreSQL: _INSERT_NEW of one top-level row whose parameters are `columns`, with its accepted
+    # entry as a data-modifying CTE and the drain's reason (None: not draining) in the same statement.
+    new = (insert_or_ignore(messages, True, index_elements=[c.name for c in _KEY], index_where=M.parent_id.is_(None))
+           .values({c: bindparam(c) for c in columns}).returning(M.id, M.received_at).cte("new"))
+    accepted = insert(transitions).from_select(
+        ["message_id", "at", "event", "to_state"],
+        select(new.c.id, new.c.received_at, literal(Note.ACCEPTED.value), literal(State.NEW.value)))
+    return select(new.c.id, draining().label("draining")).add_cte(accepted.cte("accepted"))
+
+
 def existing_id(conn: Connection, source_system: str, correlation_id: str) -> int:
     """Id of the message stored under (source system, correlation id)."""
     return conn.execute(select(M.id).where(and_(M.source_system == source_system, M.correlation_id == correlation_id,
@@ -321,10 +352,7 @@ def store_new(rows: list[dict[str, Any]]) -> list[MessageView]:
     # One transaction: the new rows, and what the duplicates answer with. The chains are published after
     # it commits; nothing after the commit touches the store, so nothing can fail the stored messages.
     with transaction() as conn:
-        reason = drain_reason(conn)
-        if reason is not None:
-            raise Draining(f"the hub is draining ({reason}): no new messages are taken; retry later")
-        ids = insert_new_many(conn, rows)
+        ids = _insert_unless_draining(conn, rows)
         stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
                                   duplicate=True)
                   for n, (row, i) in enumerate(zip(rows, ids)) if i is None}

@@ -8,7 +8,7 @@ from functools import cache
 from datetime import datetime
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, Row, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
 from .db import insert_or_ignore, is_postgres, transaction, utcnow
@@ -145,8 +145,13 @@ def is_paused(paused: set[str], route: str) -> bool:
 
 def drain_reason(conn: Connection) -> str | None:
     """Why the hub is draining (None: it is not)."""
-    row = conn.execute(select(route_pauses.c.reason).where(route_pauses.c.route == DRAIN)).first()
-    return None if row is None else (row.reason or "draining")
+    return conn.execute(select(draining())).scalar()
+
+
+def draining() -> Any:
+    """Why the hub is draining (None: it is not), as a scalar subquery for other statements."""
+    reason = func.coalesce(route_pauses.c.reason, "draining")
+    return select(reason).where(route_pauses.c.route == DRAIN).scalar_subquery()
 
 
 def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> MessageView:

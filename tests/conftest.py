@@ -42,6 +42,23 @@ def backend(request: pytest.FixtureRequest, external: ExternalSystem,
 
 
 @pytest.fixture(scope="session")
+def local_store() -> Iterator[str]:
+    """A migrated PostgreSQL database for LocalHub tests that also run on PostgreSQL (each empties it)."""
+    from openhub.migrate import upgrade
+
+    with backends.postgres_database("openhub_local") as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def local_store_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The environment of a LocalHub on SQLite (its default), then on PostgreSQL, where the engine and
+    the producer write some steps in fewer statements."""
+    return {"OPENHUB_DATABASE_URL": request.getfixturevalue("local_store")} if request.param == "postgresql" else {}
+
+
+@pytest.fixture(scope="session")
 def worker(backend: backends.Backend) -> Worker:
     """A real Celery worker (with embedded beat) serving tests/support/routes.py on the backend."""
     backend.activate()

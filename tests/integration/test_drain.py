@@ -23,8 +23,8 @@ CRM = "drain-crm-key-" + "y" * 32
 
 
 @pytest.fixture
-def hub() -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_ADMIN_TOKEN=ADMIN, OPENHUB_API_KEYS=f"CRM={CRM}") as local:
+def hub(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
+    with routes.local_hub(OPENHUB_ADMIN_TOKEN=ADMIN, OPENHUB_API_KEYS=f"CRM={CRM}", **local_store_env) as local:
         yield local  # a fresh store each test: no drain outlives it
 
 
@@ -39,6 +39,16 @@ def test_a_drain_lets_the_chain_under_way_finish_and_starts_nothing_new(hub: Loc
     assert openhub.list_messages(correlation_id="refused") == []
     assert operator.drain_status() == {"draining": True, "reason": "release 4.2", "under_way": 0}
     assert hub.get(queued.id).state == "OK"  # published and claimed before the drain
+
+
+def test_a_message_sent_again_during_a_drain_is_refused_too(hub: LocalHub) -> None:
+    first = hub.submit("p.flow", {}, correlation_id="again")
+    operator.drain("release 4.3")
+    with pytest.raises(Draining, match="release 4.3"):
+        hub.submit("p.flow", {}, correlation_id="again")
+    assert [v.id for v in openhub.list_messages(correlation_id="again")] == [first.id]
+    operator.undrain()
+    assert hub.submit("p.flow", {}, correlation_id="again").duplicate
 
 
 def test_messages_waiting_during_a_drain_start_when_it_ends(hub: LocalHub) -> None:

@@ -29,10 +29,17 @@ def reset() -> None:
 @contextmanager
 def local_hub(**env: str) -> Iterator[Any]:
     """A LocalHub over these routes (messages from source system CONFIRMED, which has a confirmer),
-    with every call, hook and confirmation forgotten before and after."""
+    with every call, hook and confirmation forgotten before and after. Given OPENHUB_DATABASE_URL (a
+    migrated PostgreSQL database), every table of that store is emptied first."""
+    from openhub.db import transaction
+    from openhub.schema import Base
     from openhub.testing import LocalHub
 
     reset()
+    if "OPENHUB_DATABASE_URL" in env:
+        with transaction(env["OPENHUB_DATABASE_URL"]) as conn:
+            conn.exec_driver_sql(f"TRUNCATE {', '.join(t.name for t in Base.metadata.sorted_tables)} "
+                                 "RESTART IDENTITY CASCADE")
     try:
         with LocalHub(__name__, source_system="CONFIRMED", **env) as hub:
             yield hub
