@@ -640,9 +640,11 @@ def _write_outcome(conn: Connection, message_id: int, token: str, entered: Enter
     lease is still ours (no cancel, no repair). Where it held, the step's call record is closed
     (`_close_call`); with `next_item`, whose lease `values` take, the next step's first call record
     may be inserted too. Returns the row written (None, with nothing written, where the lease was
-    lost) and whether that record was. On PostgreSQL all of it is one statement."""
+    lost), all of it with `next_item` (else its id and response), and whether that record was. On
+    PostgreSQL all of it is one statement."""
+    keep = _HAND_OVER if next_item is not None else _KEEP
     if not is_postgres(conn):
-        kept = conn.execute(_KEEP, {"mid": message_id, "token": token, "run": entered.run_id, **values}).first()
+        kept = conn.execute(keep, {"mid": message_id, "token": token, "run": entered.run_id, **values}).first()
         if kept is not None:
             _close_call(conn, entered, verdict, entered.row, item, now)
         return kept, False
@@ -654,19 +656,19 @@ def _write_outcome(conn: Connection, message_id: int, token: str, entered: Enter
     if fold:
         assert next_item is not None
         params.update(_first_call_params(message_id, next_item, now))
-    kept, call_taken = _with_first_call(conn.execute(_outcome_statement(tuple(sorted(values)), entry is not None,
-                                                                        fold), params).first())
+    statement = _outcome_statement(keep, tuple(sorted(values)), entry is not None, fold)
+    kept, call_taken = _with_first_call(conn.execute(statement, params).first())
     if kept is not None:
         _call_effects(conn, entered, verdict, item, now)
     return kept, call_taken
 
 
 @cache
-def _outcome_statement(columns: tuple[str, ...], noted: bool, first_call: bool) -> Any:
-    # _KEEP setting `columns`, with _CALL_DONE (and, `noted`, the step_ok entry; `first_call`, the
-    # next step's first call record) as data-modifying CTEs that write only where the compare-and-set
+def _outcome_statement(cas: Any, columns: tuple[str, ...], noted: bool, first_call: bool) -> Any:
+    # The compare-and-set `cas` setting `columns`, with _CALL_DONE (and, `noted`, the step_ok entry;
+    # `first_call`, the next step's first call record) as data-modifying CTEs that write only where it
     # held. Built once per shape.
-    keep = _KEEP.values({c: bindparam(f"m_{c}") for c in columns}).cte("keep")
+    keep = cas.values({c: bindparam(f"m_{c}") for c in columns}).cte("keep")
     held = select(keep.c.id).exists()
     done = (update(ext_calls).where(X.key == bindparam("c_call_key"), X.message_id == bindparam("mid"), held)
             .values({**{c: bindparam(f"c_{c}") for c in ("state", "updated_at", "duration_ms", "last_error")},
@@ -723,12 +725,13 @@ def _answered_early(conn: Connection, message_id: int) -> bool:
     return last == Note.RESPONSE_EARLY
 
 
-# Compare-and-set of a step's outcome: written only while the step's lease is still this run's (and
-# where the step succeeded in a fused task, taking the next step's lease); the row written is returned.
+# Compare-and-set of a step's outcome: written only while the step's lease is still this run's.
 _KEEP = (update(messages).where(and_(
     messages.c.id == bindparam("mid"), messages.c.attempt_id == bindparam("token"),
     messages.c.step_run == bindparam("run"), messages.c.state == State.PROCESSING.value))
-    .returning(*messages.c))
+    .returning(messages.c.id, messages.c.response))
+# The same, handing the lease to the next step's run (a fused task): the updated row is returned.
+_HAND_OVER = (update(messages).where(_KEEP.whereclause).returning(*messages.c))
 _CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
               .values(ok_message_id=bindparam("ok_id"), ok_msg_timestamp=bindparam("ok_ts")))
 
