@@ -277,11 +277,11 @@ def _insert_unless_draining(conn: Connection, rows: list[dict[str, Any]]) -> lis
 def _insert_one(columns: tuple[str, ...]) -> Any:
     # PostgreSQL: _INSERT_NEW of one top-level row whose parameters are `columns`, with its accepted
     # entry as a data-modifying CTE and the drain's reason (None: not draining) in the same statement.
-    new = (insert_or_ignore(messages, True, index_elements=[c.name for c in _KEY], index_where=M.parent_id.is_(None))
-           .values({c: bindparam(c) for c in columns}).returning(M.id, M.received_at).cte("new"))
+    new = _INSERT_NEW[(True, False)].values({c: bindparam(c) for c in columns}).cte("new")
     accepted = insert(transitions).from_select(
         ["message_id", "at", "event", "to_state"],
-        select(new.c.id, new.c.received_at, literal(Note.ACCEPTED.value), literal(State.NEW.value)))
+        select(new.c.id, bindparam("received_at", type_=M.received_at.type), literal(Note.ACCEPTED.value),
+               literal(State.NEW.value)))
     return select(new.c.id, draining().label("draining")).add_cte(accepted.cte("accepted"))
 
 
