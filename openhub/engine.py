@@ -484,7 +484,7 @@ _LEASE_AND_CALL = _first_call(_LEASE.cte("lease"))
 
 
 def _take_lease(conn: Connection, item: RouteStep, message_id: int, token: str, now: datetime,
-                lease: dict[str, Any]) -> tuple[Row | None, bool]:
+                lease: dict[str, Any]) -> tuple[Any, bool]:
     """The common case in one statement: the chain carrying the message takes the next step's lease.
 
     On PostgreSQL, a step with message scope and no system (whose breaker and limits are consulted
@@ -637,27 +637,28 @@ def _write_outcome(conn: Connection, message_id: int, token: str, entered: Enter
                    item: RouteStep, values: dict[str, Any], now: datetime,
                    next_item: RouteStep | None = None) -> tuple[Any, bool]:
     """The compare-and-set of a step's outcome, writing `values` to the message: it counts only if the
-    lease is still ours (no cancel, no repair). Where it held, the step's call record is closed
-    (`_close_call`); with `next_item`, whose lease `values` take, the next step's first call record
-    may be inserted too. Returns the row written (None, with nothing written, where the lease was
-    lost), all of it with `next_item` (else its id and response), and whether that record was. On
-    PostgreSQL all of it is one statement."""
+    lease is still ours (no cancel, no repair). Where it held, what the step's external call did is
+    written to its record, and a succeeded step to the history; with `next_item`, whose lease `values`
+    take, the next step's first call record may be inserted too. Returns the row written (None, with
+    nothing written, where the lease was lost), all of it with `next_item` (else its id and response),
+    and whether that record was. On PostgreSQL all of it is one statement."""
     keep = _HAND_OVER if next_item is not None else _KEEP
-    if not is_postgres(conn):
-        kept = conn.execute(keep, {"mid": message_id, "token": token, "run": entered.run_id, **values}).first()
-        if kept is not None:
-            _close_call(conn, entered, verdict, entered.row, item, now)
-        return kept, False
-    done, entry = _closing(entered, verdict, entered.row, item, now)
-    fold = next_item is not None and _folds_call(conn, next_item)
-    # Parameters named after no column: SQLAlchemy would take those for more SET columns of both tables.
-    params = {"mid": message_id, "token": token, "run": entered.run_id, **{f"m_{c}": v for c, v in values.items()},
-              **{f"c_{c}": v for c, v in done.items()}, **(entry or {})}
-    if fold:
-        assert next_item is not None
-        params.update(_first_call_params(message_id, next_item, now))
-    statement = _outcome_statement(keep, tuple(sorted(values)), entry is not None, fold)
-    kept, call_taken = _with_first_call(conn.execute(statement, params).first())
+    done, entry = _closing(entered, verdict, item, now)
+    cas = {"mid": message_id, "token": token, "run": entered.run_id}
+    if is_postgres(conn):
+        fold = next_item is not None and _folds_call(conn, next_item)
+        params = {**cas, **{f"m_{c}": v for c, v in values.items()}, **done, **(entry or {})}
+        if fold:
+            assert next_item is not None
+            params.update(_first_call_params(message_id, next_item, now))
+        statement = _outcome_statement(keep, tuple(sorted(values)), entry is not None, fold)
+        kept, call_taken = _with_first_call(conn.execute(statement, params).first())
+    else:
+        kept, call_taken = conn.execute(keep, {**cas, **values}).first(), False
+        if kept is not None and entry is not None:
+            execute_noted(conn, _CALL_DONE, done, entry)
+        elif kept is not None:
+            conn.execute(_CALL_DONE, done)
     if kept is not None:
         _call_effects(conn, entered, verdict, item, now)
     return kept, call_taken
@@ -665,40 +666,27 @@ def _write_outcome(conn: Connection, message_id: int, token: str, entered: Enter
 
 @cache
 def _outcome_statement(cas: Any, columns: tuple[str, ...], noted: bool, first_call: bool) -> Any:
-    # The compare-and-set `cas` setting `columns`, with _CALL_DONE (and, `noted`, the step_ok entry;
-    # `first_call`, the next step's first call record) as data-modifying CTEs that write only where it
-    # held. Built once per shape.
+    # The compare-and-set `cas` setting `columns` (as parameters m_<column>), with _CALL_DONE (and,
+    # `noted`, the step_ok entry; `first_call`, the next step's first call record) as data-modifying
+    # CTEs that write only where it held. Built once per shape.
     keep = cas.values({c: bindparam(f"m_{c}") for c in columns}).cte("keep")
     held = select(keep.c.id).exists()
-    done = (update(ext_calls).where(X.key == bindparam("c_call_key"), X.message_id == bindparam("mid"), held)
-            .values({**{c: bindparam(f"c_{c}") for c in ("state", "updated_at", "duration_ms", "last_error")},
-                     "ok_message_id": bindparam("c_ok_id"), "ok_msg_timestamp": bindparam("c_ok_ts")}))
-    ctes = [done.cte("call_done")] + ([history_where(held).cte("history")] if noted else [])
+    ctes = [_CALL_DONE.where(held).cte("call_done")] + ([history_where(held).cte("history")] if noted else [])
     if first_call:
         return _first_call(keep).add_cte(*ctes)
     return select(keep, literal(None).label("new_call")).add_cte(*ctes)
 
 
-def _closing(entered: Entered, verdict: Verdict, row: Any, item: RouteStep,
+def _closing(entered: Entered, verdict: Verdict, item: RouteStep,
              now: datetime) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The parameters of _CALL_DONE for a step's outcome, and of its step_ok entry where it succeeded."""
+    row = entered.row
     duration = int((time.monotonic() - entered.started) * 1000)
     error = verdict.error[-4000:] if verdict.error and verdict.call_state == CallState.FAILED else None
     done = _call_done(entered, row, verdict.call_state, now, duration, error)
     if verdict.call_state not in (CallState.OK, CallState.WAITING):
         return done, None
     return done, history_entry(row.id, Note.STEP_OK.value, row.state, row.state, step=item.key, now=now)
-
-
-def _close_call(conn: Connection, entered: Entered, verdict: Verdict, row: Any, item: RouteStep,
-                now: datetime) -> None:
-    """Write what the step's external call did to its record, and a succeeded step to the history."""
-    done, entry = _closing(entered, verdict, row, item, now)
-    if entry is not None:
-        execute_noted(conn, _CALL_DONE, done, entry)
-    else:
-        conn.execute(_CALL_DONE, done)
-    _call_effects(conn, entered, verdict, item, now)
 
 
 def _call_effects(conn: Connection, entered: Entered, verdict: Verdict, item: RouteStep, now: datetime) -> None:
@@ -732,17 +720,21 @@ _KEEP = (update(messages).where(and_(
     .returning(messages.c.id, messages.c.response))
 # The same, handing the lease to the next step's run (a fused task): the updated row is returned.
 _HAND_OVER = (update(messages).where(_KEEP.whereclause).returning(*messages.c))
-_CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("call_key"), X.message_id == bindparam("mid")))
-              .values(ok_message_id=bindparam("ok_id"), ok_msg_timestamp=bindparam("ok_ts")))
+# Its parameters are named after no column: in a statement with data-modifying CTEs SQLAlchemy would
+# take a parameter named after a column for one more SET column of every table the statement updates.
+_CALL_DONE = (update(ext_calls).where(and_(X.key == bindparam("c_key"), X.message_id == bindparam("mid")))
+              .values(state=bindparam("c_state"), updated_at=bindparam("c_at"), duration_ms=bindparam("c_ms"),
+                      last_error=bindparam("c_error"), ok_message_id=bindparam("c_ok_id"),
+                      ok_msg_timestamp=bindparam("c_ok_ts")))
 
 
 def _call_done(entered: Entered, row: Any, state: str, now: datetime, duration: int,
                error: str | None = None) -> dict[str, Any]:
     """Parameters of _CALL_DONE: a call that succeeded names this message as its last success."""
     ok = state == CallState.OK
-    return {"call_key": entered.key, "mid": row.id, "state": str(state), "updated_at": now, "duration_ms": duration,
-            "last_error": error, "ok_id": row.id if ok else entered.call_ok_id,
-            "ok_ts": row.msg_timestamp if ok else entered.call_ok_ts}
+    return {"c_key": entered.key, "mid": row.id, "c_state": str(state), "c_at": now, "c_ms": duration,
+            "c_error": error, "c_ok_id": row.id if ok else entered.call_ok_id,
+            "c_ok_ts": row.msg_timestamp if ok else entered.call_ok_ts}
 
 
 def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: Verdict, now: datetime,

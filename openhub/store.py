@@ -28,9 +28,10 @@ CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _LOCK = {False: select(messages).where(M.id == bindparam("mid")),
          True: select(messages).where(M.id == bindparam("mid")).with_for_update(key_share=True)}
 _UPDATE = update(messages).where(M.id == bindparam("mid"))
-_HISTORY = insert(transitions).values(message_id=bindparam("mid"), at=bindparam("h_at"), event=bindparam("h_event"),
-                                      from_state=bindparam("h_from"), to_state=bindparam("h_to"),
-                                      step_key=bindparam("h_step"), detail=bindparam("h_detail"))
+# A history entry's columns and the parameters `history_entry` gives them.
+_ENTRY = {"message_id": "mid", "at": "h_at", "event": "h_event", "from_state": "h_from", "to_state": "h_to",
+          "step_key": "h_step", "detail": "h_detail"}
+_HISTORY = insert(transitions).values({column: bindparam(name) for column, name in _ENTRY.items()})
 
 
 @cache
@@ -42,11 +43,8 @@ def _noted(statement: Any) -> Any:
 def history_where(condition: Any) -> Any:
     """The history entry of `history_entry`'s parameters, inserted only where `condition` holds: a
     data-modifying CTE (PostgreSQL) whose entry depends on another CTE's write."""
-    T = transitions.c
-    names = {"message_id": "mid", "at": "h_at", "event": "h_event", "from_state": "h_from", "to_state": "h_to",
-             "step_key": "h_step", "detail": "h_detail"}
-    values = select(*(bindparam(name, type_=T[column].type) for column, name in names.items()))
-    return insert(transitions).from_select(list(names), values.where(condition))
+    values = select(*(bindparam(name, type_=transitions.c[column].type) for column, name in _ENTRY.items()))
+    return insert(transitions).from_select(list(_ENTRY), values.where(condition))
 
 
 def execute_noted(conn: Connection, statement: Any, params: dict[str, Any], entry: dict[str, Any]) -> None:
