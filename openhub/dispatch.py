@@ -133,12 +133,19 @@ def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
         return ids
     try:
         app = celery_app()
+        declared: set[str] = set()
         with app.producer_or_acquire() as producer, producer.batch():
             for route, message_id, token, start in chains:
                 first, *rest = step_signatures(route, message_id, token, start)
+                # Each queue is declared once per batch, not once per message (kombu's cached
+                # declaration still copies and binds the queue on every publish).
+                queue = first.options.get("queue", app.conf.task_default_queue)
+                if queue not in declared:
+                    producer.maybe_declare(app.amqp.queues[queue])
+                    declared.add(queue)
                 # A chain's own apply_async takes its first task's producer from the pool, outside the
                 # batch: sent here, the first task carries the rest as Celery's message protocol does.
-                first.apply_async(producer=producer, chain=rest[::-1] or None)
+                first.apply_async(producer=producer, chain=rest[::-1] or None, declare=())
         return ids
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
         log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)

@@ -131,3 +131,24 @@ def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, t
         assert [sig["task"] for sig in embed["chain"]] == [route.task_name(route.steps[1])]
         assert embed["chain"][0]["args"] == [message_id, token]
         assert [e["task"] for e in embed["errbacks"]] == [dispatch.CHAIN_FAILED_TASK]
+
+
+@pytest.mark.parametrize("asked", ["", "1"], ids=["default", "OPENHUB_TASK_SENT_EVENTS=1"])
+def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_path, asked) -> None:  # noqa: ANN001
+    activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
+              "OPENHUB_VAR_DIR": str(tmp_path / "var"), "OPENHUB_TASK_SENT_EVENTS": asked})
+    from openhub.registry import get_registry
+
+    route = get_registry().route("p.flow")
+    client = server.client()
+    listener = client.pubsub()  # Celery's events travel over Redis pub/sub (a fanout exchange), as Flower hears them
+    listener.psubscribe("*celeryev*")
+    assert listener.get_message(timeout=5)["type"] == "psubscribe"
+    assert dispatch.publish_many([(route, n, f"token-{n}", 0) for n in range(1, 21)]) == set(range(1, 21))
+    client.publish("/0.celeryev/end-of-test", "end")  # after every event the publish sent, on one Redis
+    heard: list[bytes] = []
+    while (message := listener.get_message(timeout=5)) is not None and message["data"] != b"end":
+        heard.append(message["channel"])
+    assert message is not None, "the end marker never came"
+    assert client.llen("openhub") == 20
+    assert len(heard) == (20 if asked else 0), heard[:3]
