@@ -130,6 +130,8 @@ def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, t
         assert task["headers"]["task"] == route.task_name(route.steps[0]) and token == f"token-{message_id}"
         assert [sig["task"] for sig in embed["chain"]] == [route.task_name(route.steps[1])]
         assert embed["chain"][0]["args"] == [message_id, token]
+        # What Flower lists as the arguments, the first task's and the next one's when a worker sends it
+        assert task["headers"]["argsrepr"] == embed["chain"][0]["options"]["argsrepr"] == repr((message_id, token))
         assert [e["task"] for e in embed["errbacks"]] == [dispatch.CHAIN_FAILED_TASK]
 
 
