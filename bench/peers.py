@@ -19,7 +19,10 @@ all their descendants, before/after); PostgreSQL CPU ms/message (/proc utime+sti
 backends connected to the variant's database, before/after; backends that exit in between are
 not counted - pools keep theirs open); commits, inserted+updated+deleted tuples per message
 (pg_stat_database deltas, minus the benchmark's own polling transactions); store bytes per
-finished message (pg_total_relation_size of the store's tables / messages stored).
+finished message (pg_total_relation_size of the store's tables / messages stored); machine CPU
+ms/message and busy share, every process of the box (/proc/stat: worker, PostgreSQL, Redis, the
+HTTP server, this process submitting and polling, and whatever else runs): a busy share near 1.0
+means the variant ran as fast as the two cores allowed, and its rate is 1 / its machine CPU.
 Then submit figures with no worker running: openhub.submit() one per message from one
 thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
 """
@@ -158,16 +161,24 @@ class Env:
         return worker.start()
 
 
+def machine_ms() -> tuple[float, float]:
+    """(busy, all) CPU milliseconds of the whole machine so far, every core (/proc/stat)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) * TICK_MS, sum(ticks) * TICK_MS
+
+
 def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:  # noqa: ANN001
     before_pg, before_cpu = pg.snapshot(), tree_cpu_ms(roots)
-    started = time.perf_counter()
+    before_box, started = machine_ms(), time.perf_counter()
     submit(n)
     wait(n)
-    elapsed = time.perf_counter() - started
+    elapsed, after_box = time.perf_counter() - started, machine_ms()
     after_cpu, after_pg = tree_cpu_ms(roots), pg.snapshot()
     d = PgMeter.delta(before_pg, after_pg)
+    busy, every = after_box[0] - before_box[0], after_box[1] - before_box[1]
     return {"rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
-            "commits": d["commits"], "writes": d["writes"] / n}
+            "box_ms": busy / n, "box_busy": busy / every, "commits": d["commits"], "writes": d["writes"] / n}
 
 
 def run_plain(env: Env, n: int) -> dict[str, float]:
@@ -406,14 +417,15 @@ def main() -> None:
 
     print(f"\n{args.messages} messages per run, {args.runs} runs interleaved, {os.cpu_count()} cores, "
           f"load average before: {os.getloadavg()}; median (min-max)")
-    print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | commits/msg | tuples written/msg "
-          "| store B/msg |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | machine CPU ms/msg | machine busy "
+          "| commits/msg | tuples written/msg | store B/msg |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     plain = results.get("plain")
     for v, rs in results.items():
         ratio = (med([r["rate"] / p["rate"] for r, p in zip(rs, plain)], 2) if plain else "-")
         print(f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
-              f"{med([r['pg_ms'] for r in rs])} | {med([r['commits'] for r in rs])} | "
+              f"{med([r['pg_ms'] for r in rs])} | {med([r['box_ms'] for r in rs])} | "
+              f"{med([r['box_busy'] for r in rs], 2)} | {med([r['commits'] for r in rs])} | "
               f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} |")
     if subs:
         print("\n| submit side, no worker | msg/s | CPU ms/msg (submitting process) |\n|---|---|---|")
