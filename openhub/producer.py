@@ -9,7 +9,7 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any, Iterable
 
-from sqlalchemy import ARRAY, Connection, and_, bindparam, func, insert, literal, select
+from sqlalchemy import ARRAY, Connection, String, Text, and_, bindparam, func, insert, literal, select
 
 from . import dispatch
 from .config import get_settings
@@ -169,7 +169,7 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
         process_id=identifier(process_id, "process_id", required=False),
         service=route.service, operation=route.operation,
         object_id=_text(object_id, "object_id", required=False) or _derived(route, payload, "object_id"),
-        entity_type=entity_type or route.entity_type or route.operation,
+        entity_type=_text(entity_type, "entity_type", 100, required=False) or route.entity_type or route.operation,
         funnel=_funnel(_text(funnel, "funnel", required=False) or _derived(route, payload, "funnel"), source_system),
         parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
         attempt_id=str(uuid.uuid4()), due_at=now + get_settings().lease_grace,
@@ -266,7 +266,7 @@ def _insert_arrays(columns: tuple[str, ...], children: bool, drain: bool) -> Any
     # whatever the batch size, so psycopg parses it once; a multi-row VALUES page of 100 messages had
     # 2,000 placeholders for psycopg to find on every call (13 ms a batch).
     key = _CHILD_KEY if children else _KEY
-    arrays = func.unnest(*(bindparam(c, type_=ARRAY(messages.c[c].type)) for c in columns)) \
+    arrays = func.unnest(*(bindparam(c, type_=ARRAY(_unbounded(messages.c[c].type))) for c in columns)) \
         .table_valued(*columns).render_derived()
     new = (_INSERT_NEW[(True, children)].from_select(list(columns), select(*arrays.c))
            .returning(M.id, *key, M.received_at).cte("new"))
@@ -277,6 +277,12 @@ def _insert_arrays(columns: tuple[str, ...], children: bool, drain: bool) -> Any
     if drain:
         found.append(draining().label("draining"))
     return select(*found).add_cte(accepted.cte("accepted"))
+
+
+def _unbounded(type_: Any) -> Any:
+    # An array parameter is cast to its element type; a cast to VARCHAR(n) would cut a longer value
+    # short where inserting it into the column refuses it: cast text, and let the column check.
+    return Text() if isinstance(type_, String) else type_
 
 
 def _insert_sqlite(conn: Connection, rows: list[dict[str, Any]], children: bool) -> list[int | None]:

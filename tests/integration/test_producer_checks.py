@@ -10,11 +10,14 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy.exc import DataError
 
 import openhub
 from openhub.api.app import with_settings
+from openhub.db import transaction
 from openhub.errors import InputError
-from openhub.producer import nesting_depth
+from openhub.producer import insert_new_many, nesting_depth, prepare
+from tests.support import promise_routes
 
 
 @pytest.fixture
@@ -62,6 +65,23 @@ def test_markup_and_split_separator_in_ids_are_kept_verbatim(active):
     cid = f"[bold red]x[/]#1.2-{uuid.uuid4().hex}"
     view = openhub.submit("test.flow", {}, source_system="CRM", correlation_id=cid)
     assert openhub.get_message(view.id).correlation_id == cid
+
+
+def test_an_entity_type_longer_than_its_column_is_refused(active):
+    # A split child's entity type comes from route code: refused with a reason (the split rejects the
+    # parent with it), not cut short by the store or failing there.
+    with pytest.raises(InputError, match="entity_type is longer than 100 characters"):
+        prepare("test.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex, entity_type="e" * 101)
+
+
+def test_a_value_longer_than_its_column_is_refused_on_postgresql_not_cut_short(local_store):
+    # The batch insert passes one array per column: an array cast to VARCHAR(100)[] would cut a longer
+    # value short without a word where the column itself refuses it.
+    with promise_routes.local_hub(OPENHUB_DATABASE_URL=local_store):
+        row = prepare("p.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex)
+        with pytest.raises(DataError, match="too long"), transaction() as conn:
+            insert_new_many(conn, [dict(row, entity_type="e" * 150)])
+        assert openhub.list_messages(correlation_id=row["correlation_id"]) == []
 
 
 def test_timestamp_beyond_the_clock_skew_is_refused(active):
