@@ -30,8 +30,8 @@ task_store_errors_even_if_ignored = False
 
 # Flower: task events on, so step tasks show up by name with their arguments from the moment a worker
 # receives them. A task-sent event per published task would cost the publisher a second broker message
-# (a sixth of submit_many's CPU) to show a task while it waits in the queue, which the admin page shows
-# as the message's IN_QUEUE state anyway: OPENHUB_TASK_SENT_EVENTS=1 turns it on.
+# (a sixth of submit_many's CPU) to show a task while it waits in the queue, where the admin page shows
+# the message waiting anyway (NEW, or IN_QUEUE when re-driven): OPENHUB_TASK_SENT_EVENTS=1 turns it on.
 worker_send_task_events = True
 task_send_sent_event = os.environ.get("OPENHUB_TASK_SENT_EVENTS", "").lower() in ("1", "true", "yes")
 

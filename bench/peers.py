@@ -22,7 +22,7 @@ not counted - pools keep theirs open); commits, inserted+updated+deleted tuples 
 finished message (pg_total_relation_size of the store's tables / messages stored); machine CPU
 ms/message and busy share, every process of the box (/proc/stat: worker, PostgreSQL, Redis, the
 HTTP server, this process submitting and polling, and whatever else runs): a busy share near 1.0
-means the variant ran as fast as the two cores allowed, and its rate is 1 / its machine CPU.
+means the variant ran as fast as the cores allowed; its rate is cores x busy share / machine CPU.
 Then submit figures with no worker running: openhub.submit() one per message from one
 thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
 """
@@ -163,7 +163,8 @@ class Env:
 
 def machine_ms() -> tuple[float, float]:
     """(busy, all) CPU milliseconds of the whole machine so far, every core (/proc/stat)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     idle = ticks[3] + ticks[4]  # idle, iowait
     return (sum(ticks) - idle) * TICK_MS, sum(ticks) * TICK_MS
 

@@ -5,7 +5,8 @@
 The 3-step route of bench/flows.py run in this process by `openhub.testing.LocalHub` over a
 fresh PostgreSQL database (submit_many in batches of 500, each batch carried to its end). Then,
 per table of what a message leaves behind (messages, ext_calls, transitions): its size per
-message right after the run (what bench/peers.py's store column counts), the live rows' bytes
+message right after the run (bench/peers.py's store column counts every table, its warm-up
+included, right after a run with two workers), the live rows' bytes
 (`pgstattuple`), and every index's size; then the same after VACUUM and REINDEX, i.e. without the
 dead rows and index entries that updates of indexed columns leave until autovacuum recycles them.
 """

@@ -123,9 +123,9 @@ def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
 def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
     """Publish several messages' chains (route, message id, token, first step); the ids the broker took.
 
-    One producer publishes them all inside kombu's publish batch: on Redis every task message and its
-    task-sent event go out in one pipelined round trip instead of two round trips per chain (other
-    transports publish one by one). A refused batch is refused whole: its messages stay due in the
+    One producer publishes them all inside kombu's publish batch: on Redis every chain's first task
+    message goes out in one pipelined round trip instead of a round trip per chain (other transports
+    publish one by one). A refused batch is refused whole: its messages stay due in the
     store and the poller re-drives them.
     """
     ids = {message_id for _route, message_id, _token, _start in chains}
