@@ -249,10 +249,7 @@ def _insert(conn: Connection, rows: list[dict[str, Any]], drain: bool) -> tuple[
         return ([], reason) if reason is not None else (_insert_sqlite(conn, rows, children), None)
     columns = tuple(rows[0])
     found = conn.execute(_insert_arrays(columns, children, drain), {c: [row[c] for row in rows] for c in columns}).all()
-    stored = {(r[1], r[2]): r.id for r in found}
-    key = _CHILD_KEY if children else _KEY
-    # A key twice in one batch: the second is a duplicate of the first.
-    ids = [stored.pop((row[key[0].name], row["correlation_id"]), None) for row in rows]
+    ids = _ids(rows, {(r[1], r[2]): r.id for r in found}, children)
     if not drain:
         return ids, None
     # Every row a duplicate: no row came back to carry the reason.
@@ -279,6 +276,12 @@ def _insert_arrays(columns: tuple[str, ...], children: bool, drain: bool) -> Any
     return select(*found).add_cte(accepted.cte("accepted"))
 
 
+def _ids(rows: list[dict[str, Any]], stored: dict[tuple[Any, str], int], children: bool) -> list[int | None]:
+    """Each row's id among the `stored` keys, or None: a key twice in one batch, the second is a duplicate."""
+    key = (_CHILD_KEY if children else _KEY)[0].name
+    return [stored.pop((row[key], row["correlation_id"]), None) for row in rows]
+
+
 def _unbounded(type_: Any) -> Any:
     # An array parameter is cast to its element type; a cast to VARCHAR(n) would cut a longer value
     # short where inserting it into the column refuses it: cast text, and let the column check.
@@ -291,8 +294,7 @@ def _insert_sqlite(conn: Connection, rows: list[dict[str, Any]], children: bool)
     stored: dict[tuple[Any, str], int] = {}
     for start in range(0, len(rows), INSERT_CHUNK):
         stored.update({(a, b): i for i, a, b in conn.execute(stmt, rows[start:start + INSERT_CHUNK])})
-    # A key twice in one batch: the second is a duplicate of the first.
-    ids = [stored.pop((row[key[0].name], row["correlation_id"]), None) for row in rows]
+    ids = _ids(rows, stored, children)
     history = [dict(message_id=i, at=row["received_at"], event=Note.ACCEPTED.value, from_state=None,
                     to_state=State.NEW.value, step_key=None, detail=None) for i, row in zip(ids, rows) if i]
     for start in range(0, len(history), INSERT_CHUNK):
