@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select, update
@@ -18,8 +18,9 @@ from openhub.schema import messages, transitions
 from tests.support.waiting import wait_final
 
 
-def _due_messages(prefix: str, n: int) -> list[int]:
-    now = utcnow()
+def _due_messages(prefix: str, n: int, now: datetime | None = None) -> list[int]:
+    """`n` PARTLY_FAILED messages due a second before `now` (default: the current time)."""
+    now = now or utcnow()
     rows = [prepare("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"due-{uuid.uuid4().hex}")
             for _ in range(n)]
     with transaction() as conn:
@@ -30,8 +31,11 @@ def _due_messages(prefix: str, n: int) -> list[int]:
 
 
 def test_two_pollers_never_dispatch_one_message_twice(hub, prefix) -> None:  # noqa: ANN001
-    ids = _due_messages(prefix, 60)
-    now = utcnow()
+    # Due only at the two ticks' time, an hour ahead: the worker's beat polls the same store every
+    # 0.3 s on the real clock, and a third poller that took the rows first (they are skipped while it
+    # holds them) and had not committed when the history was read left the two under test nothing.
+    now = utcnow() + timedelta(hours=1)
+    ids = _due_messages(prefix, 60, now)
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 
