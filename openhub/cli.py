@@ -498,7 +498,10 @@ def messages_count(as_json: bool, **filters: Any) -> None:
     import openhub
 
     total = openhub.count_messages(**_filter_values(filters))
-    click.echo(json.dumps({"total": total}) if as_json else f"{total} messages match")
+    if as_json:
+        click.echo(json.dumps({"total": total}))
+    else:
+        click.echo(f"{total} message matches" if total == 1 else f"{total} messages match")
 
 
 @messages.command("restart")

@@ -9,6 +9,7 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any, Iterable
 
+import pydantic
 from sqlalchemy import ARRAY, Connection, String, Text, and_, bindparam, func, insert, literal, select
 
 from . import dispatch
@@ -123,9 +124,16 @@ def _validated(route: Route, payload: Any) -> Any:
             raise InputError(f"payload refused by the validation of route {route.name}")
     except InputError:
         raise
+    except pydantic.ValidationError as exc:  # each field and why, not pydantic's multi-line report
+        raise InputError(f"payload refused by the validation of route {route.name}: {field_errors(exc)}") from exc
     except Exception as exc:  # the user's validator speaks in its own exceptions
         raise InputError(f"payload refused by the validation of route {route.name}: {exc}") from exc
     return payload
+
+
+def field_errors(exc: pydantic.ValidationError) -> str:
+    """`field: reason; other.field: reason` for each error of a pydantic validation."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors())
 
 
 def _derived(route: Route, payload: Any, what: str) -> str | None:

@@ -15,6 +15,7 @@ import os
 from datetime import timedelta
 
 import httpx
+from pydantic import BaseModel, Field
 
 from openhub import Outcome, Route, RetryPolicy, StepContext, confirmation, step
 from openhub.http import HttpCall
@@ -41,13 +42,16 @@ def activate_sim(ctx: StepContext) -> None:
     mno.post(ctx, f"{EXTERNAL}/mno/activations", json=body)
 
 
-def _has_customer_id(payload: dict) -> bool:
-    return isinstance(payload, dict) and bool(payload.get("externalCustomerId"))
+class CustomerUpdate(BaseModel):
+    """What the route needs of a payload, checked when it is submitted (other fields go along as they are):
+    a refusal names the field and why, e.g. `externalCustomerId: Field required`."""
+
+    externalCustomerId: str = Field(min_length=1)
 
 
 routes = [
     Route("customer.setCustomer", steps=[update_billing, activate_sim],
-          object_id=lambda p: p["externalCustomerId"], entity_type="customer", validate=_has_customer_id,
+          object_id=lambda p: p["externalCustomerId"], entity_type="customer", validate=CustomerUpdate,
           retry=RetryPolicy(max_fails=5, interval=timedelta(seconds=5), backoff=2,
                             max_interval=timedelta(minutes=5))),
 ]

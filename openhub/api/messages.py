@@ -370,6 +370,20 @@ async def submit_message(
     return JSONResponse(_accepted(view), status_code=200 if view.duplicate else 202)
 
 
+# A route written as users name it (`customer.setCustomer`) lands here, where the path has one segment
+# too few: the answer shows the URL meant, instead of the bare 405 of GET /messages/{id}'s path.
+@router.post("/messages/{name}", include_in_schema=False)
+def misaddressed_submit(name: Annotated[str, Path(max_length=201)]) -> None:
+    """Refuse a POST to `/messages/{name}` with the URL that was probably meant."""
+    service, dot, operation = name.partition(".")
+    if dot and service and operation:
+        raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: a route is addressed as "
+                            f"/{{service}}/{{operation}}, here POST /api/v1/messages/{service}/{operation}")
+    raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: submit with POST /api/v1/messages/"
+                        "{service}/{operation}; act on a message with POST /api/v1/messages/{id}/restart, "
+                        "/cancel or /response")
+
+
 def _parse_batch(data: bytes, charset: str) -> Batch:
     try:
         return Batch.model_validate(body.decode_json(data, charset))

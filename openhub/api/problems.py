@@ -84,6 +84,11 @@ def install(app: FastAPI) -> None:
         # DESIGN.md §5 promises 400 for a malformed request, not FastAPI's 422.
         parts = []
         for e in exc.errors():
-            where = ".".join(str(p) for p in e.get("loc", ()))
-            parts.append(f"{where}: {e.get('msg')}")
+            loc = tuple(str(p) for p in e.get("loc", ()))
+            if len(loc) == 2 and loc[0] == "header":  # said as the caller wrote it: X-Correlation-Id
+                header = "-".join(w.capitalize() for w in loc[1].replace("_", "-").split("-"))
+                parts.append(f"the {header} header is required" if e.get("type") == "missing"
+                             else f"the {header} header: {e.get('msg')}")
+            else:
+                parts.append(f"{'.'.join(loc)}: {e.get('msg')}")
         return problem(400, "; ".join(parts) or "invalid request")

@@ -76,6 +76,18 @@ def test_errors_exit_1_with_a_message_and_no_traceback(backend, args, message):
     assert "Traceback" not in result.output
 
 
+def test_a_payload_refused_by_validation_names_the_field_and_why(backend):
+    backends.activate(dict(backend.env, OPENHUB_ROUTES=f"{backend.env['OPENHUB_ROUTES']},"
+                                                      "tests.integration.api.extra_routes"))
+    try:
+        result = CliRunner().invoke(main, ["submit", "api.typed", "-s", "CRM", "-c", uuid.uuid4().hex,
+                                           "--payload", '{"name": "Ada"}'])
+    finally:
+        backend.activate()
+    assert result.exit_code == 1
+    assert "api.typed: externalCustomerId: Field required" in result.output, result.output
+
+
 @pytest.fixture
 def held(backend):  # noqa: ANN001, ANN201
     """test.held paused while the test runs: its messages stay live for the commands to act on (the
@@ -88,9 +100,10 @@ def held(backend):  # noqa: ANN001, ANN201
 
 def test_messages_list_show_cancel_restart(cli, prefix, held):
     cid = uuid.uuid4().hex
-    view = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=cid)
+    view = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=cid, process_id=cid)
     listed = cli("messages", "list", "--source-system", "CLI", "--correlation-id", cid, "--json")
     assert [m["id"] for m in json.loads(listed.output)] == [view.id]
+    assert cli("messages", "count", "--process-id", cid).output == "1 message matches\n"
     table = cli("messages", "list", "--route", "test.held", "--limit", "5")
     assert table.exit_code == 0 and "test.held" in table.output and "correlation id" in table.output
     shown = json.loads(cli("messages", "show", str(view.id), "--json").output)

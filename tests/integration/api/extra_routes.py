@@ -1,4 +1,6 @@
-"""A route with accept-time validation, for the API's 400 test (only refused payloads are sent to it)."""
+"""Routes with accept-time validation, for the API's 400 tests (only refused payloads are sent to them)."""
+
+from pydantic import BaseModel
 
 from openhub import Route, StepContext, step
 
@@ -8,4 +10,12 @@ def never_called(ctx: StepContext) -> None:
     """The API tests submit only payloads the validation refuses, so no worker ever runs this."""
 
 
-routes = [Route("api.validated", steps=[never_called], validate=lambda p: isinstance(p, dict) and "ok" in p)]
+class Customer(BaseModel):
+    """The payload `api.typed` accepts."""
+
+    externalCustomerId: str
+    age: int | None = None
+
+
+routes = [Route("api.validated", steps=[never_called], validate=lambda p: isinstance(p, dict) and "ok" in p),
+          Route("api.typed", steps=[never_called], validate=Customer)]

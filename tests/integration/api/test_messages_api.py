@@ -103,14 +103,32 @@ def test_bad_payloads_are_400_and_nothing_is_stored(client, cid, body, headers, 
     assert stored(cid) == 0
 
 
-def test_missing_correlation_id_is_400(client, flow_payload):
+def test_missing_correlation_id_is_400_in_plain_words(client, flow_payload):
     r = client.post("/api/v1/messages/test/flow", json=flow_payload, headers=CRM)
-    assert r.status_code == 400 and "x-correlation-id" in r.text.lower()
+    assert r.status_code == 400 and r.json()["detail"] == "the X-Correlation-Id header is required"
 
 
 def test_payload_refused_by_route_validation_is_400(client, cid):
     r = post(client, cid, {"nope": 1}, route="api/validated")
     assert r.status_code == 400 and "validation" in r.json()["detail"]
+    assert stored(cid) == 0
+
+
+def test_a_refusal_by_a_pydantic_model_names_the_field_and_why(client, cid):
+    r = post(client, cid, {"name": "Ada", "age": "old"}, route="api/typed")
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert detail == ("payload refused by the validation of route api.typed: externalCustomerId: Field required; "
+                      "age: Input should be a valid integer, unable to parse string as an integer"), detail
+    assert stored(cid) == 0
+
+
+@pytest.mark.parametrize("path", ["customer.setCustomer", "test.flow"])
+def test_a_dotted_route_in_the_url_is_answered_with_the_right_url(client, cid, flow_payload, path):
+    r = post(client, cid, flow_payload, route=path)
+    service, operation = path.split(".")
+    assert r.status_code == 404, r.text
+    assert f"POST /api/v1/messages/{service}/{operation}" in r.json()["detail"]
     assert stored(cid) == 0
 
 
