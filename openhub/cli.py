@@ -379,11 +379,11 @@ def confirmations_list(state: str | None, source_system: str | None, message_id:
                        as_json: bool) -> None:
     """Confirmations, newest first."""
     from .confirm import list_confirmations
-    from .context import aware, first_line
+    from .context import aware, error_line
 
     rows = [{**r, "updated_at": aware(r["updated_at"]).isoformat(), "created_at": aware(r["created_at"]).isoformat(),
              "due_at": aware(r["due_at"]).isoformat() if r["due_at"] else None,
-             "last_error": first_line(r["last_error"])}
+             "last_error": error_line(r["last_error"])}
             for r in list_confirmations(state=state.upper() if state else None, source_system=source_system,
                                         message_id=message_id, limit=limit)]
     if as_json:
@@ -675,8 +675,9 @@ def _verbatim(value: Any) -> Any:
 
 
 def _short(text: str, limit: int = 120) -> str:
-    text = text.strip().splitlines()[-1] if text.strip() else text
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    from .context import error_line
+
+    return error_line(text, limit) or ""
 
 
 def _done(view: Any, verb: str, as_json: bool) -> None:

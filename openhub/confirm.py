@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, insert, select, update
 
 from .config import get_settings
-from .context import Outcome, first_line
+from .context import Outcome, error_line
 from .db import outage_pause, transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .registry import Confirmer, get_registry
@@ -85,7 +85,7 @@ def _send_one(confirmation_id: int, claim: str) -> int:
         except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
             error = traceback.format_exc()
             log.warning("%s of message %s failed: %s", f"hook {row.hook}" if row.hook else
-                        f"confirmation to {view.source_system}", view.id, first_line(error))
+                        f"confirmation to {view.source_system}", view.id, error_line(error))
     now = utcnow()
     attempts = row.attempts + 1
     if error is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -136,10 +137,34 @@ class Outcome:
         m = self.message
         return {"id": m.id, "correlation_id": m.correlation_id, "source_system": m.source_system,
                 "route": m.route, "process_id": m.process_id, "state": self.state,
-                "business_errors": self.business_errors, "failed_error": first_line(m.failed_error),
+                "business_errors": self.business_errors, "failed_error": error_line(m.failed_error),
                 "error_code": m.error_code}
 
 
-def first_line(text: str | None) -> str | None:
-    """The last line of an error text (a traceback's own message), or None."""
-    return text.strip().splitlines()[-1] if text else None
+ERROR_LINE_CHARS = 500
+# httpx's raise_for_status() text: "Server error '503 Service Unavailable' for url '...'", then a line
+# sending the reader to developer.mozilla.org, the line a list would otherwise have shown.
+_HTTPX_STATUS = re.compile(r"^(?:httpx\.HTTPStatusError: )?(?:Informational response|Redirect response|"
+                           r"Client error|Server error|Invalid status code) '(\d{3})[^']*' for url '(.+)'$")
+
+
+def error_line(text: str | None, limit: int = ERROR_LINE_CHARS) -> str | None:
+    """The one line lists show of a stored error text (None when there is none), at most `limit` characters.
+
+    A traceback is summed up by the exception that ended it (its first line: `KeyError: 'id'`), an
+    HTTP status error raised by httpx as `HTTP 503 from <url>`, any other text by its first line.
+    Every list (messages, confirmations, the Failed tab, the CLI, history details) shows this line.
+    """
+    lines = [line.rstrip() for line in (text or "").strip().splitlines()]
+    if not lines:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if starts:  # frames are indented; the first line back at the margin is the exception
+        line = next((x for x in lines[starts[-1] + 1:] if x and not x[0].isspace()), lines[-1])
+    else:
+        line = next(x for x in lines if x.strip())
+    line = line.strip()
+    status = _HTTPX_STATUS.match(line)
+    if status:
+        line = f"HTTP {status[1]} from {status[2]}"
+    return line if len(line) <= limit else line[:limit - 1] + "…"

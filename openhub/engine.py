@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql
 
 from . import breaker, limits
 from .config import get_settings
-from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware
+from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware, error_line
 from .db import insert_or_ignore, is_postgres, outage_pause, transaction, utcnow
 from .errors import Holdback, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
@@ -762,7 +762,4 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
 
 
 def _short(text: str | None) -> str | None:
-    if not text:
-        return None
-    lines = text.strip().splitlines()
-    return lines[-1][:500] if lines else None
+    return error_line(text)

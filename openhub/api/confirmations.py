@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .. import confirm
 from .auth import Caller, admin
-from ..context import aware, first_line
+from ..context import aware, error_line
 
 router = APIRouter(prefix="/api/v1/confirmations", tags=["confirmations"])
 _ERRORS = {s: {"description": d} for s, d in {
@@ -21,7 +21,7 @@ MAX_ID = 2**63 - 1
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: aware(v).isoformat() if isinstance(v, datetime) else v for k, v in row.items() if k != "claim"}
-    out["last_error"] = first_line(row.get("last_error"))  # the whole traceback is in the message's detail
+    out["last_error"] = error_line(row.get("last_error"))  # the whole traceback is in the message's detail
     return out
 
 

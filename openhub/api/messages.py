@@ -154,7 +154,7 @@ class MessageSummary(BaseModel):
     parent_id: int | None
     failed_count: int
     failed_step: str | None
-    failed_error: str | None = Field(description="The last line of the error, at most 500 characters.")
+    failed_error: str | None = Field(description="One line of the error (a traceback: its exception), bounded.")
     error_code: str | None = Field(default=None, description="The last failure's searchable code.")
     received_at: str
     msg_timestamp: str | None

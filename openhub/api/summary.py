@@ -4,7 +4,7 @@ A page of up to 1000 messages with 1 MiB payloads would be a gigabyte in the ing
 (and in the answer), so lists read only the columns below; the payload, custom data, business
 errors and external calls are in the message's detail (`GET /api/v1/messages/{id}`). Every
 field of a summary is bounded: ids are at most 255 characters, and the failure is reduced to
-the last line of the stored error, at most `ERROR_CHARS` characters.
+one line of the stored error (`context.error_line`), at most 500 characters.
 """
 
 from __future__ import annotations
@@ -14,25 +14,15 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..context import aware
+from ..context import aware, error_line
 from ..db import transaction
 from ..schema import messages
 from ..store import filtered
 
 M = messages.c
-ERROR_CHARS = 500
 COLUMNS = (M.id, M.service, M.operation, M.state, M.source_system, M.correlation_id, M.process_id, M.object_id,
            M.entity_type, M.parent_id, M.failed_count, M.failed_step, M.failed_error, M.error_code, M.received_at,
            M.msg_timestamp, M.finished_at)
-
-
-def last_line(error: str | None) -> str | None:
-    """The last non-empty line of a stored error (a traceback ends with the exception), bounded."""
-    if not error:
-        return error
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    line = lines[-1].strip() if lines else ""
-    return line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS - 1] + "…"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -50,5 +40,5 @@ def message_summaries(*, limit: int = 100, **filters: Any) -> list[dict[str, Any
              "state": r.state, "source_system": r.source_system, "correlation_id": r.correlation_id,
              "process_id": r.process_id, "object_id": r.object_id, "entity_type": r.entity_type,
              "parent_id": r.parent_id, "failed_count": r.failed_count, "failed_step": r.failed_step,
-             "failed_error": last_line(r.failed_error), "error_code": r.error_code, "received_at": _iso(r.received_at),
+             "failed_error": error_line(r.failed_error), "error_code": r.error_code, "received_at": _iso(r.received_at),
              "msg_timestamp": _iso(r.msg_timestamp), "finished_at": _iso(r.finished_at)} for r in rows]

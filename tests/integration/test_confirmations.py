@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -26,12 +27,13 @@ def hub() -> Iterator[LocalHub]:
         yield local
 
 
-def _parked(hub: LocalHub, count: int) -> list[int]:
-    """Messages whose confirmation failed its one attempt: parked (FAILED_END)."""
-    def unreachable(outcome):  # noqa: ANN001, ANN202
-        raise ConnectionError("the CRM is down")
+def _unreachable(outcome):  # noqa: ANN001, ANN202
+    raise ConnectionError("the CRM is down")
 
-    routes.HOOKS["confirm"] = unreachable
+
+def _parked(hub: LocalHub, count: int, confirm=_unreachable) -> list[int]:  # noqa: ANN001
+    """Messages whose confirmation failed its one attempt: parked (FAILED_END)."""
+    routes.HOOKS["confirm"] = confirm
     ids = [hub.submit("p.flow", {}).id for _ in range(count)]
     hub.run()
     routes.HOOKS.pop("confirm")
@@ -74,6 +76,20 @@ def test_confirmations_over_http(hub: LocalHub) -> None:
         assert rest.status_code == 200 and rest.json() == {"resent": [listed.json()[0]["id"]]}
     hub.tick()
     assert sorted(routes.CONFIRMED) == sorted([(first, "OK"), (second, "OK")])
+
+
+def test_a_confirmation_refused_by_raise_for_status_is_listed_by_its_status_and_url(hub: LocalHub) -> None:
+    def unavailable(outcome):  # noqa: ANN001, ANN202
+        httpx.Response(503, request=httpx.Request("POST", "https://crm.example/confirmations")).raise_for_status()
+
+    (only,) = _parked(hub, 1, unavailable)
+    line = "HTTP 503 from https://crm.example/confirmations"
+    with TestClient(create_app()) as client:
+        listed = client.get("/api/v1/confirmations", params={"message_id": only},
+                            headers={"Authorization": f"Bearer {ADMIN}"})
+    assert listed.json()[0]["last_error"] == line
+    assert json.loads(CliRunner().invoke(main, ["confirmations", "list", "--json"]).output)[0]["last_error"] == line
+    assert line in CliRunner().invoke(main, ["confirmations", "list"], terminal_width=200).output
 
 
 def test_confirmations_from_the_command_line(hub: LocalHub) -> None:
