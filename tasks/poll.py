@@ -12,7 +12,35 @@ log = logging.getLogger("openhub.tasks")
 app = celery_app()
 
 
-@app.task(name=POLL_TASK)
+class _PollTicksAtDebug(logging.Filter):
+    """Celery's INFO lines about each poller tick (beat sends it, the worker receives it, it succeeded)
+    turned DEBUG: one tick a second made them most of the console and scrolled everything else away.
+    A tick that did something says so itself (below); beat's first send stays INFO, to show it runs."""
+
+    def __init__(self, keep_first: bool = False) -> None:
+        super().__init__()
+        self.keep_first = keep_first
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        about_poll = (isinstance(data, dict) and data.get("name") == POLL_TASK) or (
+            isinstance(record.args, tuple) and POLL_TASK in record.args)
+        if record.levelno != logging.INFO or not about_poll:
+            return True
+        if self.keep_first:
+            self.keep_first = False
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+for _name, _keep_first in (("celery.beat", True), ("celery.worker.strategy", False), ("celery.app.trace", False)):
+    logging.getLogger(_name).addFilter(_PollTicksAtDebug(_keep_first))
+
+
+# No task events: Flower's task list is for the steps of messages, and a tick a second made it mostly
+# poller ticks. A tick that fails is still logged at ERROR by the worker.
+@app.task(name=POLL_TASK, send_events=False)
 def poll() -> dict:
     """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
     workers.start_heartbeat()  # a poller's process is a witness of the others' heartbeats
@@ -24,8 +52,12 @@ def poll() -> dict:
     except Exception as exc:  # noqa: BLE001 - the broker is away: the next tick tries again
         log.warning("could not hand dead workers' deliveries back: %s", exc)
         restored = 0
-    return {"redriven": report.redriven, "repaired": report.repaired, "confirmations": report.confirmations,
-            "expired": report.expired, "restored": restored, "seconds": round(report.seconds, 4)}
+    done = {"redriven": report.redriven, "repaired": report.repaired, "confirmations": report.confirmations,
+            "expired": report.expired, "restored": restored}
+    log.log(logging.INFO if any(done.values()) else logging.DEBUG,
+            "poller tick: re-drove %(redriven)s, repaired %(repaired)s, sent %(confirmations)s confirmations, "
+            "expired %(expired)s, handed back %(restored)s deliveries", done)
+    return {**done, "seconds": round(report.seconds, 4)}
 
 
 @app.task(name=CHAIN_FAILED_TASK)

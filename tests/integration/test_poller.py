@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections import Counter
@@ -15,7 +16,7 @@ from openhub.poller import tick
 from openhub.redrive import _due_query
 from openhub.producer import insert_new_many, prepare
 from openhub.schema import messages, transitions
-from tests.support.waiting import wait_final
+from tests.support.waiting import wait_final, wait_for
 
 
 def _due_messages(prefix: str, n: int, now: datetime | None = None) -> list[int]:
@@ -57,6 +58,17 @@ def test_two_pollers_never_dispatch_one_message_twice(hub, prefix) -> None:  # n
             transitions.c.message_id.in_(ids), transitions.c.event == "redriven")).scalars())
     assert set(redriven) == set(ids) and set(redriven.values()) == {1}
     assert all(wait_final(i, timeout=120).state == "OK" for i in ids)
+
+
+def test_idle_poller_ticks_log_nothing_at_info(hub, worker, prefix) -> None:  # noqa: ANN001
+    wait_for(lambda: "Sending due task openhub-poll" in worker.log())  # beat's first send stays INFO
+    start = len(worker.log())
+    (message_id,) = _due_messages(prefix, 1, utcnow() + timedelta(seconds=2))  # idle ticks, then one that acts
+    assert wait_final(message_id).state == "OK"
+    window = worker.log()[start:]
+    assert re.search(r"poller tick: re-drove [1-9]", window), window[-3000:]  # a tick that did something says so
+    # ...and Celery's three lines per tick (beat sends it, the worker receives it, it succeeded) are DEBUG
+    assert "openhub.poll[" not in window and "Sending due task openhub-poll" not in window, window[-3000:]
 
 
 def test_poller_query_reads_only_the_partial_index(backend) -> None:  # noqa: ANN001
