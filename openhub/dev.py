@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from .testing import ExternalSystem
 
 EXAMPLE_PORT = 8765
+READY_TIMEOUT = 60  # seconds to wait for the worker before printing how to use the hub anyway
 
 
 def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, failure_rate: float = 0.2,
@@ -28,20 +30,23 @@ def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, fai
     env.setdefault("OPENHUB_RETRY_INTERVAL", "5")
     env.setdefault("OPENHUB_POLL_INTERVAL", "1")
     os.environ.update({k: env[k] for k in ("OPENHUB_EXAMPLE_URL", "OPENHUB_RETRY_INTERVAL", "OPENHUB_POLL_INTERVAL")})
+    heartbeat = _heartbeat_file(env)
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-B", "--loglevel", "INFO",
                                "--concurrency", str(concurrency)], env=env)
     announce(f"openhub dev: external systems simulated at {external.url} "
              f"({int(failure_rate * 100)}% of calls fail with 503, to show retries)")
     announce("openhub dev: worker + beat started (celery -A tasks worker -B)")
-    server = _start_ingress(host, port, announce)
-    announce("Submit a message from another terminal:\n"
-             "  .venv/bin/openhub submit customer.setCustomer --source-system CRM --correlation-id c-1 \\\n"
-             "      --payload '{\"externalCustomerId\": \"42\", \"name\": \"Ada\"}'\n"
-             "  .venv/bin/openhub messages list\n"
-             "Press Ctrl+C to stop.")
+    credentials: list[str] = []
+    server = _start_ingress(host, port, lambda text: (announce(text), credentials.append(text)))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        # The worker's start-up banner and the ingress's lines come after the credentials: once the worker
+        # is ready, they are printed again with what to do next, as the last lines on the screen.
+        for _ in range(READY_TIMEOUT * 5):
+            if heartbeat.exists() or worker.poll() is not None or stop.wait(0.2):
+                break
+        announce(_ready_box(host, port, server is not None, credentials))
         while not stop.is_set() and worker.poll() is None:
             stop.wait(0.5)
     except KeyboardInterrupt:
@@ -59,6 +64,34 @@ def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, fai
     return worker.returncode or 0
 
 
+def _heartbeat_file(env: dict[str, str]) -> Path:
+    """The file the worker touches once it is ready (tasks/heartbeat.py), removed so a stale one does not count."""
+    from .config import get_settings
+
+    default = Path(get_settings().var_dir) / "dev-worker.heartbeat"
+    path = Path(env.setdefault("OPENHUB_WORKER_HEARTBEAT_FILE", str(default)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    return path
+
+
+def _ready_box(host: str, port: int, serving: bool, credentials: list[str]) -> str:
+    """What a newcomer needs once everything runs: where, with which secrets, and the first commands."""
+    rule = "=" * 78
+    lines = [rule, "openhub dev is ready."]
+    if serving:
+        lines.append(f"  HTTP API http://{host}:{port}   admin page http://{host}:{port}/admin   "
+                     f"OpenAPI /docs")
+    lines += [line.replace("openhub dev: ", "") for text in credentials for line in text.splitlines()
+              if "API key" in line or "admin token" in line]
+    lines += ["Submit a message from another terminal:",
+              "  .venv/bin/openhub submit customer.setCustomer --source-system CRM --correlation-id c-1 \\",
+              "      --payload '{\"externalCustomerId\": \"42\", \"name\": \"Ada\"}'",
+              "  .venv/bin/openhub messages list      .venv/bin/openhub demo      .venv/bin/openhub status --watch",
+              "Press Ctrl+C to stop.", rule]
+    return "\n".join(lines)
+
+
 def _start_ingress(host: str, port: int, announce: Any) -> Any:
     try:
         import uvicorn
@@ -67,7 +100,7 @@ def _start_ingress(host: str, port: int, announce: Any) -> Any:
     except ImportError:
         announce("openhub dev: HTTP ingress not available; submit from Python or the CLI")
         return None
-    config = uvicorn.Config(create_app(dev=True), host=host, port=port, log_level="info")
+    config = uvicorn.Config(create_app(dev=True, announce=announce), host=host, port=port, log_level="info")
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     threading.Thread(target=server.run, name="ingress", daemon=True).start()
