@@ -1,4 +1,4 @@
-"""Carrying a message through one step of its route (DESIGN.md §3).
+"""Carrying a message through one step of its route (README.md, "How it works").
 
 A step runs in three parts: `enter` (claim the message or check the chain's fencing token,
 take the step lease, consult the step's external-call record), the step itself outside any
@@ -532,9 +532,20 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
         apply_event(conn, row, Event.POSTPONED, route, item, now, follow, detail=blocked, blocked_since=since,
                     due_at=now + settings.postpone_interval)
         return False
-    apply_event(conn, row, Event.CLAIMED, route, item, now, follow, attempts=row.attempts + 1,
+    # A retry's chain starts at the route's first step and skips those already OK: the history names
+    # the step the attempt resumes at, as its call records tell (a first attempt has none to read).
+    resumes = _first_step_not_done(conn, row, route, item) if row.attempts else item
+    apply_event(conn, row, Event.CLAIMED, route, resumes, now, follow, attempts=row.attempts + 1,
                 started_at=row.started_at or now, blocked_since=None, **lease)
     return True
+
+
+def _first_step_not_done(conn: Connection, row: Row, route: Route, item: RouteStep) -> RouteStep:
+    """From `item` on, the first step of the route whose call this message has not made successfully."""
+    done = set(conn.execute(select(ext_calls.c.step_key).where(
+        ext_calls.c.message_id == row.id, ext_calls.c.ok_message_id == row.id)).scalars())
+    later = route.steps[route.steps.index(item):]
+    return next((step for step in later if step.key not in done), item)
 
 
 def _with(row: Any, **values: Any) -> SimpleNamespace:

@@ -51,6 +51,11 @@ def test_transient_failure_resumes_at_the_failed_step(svc, prefix, external) -> 
     assert done.custom_data["a_attempt"] == 1 and done.custom_data["b_attempt"] == 2
     assert "503" in (done.failed_error or "")
     assert [e for e, _ in events(m.id)].count("transient") == 1
+    with transaction() as conn:  # each claim names the step its attempt starts at: the retry's is b
+        claimed = conn.execute(select(transitions.c.step_key).where(transitions.c.message_id == m.id,
+                                                                transitions.c.event == "claimed")
+                               .order_by(transitions.c.id)).scalars().all()
+    assert claimed == ["a", "b"]
 
 
 def test_failing_past_max_fails_is_failed(svc, prefix, external) -> None:
