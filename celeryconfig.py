@@ -1,4 +1,4 @@
-"""Celery's configuration for openhub: the one configuration file (DESIGN.md §7).
+"""Celery's configuration for openhub: the one configuration file (README.md, "Running it for real").
 
 Every value comes from an OPENHUB_* environment variable through `openhub.config`; the
 settings that durability relies on are set here explicitly and not left to Celery's defaults.

@@ -1,7 +1,7 @@
 """openhub: an asynchronous integration hub on Celery.
 
 Define routes with `Route` and `@step`, submit messages with `submit`, run `celery -A tasks
-worker` and `celery -A tasks beat`, and every message reaches the state DESIGN.md §3 gives it.
+worker` and `celery -A tasks beat`, and every message reaches the state README.md ("How it works") gives it.
 """
 
 from importlib import import_module

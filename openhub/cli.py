@@ -1,4 +1,4 @@
-"""The `openhub` command line (click): DESIGN.md §6.
+"""The `openhub` command line (click), described in openhub/api/README.md ("Command line").
 
 Every command that shows data takes `--json` for scripts and prints readable tables (rich)
 otherwise. The commands call the same Python functions as the HTTP API (`openhub.submit`,

@@ -1,4 +1,4 @@
-"""Settings: every value has an OPENHUB_* environment override (DESIGN.md §7).
+"""Settings: every value has an OPENHUB_* environment override (listed in README.md, "Running it for real").
 
 `celeryconfig.py` maps these onto Celery's own settings; the library reads them from here so
 that a producer process (a web app calling `openhub.submit`) needs no Celery configuration.

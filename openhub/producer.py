@@ -1,4 +1,4 @@
-"""Accepting messages from source systems and reading them back (DESIGN.md §2, producers)."""
+"""Accepting messages from source systems and reading them back (openhub/api/README.md: HTTP, Python, command line)."""
 
 from __future__ import annotations
 

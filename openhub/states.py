@@ -1,6 +1,6 @@
 """Message states and the pure state machine: (state, event) -> (new state, failed count, actions).
 
-This is DESIGN.md §3 as a function. Every state a message is given is written by
+This is the life of a message (README.md, "How it works") as a function. Every state a message is given is written by
 `openhub.lifecycle.apply_event`, which asks this table first, so the design and the code cannot
 drift apart.
 """
@@ -14,7 +14,7 @@ from .errors import StateConflict
 
 
 class State(StrEnum):
-    """The states a message goes through (DESIGN.md §3)."""
+    """The states a message goes through (README.md, "How it works")."""
 
     NEW = "NEW"
     IN_QUEUE = "IN_QUEUE"

@@ -2,7 +2,7 @@
 
 `update_billing` runs once per message; `activate_sim` has entity scope: it runs once per
 customer version, and an older message for the same customer that is retried after a newer
-one succeeded is SKIPPED as obsolete instead of overwriting newer data (seed 003).
+one succeeded is SKIPPED as obsolete instead of overwriting newer data.
 
 Both calls go through `openhub.http.HttpCall`: it sends the idempotency key and correlation id,
 retries 5xx and timeouts, and records each request and response with the message (shown in

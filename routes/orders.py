@@ -1,4 +1,4 @@
-"""An order split into one child message per line (the splitter, seed 003).
+"""An order split into one child message per line (the splitter).
 
 `order.create` checks the order, splits it into `order.bookLine` children (dispatched in line
 order on the first attempt), waits in WAITING until every line is booked, then notifies the

@@ -81,7 +81,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # DESIGN.md §5 promises 400 for a malformed request, not FastAPI's 422.
+        # openhub/api/README.md promises 400 for a malformed request, not FastAPI's 422.
         parts = []
         for e in exc.errors():
             loc = tuple(str(p) for p in e.get("loc", ()))

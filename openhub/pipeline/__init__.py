@@ -1,4 +1,4 @@
-"""The data pipeline on Spark (DESIGN.md §8): `openhub report` and `openhub archive`.
+"""The data pipeline on Spark (openhub/pipeline/README.md): `openhub report` and `openhub archive`.
 
 Only this package imports pyspark, and only inside functions, so `import openhub` and even
 `import openhub.pipeline` work without the `spark` extra. The modules:
