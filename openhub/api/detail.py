@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..context import aware
+from ..context import aware, error_line
 from ..db import transaction
 from ..exchanges import message_exchanges
 from ..schema import confirmations, ext_calls, messages, transitions
@@ -28,7 +28,7 @@ def message_detail(message_id: int) -> dict[str, Any]:
         out["ext_calls"] = [
             {"key": c.key, "step": c.step_key, "scope": c.scope, "state": c.state, "attempts": c.attempts,
              "duration_ms": c.duration_ms, "updated_at": _iso(c.updated_at), "last_error": c.last_error,
-             "worker": c.worker}
+             "last_error_line": error_line(c.last_error), "worker": c.worker}
             for c in conn.execute(select(ext_calls).where(X.message_id == message_id).order_by(X.id))]
         M = messages.c
         out["children"] = [
@@ -38,7 +38,8 @@ def message_detail(message_id: int) -> dict[str, Any]:
         C = confirmations.c
         out["confirmation"] = [
             {"id": r.id, "outcome": r.outcome, "state": r.state, "attempts": r.attempts,
-             "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at), "last_error": r.last_error}
+             "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at), "last_error": r.last_error,
+             "last_error_line": error_line(r.last_error)}
             for r in conn.execute(select(confirmations).where(C.message_id == message_id).order_by(C.id))]
         T = transitions.c
         out["history"] = [

@@ -87,6 +87,7 @@ def test_find_a_failed_message_restart_it_and_see_it_ok(hub, external: ExternalS
     expect(row).to_contain_text("fragile")
     row.click()
     expect(page.locator("#d-state")).to_have_text("FAILED")
+    expect(page.locator("#d-error-title")).to_have_text("Last error")
     expect(page.locator("#d-error")).to_contain_text("503")
     expect(page.locator("#d-calls tbody")).to_contain_text("FAILED")
     expect(page.locator("#d-history tbody")).to_contain_text("transient")
@@ -97,6 +98,25 @@ def test_find_a_failed_message_restart_it_and_see_it_ok(hub, external: ExternalS
     assert openhub.get_message(view.id).state == "OK"
     expect(page.locator("#d-history tbody")).to_contain_text("restarted")
     assert external.effects(f"{prefix}/fragile") == 1
+
+
+def test_a_message_ok_after_a_retry_shows_its_error_as_an_earlier_attempts(hub, external, prefix, page):
+    from playwright.sync_api import expect
+
+    external.fail(f"{prefix}/fragile", times=1)
+    view = openhub.submit("test.fragile", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)
+    done = wait_final(view.id)
+    assert done.state == "OK" and "503" in done.failed_error
+
+    page.click("#tabs button[data-tab=search]")
+    page.fill("#search-form [name=correlation_id]", done.correlation_id)
+    page.click("#search-form button[type=submit]")
+    page.locator(f"#results tbody tr[data-id='{view.id}']").click()
+    expect(page.locator("#d-state")).to_have_text("OK")
+    expect(page.locator("#d-error-title")).to_have_text("Error of an earlier attempt (the message then ended OK)")
+    expect(page.locator("#d-error")).not_to_be_visible()  # folded: shown on a click
+    expect(page.locator("#d-fields")).not_to_contain_text("failed step")
+    expect(page.locator("#d-fields")).to_contain_text("step that failed earlier")
 
 
 def test_search_and_resume_a_paused_route(hub, prefix, page):

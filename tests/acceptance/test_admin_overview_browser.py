@@ -7,10 +7,12 @@ var/screenshots/ (ignored by git) for people to look at.
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urljoin
 
 import pytest
 
@@ -81,6 +83,15 @@ def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> N
     ys = [float(p.split(",")[1]) for p in
           (page.locator("#chart-hour-throughput path.series").get_attribute("d") or "").replace("M", "").split(" L")]
     assert min(ys) < max(ys)
+    # The day's axis names dates (its ends are a day apart), the hour's the time only.
+    day_axis = page.locator("#chart-day-throughput text.axis").all_text_contents()
+    assert any(re.fullmatch(r"\d{1,2} [A-Z][a-z]{2} \d{2}:\d{2}( UTC)?", t) for t in day_axis), day_axis
+    # The search's date inputs say how they are read.
+    for name in ("received_from", "received_to"):
+        expect(page.locator(f"label:has(input[name={name}])")).to_contain_text("UTC")
+    # A browser asks for /favicon.ico (a 404) unless the page names an icon the hub serves.
+    icon = page.locator("link[rel=icon]").get_attribute("href")
+    assert icon and page.request.get(urljoin(page.url, icon)).status == 200
     before = page.locator("#ov-updated").text_content()
     expect(page.locator("#ov-updated")).not_to_have_text(before or "", timeout=15_000)  # it refreshes itself
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -117,3 +128,4 @@ def test_parked_confirmations_are_sent_again_from_the_overview(admin_page) -> No
     page.click("#ov-resend-parked")
     expect(page.locator("#ov-parked")).to_have_text("0")
     expect(page.locator("#ov-resend-parked")).to_be_hidden()
+    expect(page.locator("#ov-parked-list tbody")).to_have_text("none")  # an empty table says so

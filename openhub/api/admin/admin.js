@@ -38,6 +38,16 @@ function cell(tr, text) {
   return td;
 }
 
+// An empty table says "none", as the lists beside it do, instead of showing bare headers.
+function noneRow(tbody) {
+  if (tbody.rows.length) return;
+  const tr = document.createElement("tr");
+  const td = cell(tr, "none");
+  td.colSpan = tbody.closest("table").tHead.rows[0].cells.length;
+  td.className = "none";
+  tbody.appendChild(tr);
+}
+
 function stateCell(tr, state) {
   const td = cell(tr, "");
   const span = document.createElement("span");
@@ -55,7 +65,7 @@ function messageRow(tbody, m, failed) {
   cell(tr, m.id); cell(tr, m.route); stateCell(tr, m.state); cell(tr, m.source_system); cell(tr, m.correlation_id);
   if (failed) {
     cell(tr, m.failed_step);
-    cell(tr, (m.failed_error || "").trim().split("\n").pop());
+    cell(tr, m.failed_error);  // the summary's one line (openhub.context.error_line)
   } else {
     cell(tr, m.object_id); cell(tr, m.failed_count);
   }
@@ -122,6 +132,7 @@ async function loadFailed() {
     const tbody = $("#failed tbody");
     tbody.textContent = "";
     page.items.forEach((m) => messageRow(tbody, m, true));
+    noneRow(tbody);
   } catch (e) { showError(e.message); }
 }
 
@@ -162,8 +173,8 @@ function fillTable(sel, rows, columns) {
     const tr = document.createElement("tr");
     columns.forEach((c) => {
       if (c === "state" || c === "to_state") return stateCell(tr, row[c]);
-      if (c === "last_error" && row[c]) {  // a traceback: its last line, the whole of it on hover
-        cell(tr, row[c].trim().split("\n").pop()).title = row[c];
+      if (c === "last_error" && row[c]) {  // its one line (openhub.context.error_line), the whole of it on hover
+        cell(tr, row.last_error_line || row[c]).title = row[c];
         return;
       }
       cell(tr, /(_at|^at)$/.test(c) ? fmt(row[c]) : row[c]);
@@ -183,9 +194,12 @@ async function showMessage(id, quiet) {
     const st = $("#d-state");
     st.textContent = m.state;
     st.className = "state " + m.state;
+    // Retried and then OK: the stored error is an earlier attempt's, not the message's failure.
+    const past = m.state === "OK" && Boolean(m.failed_error);
     const fields = [["route", m.route], ["correlation id", m.correlation_id], ["source system", m.source_system],
       ["object id", m.object_id], ["entity type", m.entity_type], ["process id", m.process_id],
-      ["parent", m.parent_id], ["failed count", m.failed_count], ["failed step", m.failed_step],
+      ["parent", m.parent_id], ["failed count", m.failed_count],
+      [past ? "step that failed earlier" : "failed step", m.failed_step],
       ["received", fmt(m.received_at)], ["message timestamp", fmt(m.msg_timestamp)], ["finished", fmt(m.finished_at)],
       ["funnel", m.funnel]];
     const ftbody = $("#d-fields tbody");
@@ -197,6 +211,9 @@ async function showMessage(id, quiet) {
       ftbody.appendChild(tr);
     });
     $("#d-error").textContent = m.failed_error || "—";
+    $("#d-error-title").textContent = past ? "Error of an earlier attempt (the message then ended OK)" : "Last error";
+    const box = $("#d-error-box"), shown = m.id + ":" + past;  // a refresh keeps what the reader opened
+    if (box.dataset.shown !== shown) { box.open = !past; box.dataset.shown = shown; }
     $("#d-payload").textContent = JSON.stringify(m.payload, null, 2);
     $("#d-business").textContent = m.business_errors.length ? JSON.stringify(m.business_errors, null, 2) : "—";
     fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "worker", "duration_ms", "updated_at",

@@ -1,6 +1,7 @@
 // Line charts drawn as inline SVG, no library (the page's CSP allows only 'self').
 // lineChart(svg, {points, series: [{key, label, cls}], yFormat, title}) redraws `svg` in place.
 "use strict";
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 
@@ -40,7 +41,13 @@ function lineChart(svg, opts) {
       fmtY(top * frac)));
   }
   if (points.length) {
-    const label = (p) => (p.at || "").slice(11, 16);
+    // Ends on different days (the day charts) are dated, or 02:36 … 02:21 would read backwards.
+    const day = (p) => (p.at || "").slice(0, 10);
+    const dated = day(points[0]) !== day(points[points.length - 1]);
+    const label = (p) => {
+      const at = p.at || "", time = at.slice(11, 16);
+      return dated ? `${Number(at.slice(8, 10))} ${MONTHS[Number(at.slice(5, 7)) - 1]} ${time}` : time;
+    };
     svg.appendChild(svgEl("text", { x: L, y: H - 8, class: "axis" }, label(points[0])));
     svg.appendChild(svgEl("text", { x: W - R, y: H - 8, class: "axis", "text-anchor": "end" },
       label(points[points.length - 1]) + " UTC"));

@@ -83,6 +83,7 @@ function renderOverview(o) {
     messageLink(cell(tr, ""), r.oldest_id);
     oldest.appendChild(tr);
   });
+  noneRow(oldest);
 
   const parked = $("#ov-parked-list tbody");
   parked.textContent = "";
@@ -90,7 +91,7 @@ function renderOverview(o) {
     const tr = document.createElement("tr");
     messageLink(cell(tr, ""), c.message_id);
     cell(tr, c.outcome); cell(tr, c.attempts); cell(tr, fmt(c.updated_at));
-    cell(tr, (c.last_error || "").trim().split("\n").pop());
+    cell(tr, c.last_error);  // one line already (openhub.context.error_line)
     const send = document.createElement("button");
     send.textContent = "Send again";
     send.className = "resend";
@@ -98,6 +99,7 @@ function renderOverview(o) {
     cell(tr, "").appendChild(send);
     parked.appendChild(tr);
   });
+  noneRow(parked);
   $("#ov-resend-parked").hidden = o.confirmations.parked_count === 0;
   const other = Object.entries(o.confirmations.by_state).filter(([s]) => s !== "FAILED_END");
   $("#ov-confirmations-other").textContent = other.length
