@@ -220,15 +220,20 @@ def messages_show(message_id: int, as_json: bool) -> None:
     from rich.table import Table
 
     console = _console()
+    past = m["state"] == "OK" and bool(m["failed_error"])  # retried, then OK: the error is history
     fields = Table(show_header=False, box=None)
     for name in ("id", "route", "state", "correlation_id", "source_system", "object_id", "process_id", "parent_id",
                  "failed_count", "failed_step", "received_at", "finished_at"):
         value = m.get(name)
-        fields.add_row(name, _state(value) if name == "state" else _verbatim(value))
+        label = "step_that_failed_earlier" if name == "failed_step" and past else name
+        fields.add_row(label, _state(value) if name == "state" else _verbatim(value))
     console.print(fields)
     console.print("[bold]payload[/bold]")
     console.print(_verbatim(json.dumps(m["payload"], indent=2, ensure_ascii=False)), highlight=False)
-    if m["failed_error"]:
+    if past:  # its line only: the whole traceback is in --json
+        console.print("[bold]error of an earlier attempt[/bold] (the message then ended OK)")
+        console.print(_verbatim(_short(m["failed_error"], 500)), highlight=False)
+    elif m["failed_error"]:
         console.print("[bold]last error[/bold]")
         console.print(_verbatim(m["failed_error"].strip()), highlight=False)
     for title, rows, columns in (

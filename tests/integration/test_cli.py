@@ -18,7 +18,7 @@ import openhub
 from openhub.cli import main
 from openhub.testing import ExternalSystem
 from tests.support import backends
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import PROJECT, Worker
 
 OPENHUB = str(Path(sys.executable).with_name("openhub"))
@@ -115,6 +115,15 @@ def test_messages_list_show_cancel_restart(cli, prefix, held):
     assert json.loads(cancelled.output)["state"] == "CANCEL"
     restarted = cli("messages", "restart", str(view.id), "--total")
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
+
+
+def test_show_calls_the_error_of_a_message_ok_after_a_retry_an_earlier_attempts(cli, hub, prefix, external):
+    external.fail(f"{prefix}/b", times=1)
+    view = openhub.submit("test.flow", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex)
+    assert wait_final(view.id).state == "OK"
+    shown = cli("messages", "show", str(view.id)).output
+    assert "error of an earlier attempt (the message then ended OK)" in shown and "step_that_failed_earlier" in shown
+    assert "last error" not in shown and "Traceback" not in shown
 
 
 def test_messages_cancel_and_restart_by_filter(cli, prefix, held):
