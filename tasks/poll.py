@@ -34,7 +34,9 @@ class _PollTicksAtDebug(logging.Filter):
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
-for _name, _keep_first in (("celery.beat", True), ("celery.worker.strategy", False), ("celery.app.trace", False)):
+# request: "Discarding revoked task" for a tick that expired unrun behind a busy worker (by design).
+for _name, _keep_first in (("celery.beat", True), ("celery.worker.strategy", False), ("celery.app.trace", False),
+                           ("celery.worker.request", False)):
     logging.getLogger(_name).addFilter(_PollTicksAtDebug(_keep_first))
 
 
