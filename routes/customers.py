@@ -15,7 +15,7 @@ import os
 from datetime import timedelta
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from openhub import Outcome, Route, RetryPolicy, StepContext, confirmation, step
 from openhub.http import HttpCall
@@ -46,6 +46,7 @@ class CustomerUpdate(BaseModel):
     """What the route needs of a payload, checked when it is submitted (other fields go along as they are):
     a refusal names the field and why, e.g. `externalCustomerId: Field required`."""
 
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # 42 is as good an id as "42"
     externalCustomerId: str = Field(min_length=1)
 
 
