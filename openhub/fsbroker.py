@@ -68,6 +68,6 @@ class Transport(filesystem.Transport):
 
 
 def register() -> str:
-    """Make `openhubfs://` resolve to this transport; returns the URL scheme to use."""
+    """Make `openhubfs://` resolve to this transport; returns the broker URL to use."""
     TRANSPORT_ALIASES[ALIAS] = f"{__name__}:Transport"
-    return f"{ALIAS}://"
+    return f"{ALIAS}://localhost//"  # the host is unused; without one kombu warns on every connection
