@@ -72,6 +72,15 @@ def test_flower_lists_step_tasks_by_name(flower, prefix) -> None:  # noqa: ANN00
     assert names == {"openhub.test.flow.a", "openhub.test.flow.b", "openhub.test.flow.c"}
 
 
+def test_flower_does_not_list_the_pollers_ticks(flower, prefix) -> None:  # noqa: ANN001
+    # Beat sends one every 0.3 s here: listed, they would crowd out the steps of messages.
+    m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
+    assert wait_final(m.id).state == "OK"
+    wait_for(lambda: len(_tasks_of(flower, m.id)) == 3 or None, 60, "Flower to see the three steps")
+    names = {t["name"] for t in httpx.get(f"{flower}/api/tasks", params={"limit": 500}, timeout=5).json().values()}
+    assert "openhub.poll" not in names and "openhub.test.flow.a" in names
+
+
 def test_flower_lists_one_task_per_message_of_a_fused_route(flower, prefix) -> None:  # noqa: ANN001
     m = openhub.submit("fused.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
     done = wait_final(m.id)
