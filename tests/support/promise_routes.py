@@ -22,7 +22,7 @@ CONFIRMED: list[tuple[int, str]] = []
 
 def reset() -> None:
     """Forget every call, hook and confirmation."""
-    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED):
+    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS):
         registry.clear()
 
 
@@ -95,6 +95,23 @@ def use_reply(ctx: StepContext) -> None:
     external("use_reply")(ctx)
 
 
+ANSWERS: list[Any] = []  # the responses the step after a second wait was given
+
+
+@step(key="wait_again")
+def wait_again(ctx: StepContext) -> None:
+    """A second question, answered later through openhub.respond()."""
+    external("waits_again")(ctx)
+    ctx.wait_for_response(timedelta(hours=1))
+
+
+@step
+def use_answer(ctx: StepContext) -> None:
+    """The step after the second wait: notes the answer it was given."""
+    ANSWERS.append(ctx.response)
+    external("use_answer")(ctx)
+
+
 class OutOfStock(Exception):
     """A business refusal the route declares fatal."""
 
@@ -119,6 +136,14 @@ def many(ctx: StepContext) -> list[Child]:
     return [Child("p.leaf", payload={"n": n}) for n in range(ctx.payload["children"])]
 
 
+def hooked_many(ctx: StepContext) -> list[Child]:
+    """`many`, running the test's hook "split" while the split step runs."""
+    hook = HOOKS.get("split")
+    if hook is not None:
+        hook(ctx)
+    return many(ctx)
+
+
 routes = [
     Route("p.big", steps=[Split(many, route="p.leaf")]),
     Route("p.leaf", steps=[first]),
@@ -130,6 +155,7 @@ routes = [
     Route("p.paced", steps=[step(key="paced", system="paced")(external("paced"))]),
     Route("p.expiring", steps=[first, second], expires_after=timedelta(minutes=10)),
     Route("p.sequence", steps=[Split(many, route="p.leaf", sequential=True)]),
+    Route("p.split_hooked", steps=[Split(hooked_many, route="p.leaf")]),
     Route("p.told", steps=[Split(many, key="told", route="p.leaf", confirm_children=True)]),
     Route("p.big_expiring", steps=[Split(many, route="p.leaf")], expires_after=timedelta(minutes=10)),
     Route("p.stamp", steps=[stamp, second]),
@@ -137,6 +163,7 @@ routes = [
     Route("p.funnel", steps=[first], funnel=lambda p: p["group"]),
     Route("p.waiting", steps=[wait_reply], funnel=lambda p: p["group"]),
     Route("p.answered", steps=[first, wait_reply, use_reply]),
+    Route("p.two_waits", steps=[wait_reply, second, wait_again, use_answer]),
     Route("p.ordered", steps=[first], funnel=lambda p: p["group"], guaranteed_order=True,
           order_timeout=timedelta(seconds=3)),
 ]
