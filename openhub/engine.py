@@ -10,6 +10,7 @@ is carried out by `redrive.carry_out` when the task's steps are done.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import traceback
 import uuid
@@ -87,9 +88,21 @@ def step_timeout(item: RouteStep) -> timedelta:
 
 
 def idempotency_key(row: Row, item: RouteStep) -> str:
-    """Stable per message and step (and per total restart), for external systems' own dedup."""
-    key = f"{row.source_system}/{row.correlation_id}/{item.key}"
+    """Stable per message and step (and per total restart), for external systems' own dedup:
+    `<source system>/<correlation id>/<step>[/<generation>]`.
+
+    A split child's correlation id is its parent's with `#<generation>.<n>` added, which a source
+    system may send as its own id too: so `%`, `#` and `/` in a correlation id are escaped, and a
+    child's id is followed by `#<its message id>`. Keys of ids without those characters are unchanged.
+    """
+    name = _ESCAPES.sub(lambda m: f"%{ord(m.group()):02X}", row.correlation_id)
+    if row.parent_id is not None:
+        name = f"{name}#{row.id}"
+    key = f"{row.source_system}/{name}/{item.key}"
     return f"{key}/{row.generation}" if row.generation else key
+
+
+_ESCAPES = re.compile(r"[%#/]")
 
 
 def call_key(row: Row, item: RouteStep, ctx: StepContext) -> str:
@@ -216,7 +229,7 @@ def _outcome(route: Route, index: int, entered: Entered, clock: Callable[[], dat
     try:
         entered.custom_data = dumps(entered.ctx.custom_data)
     except (TypeError, ValueError) as exc:  # kept as it was; the call itself is recorded for what it did
-        verdict = Verdict(Event.REJECTED, call_state=verdict.call_state, code="CUSTOM_DATA",
+        verdict = Verdict(Event.REJECTED, call_state=_effect(verdict), code="CUSTOM_DATA",
                           error=f"step {item.key!r} left custom_data that is not JSON-serialisable: {exc}")
     return verdict
 
@@ -295,11 +308,21 @@ def record_outcome(route: Route, index: int, message_id: int, token: str, entere
                 raise  # the fallback failed too: the lease repair takes over
             log.exception("message %s: recording step %s failed; recorded as a transient failure",
                           message_id, item.key)
-            verdict = Verdict(Event.TRANSIENT, call_state=verdict.call_state, code="UNRECORDED",
+            verdict = Verdict(Event.TRANSIENT, call_state=_effect(verdict), code="UNRECORDED",
                               error=f"{_UNRECORDED} {item.key!r}:\n{traceback.format_exc()}")
 
 
 _UNRECORDED = "could not record the outcome of step"
+
+
+def _effect(verdict: Verdict) -> str:
+    """What the step's external call did, to keep on its record when the verdict itself is not written.
+
+    A split calls nothing: its effect is its children, written with its verdict. Where that verdict
+    is discarded (the lease was lost, the write failed), the split did nothing, and a later run must
+    split again rather than find it done with no children.
+    """
+    return CallState.FAILED if verdict.event is Event.SPLIT else verdict.call_state
 
 
 def _pause_before_retry(seconds: float) -> None:
@@ -622,7 +645,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
         system = getattr(item, "system", None)
         if system in get_settings().system_limits:
             limits.release(conn, system, entered.run_id)
-        if verdict.call_state == CallState.OK:  # the call did succeed: a later run must not make it again
+        if _effect(verdict) == CallState.OK:  # the call did succeed: a later run must not make it again
             conn.execute(_CALL_DONE.where(X.state == CallState.PROCESSING.value),
                          _call_done(entered, row, CallState.OK, now, duration))
         # A cancelled message kept this run as in flight: it has ended now, and the funnel may go on.
