@@ -223,8 +223,10 @@ def resume_split(conn: Connection, parent: Any, item: Split, now: datetime, foll
                          .order_by(M.id)).all()
     for n, child in enumerate(again):
         due = now if n == 0 or not item.sequential else None  # a sequential family goes on with its first
+        # A cancelled child whose step was still calling out keeps that run (its lease): the child's
+        # next claim waits for it, as after an operator's restart, instead of calling a second time.
         apply_event(conn, child, Event.RESTARTED, None, None, now, follow, detail=f"parent {parent.id} restarted",
-                    due_at=due, finished_at=None, step_run=None, attempt_id=str(uuid.uuid4()))
+                    due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))
     route = get_registry().route(f"{parent.service}.{parent.operation}")
     apply_event(conn, parent, Event.SPLIT, route, item, now, follow, step_run=None, due_at=None,
                 detail=f"waiting again for its children ({len(again)} restarted)")
