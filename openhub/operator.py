@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sqlalchemy import and_, delete, func, not_, select, update
+from sqlalchemy import and_, delete, func, not_, or_, select, update
 
 from .context import MessageView
 from .db import transaction, utcnow
@@ -47,7 +47,10 @@ def restart(message_id: int, total: bool = False) -> MessageView:
                                       error_code=None, blocked_since=None, attempt_id=str(uuid.uuid4()),
                                       expires_at=None)  # restarted: carried out anyway
         if total:
-            conn.execute(delete(ext_calls).where(ext_calls.c.message_id == row.id))
+            # Its own records go; one it took over from an older message that had succeeded (an entity
+            # record) keeps that success, or the older message's retry would call again.
+            conn.execute(delete(ext_calls).where(and_(ext_calls.c.message_id == row.id, or_(
+                ext_calls.c.ok_message_id.is_(None), ext_calls.c.ok_message_id == row.id))))
             conn.execute(update(ext_calls).where(ext_calls.c.ok_message_id == row.id)
                          .values(ok_message_id=None, ok_msg_timestamp=None))
             values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
@@ -126,7 +129,8 @@ def _bulk(act: Callable[[int], Any], states: frozenset[State], limit: int, filte
 def respond(message_id: int, payload: Any) -> MessageView:
     """Deliver the response a WAITING_FOR_RES message waits for; its route resumes with ctx.response.
 
-    A response that arrives while the step that will wait for it is still running is kept too.
+    A response that arrives while the step that will wait for it is still running is kept too,
+    unless it is the answer the route already goes on with (a duplicate: noted, not kept).
     """
     shallow(payload, "response")
     try:
@@ -135,6 +139,11 @@ def respond(message_id: int, payload: Any) -> MessageView:
         raise InputError(f"response is not JSON-serialisable: {exc}") from None
     with transaction() as conn:
         row = _locked(conn, message_id)
+        if row.state == State.PROCESSING and row.step_run is not None and row.response == text:
+            # The answer the route already goes on with, sent again (a responder's retry after a lost
+            # reply): kept, it would answer the next wait, which asks another question.
+            record_transition(conn, row.id, Note.RESPONSE_DUPLICATE.value, row.state, row.state)
+            return message_view(conn, row.id)
         if row.state == State.PROCESSING and row.step_run is not None:
             # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
             update_message(conn, row.id, response=text)
@@ -196,7 +205,9 @@ def _resume(name: str, route: Route | None) -> int:
         paused = paused_routes(conn)
         if DRAIN in paused:  # still draining: the messages go on when it ends
             return 0
-        query = messages.select().with_only_columns(M.id).where(M.state.in_(RESUMABLE))
+        # Only what waits for a time: a sequential split's children awaiting their turn have none, and
+        # starting them now would run them beside the child before them.
+        query = messages.select().with_only_columns(M.id).where(and_(M.state.in_(RESUMABLE), M.due_at.is_not(None)))
         if route is not None:
             query = query.where(and_(M.service == route.service, M.operation == route.operation))
         for other in paused:  # routes paused on their own stay paused after a drain

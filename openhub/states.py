@@ -65,6 +65,7 @@ class Note(StrEnum):
     ACCEPTED = "accepted"              # the message was stored (NEW)
     STEP_OK = "step_ok"                # a step's call succeeded (or was sent, for a wait)
     RESPONSE_EARLY = "response_early"  # a response came while the step that waits for it still ran
+    RESPONSE_DUPLICATE = "response_duplicate"  # the answer already taken, sent again: not kept
     TASK_CRASHED = "task_crashed"      # a task carrying the message crashed outside its step
 
 
