@@ -81,7 +81,8 @@ def _send_one(confirmation_id: int, claim: str) -> int:
                  row.outcome, view.source_system)
     else:
         try:
-            confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors))
+            confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
+                              delivery_id=row.id))
         except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
             error = traceback.format_exc()
             log.warning("%s of message %s failed: %s", f"hook {row.hook}" if row.hook else

@@ -131,6 +131,9 @@ class Outcome:
     message: MessageView
     state: str
     business_errors: list[dict[str, str]]
+    # This notification of this transition: the same on every retry of it, another for the next
+    # transition of the message (a restarted message failing again), so a receiver can dedup by it.
+    delivery_id: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict for sending to the source system."""

@@ -16,7 +16,8 @@ TIMEOUT = 10.0
 def webhook(url: str) -> Callable[[Outcome], None]:
     """A state hook that POSTs `outcome.as_dict()` to `url`; anything but a 2xx answer is a failure."""
     def notify(outcome: Outcome) -> None:
-        httpx.post(url, json=outcome.as_dict(), timeout=TIMEOUT,
-                   headers={"Idempotency-Key": f"openhub:{outcome.message.id}:{outcome.state}"}).raise_for_status()
+        # One key per transition, kept across retries: a message FAILED twice (restarted between) is two events.
+        key = f"openhub:{outcome.message.id}:{outcome.state}:{outcome.delivery_id}"
+        httpx.post(url, json=outcome.as_dict(), timeout=TIMEOUT, headers={"Idempotency-Key": key}).raise_for_status()
     notify.__qualname__ = notify.__name__ = "webhook"
     return notify
