@@ -40,7 +40,7 @@ from .split import prepare_children, write_children
 from .states import CallState, Event, Note, State
 from .store import (dumps, execute_noted, history_entry, history_where, is_paused, loads, lock_message,
                     paused_routes, update_message)
-from .workers import current_id, current_node, liveness, running
+from .workers import current_id, current_node, fenced, liveness, running
 
 log = logging.getLogger("openhub.engine")
 X = ext_calls.c
@@ -199,6 +199,10 @@ def _carry(route: Route, index: int, end: int, message_id: int, token: str, ente
            limit: TimeLimit | None) -> tuple[Entered | bool | None, StepReport]:
     """Run an entered step and write its outcome; returns the next step's entry where it was handed
     over to it (None where not), and the step's report."""
+    if fenced(entered.started):  # this process may be judged dead meanwhile: its run is repaired, not carried on
+        log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
+                    "unreachable); the run is left to the repair", message_id, route.steps[index].key)
+        return None, StepReport(False, "stopped")
     verdict = _outcome(route, index, entered, clock, limit)
     if verdict.event is None and index + 1 < end:
         handed = _hand_over(route, index, message_id, token, entered, verdict, redelivered, _new_run(runs),

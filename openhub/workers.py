@@ -11,6 +11,12 @@ only when another process kept heartbeating without a break for `OPENHUB_WORKER_
 after its last heartbeat. The database was there all that time, and the silent process did not
 use it. After an outage every process starts a new unbroken run, and nobody is declared dead
 until one of them has lasted that long.
+
+Liveness is judged on one clock: on PostgreSQL a heartbeat's times are the database server's, so a
+host whose clock is off neither sees the others dead nor looks dead itself. And a process judges
+itself before others may: once its own heartbeat is older than 3/4 of the dead-after limit (a stall,
+a store it cannot reach), it starts no step call on a lease it holds, nor on one it took before
+that gap (`fenced`), so a repair never overlaps a call of a process that was judged dead.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -26,10 +33,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from .config import get_settings
-from .db import transaction, utcnow
+from .db import is_postgres, transaction, utcnow
 from .schema import workers
 
 log = logging.getLogger("openhub.workers")
@@ -41,6 +48,9 @@ _current: tuple[int, str] | None = None  # (pid, worker id) of this process
 _beating: int | None = None  # pid whose heartbeat thread runs
 _heart: tuple[threading.Thread, threading.Event] | None = None  # that thread, and what stops it
 _runs: set[str] = set()  # the step runs in flight in this process
+FENCE = 0.75  # of OPENHUB_WORKER_DEAD_AFTER: a heartbeat this old stops this process's step calls
+_renewed: float | None = None  # monotonic time just before this process's last heartbeat that was written
+_gap_ended = float("-inf")  # monotonic time its heartbeat was last written after a gap longer than the fence
 
 
 @contextmanager
@@ -97,16 +107,43 @@ def start_heartbeat(url: str | None = None) -> str:
 
 def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = False,
          now: datetime | None = None) -> None:
-    """Record one heartbeat; `broken` starts a new unbroken run (the previous beat failed)."""
-    now = now or utcnow()
-    runs = ",".join(sorted(_runs))  # taken after `now`: a run leased after `now` is not missing from it
-    values: dict[str, Any] = {"last_seen": now, "runs": runs}
-    if broken:
-        values["up_since"] = now
+    """Record one heartbeat; `broken` starts a new unbroken run (the previous beat failed).
+
+    Its time is the database server's on PostgreSQL (`now` given: that one), so every heartbeat
+    is written by one clock; SQLite is embedded, and its clock is this host's.
+    """
+    global _renewed, _gap_ended
+    started = time.monotonic()
     with transaction(url) as conn:
+        if now is None:
+            now = conn.execute(select(func.timezone("UTC", func.now()))).scalar_one() if is_postgres(conn) \
+                else utcnow()
+        runs = ",".join(sorted(_runs))  # taken after `now`: a run leased after `now` is not missing from it
+        values: dict[str, Any] = {"last_seen": now, "runs": runs}
+        if broken:
+            values["up_since"] = now
         if conn.execute(update(workers).where(W.id == worker_id).values(**values)).rowcount == 0:
             conn.execute(insert(workers).values(id=worker_id, node=node, up_since=now, last_seen=now, runs=runs))
             forget_gone(conn, now)  # a process's first heartbeat clears out the long gone
+    if _renewed is not None and started - _renewed > _fence_after():
+        _gap_ended = time.monotonic()
+    _renewed = started
+
+
+def _fence_after() -> float:
+    return get_settings().worker_dead_after.total_seconds() * FENCE
+
+
+def fenced(since: float) -> bool:
+    """Whether this process must not start a step call on a lease it took at monotonic time `since`:
+    its heartbeat is older than the fence now, or was at some moment since (a stall, a store it could
+    not reach), when others may have judged it dead and repaired the run.
+
+    A process without a heartbeat thread (LocalHub, a web app) is never fenced: its leases end by expiry.
+    """
+    if _beating != os.getpid() or _renewed is None:
+        return False
+    return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since
 
 
 def stop_heartbeat() -> None:

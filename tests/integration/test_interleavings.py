@@ -6,6 +6,8 @@ interleaving placed exactly where it hurt: a hook runs while a step's call is in
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Iterator
 
@@ -18,6 +20,7 @@ from openhub.db import transaction, utcnow
 from openhub.schema import ext_calls
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import promise_routes as routes
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -198,3 +201,58 @@ def test_each_webhook_notification_has_its_own_idempotency_key(local_store_env: 
         assert receiver.effects("/hooks") == 2
     finally:
         receiver.stop()
+
+
+# --- liveness on one clock, and a process that stops before it may be judged dead -------------------------
+
+def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: str, monkeypatch) -> None:  # noqa: ANN001
+    from openhub import workers
+
+    real = workers.utcnow
+    with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_WORKER_DEAD_AFTER="0.5"):
+        def both_beat(broken: bool = False) -> None:
+            workers.beat("on-time", "host-a:1", broken=broken)
+            monkeypatch.setattr(workers, "utcnow", lambda: real() + timedelta(seconds=20))  # host b's clock
+            workers.beat("ahead", "host-b:1", broken=broken)
+            monkeypatch.setattr(workers, "utcnow", real)
+
+        both_beat(broken=True)
+        until = time.monotonic() + 1.0  # both keep beating for twice the dead-after limit
+        while time.monotonic() < until:
+            both_beat()
+            threading.Event().wait(0.05)  # the heartbeat interval of the simulated hosts
+        with transaction() as conn:
+            assert workers.liveness(conn).dead & {"on-time", "ahead"} == set()
+
+
+def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(local_store_env: dict[str, str],
+                                                                   monkeypatch) -> None:  # noqa: ANN001
+    from openhub import workers
+
+    real_beat = workers.beat
+
+    def unreachable(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise ConnectionError("the store is unreachable from this host")
+
+    def fall_behind(ctx):  # noqa: ANN001, ANN202
+        if _once("behind"):  # the heartbeat stops (a stall, a partition) while the first call is made
+            monkeypatch.setattr(workers, "beat", unreachable)
+            wait_for(lambda: workers.fenced(float("inf")), timeout=10, what="the heartbeat to fall behind")
+
+    with routes.local_hub(OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30",
+                          **local_store_env) as hub:
+        workers.start_heartbeat()
+        try:
+            routes.HOOKS["first"] = fall_behind
+            view = hub.submit("p.fused", {})
+            hub.run()
+            assert routes.calls("first") == 1 and routes.calls("second") == 0, \
+                "a process that others may judge dead started a step call"
+            monkeypatch.setattr(workers, "beat", real_beat)
+            wait_for(lambda: not workers.fenced(float("inf")), timeout=10, what="the heartbeat to be written again")
+            for minutes in (30, 60):  # the abandoned run is repaired, then retried
+                hub.tick(seconds=minutes * 60)
+            assert hub.get(view.id).state == "OK"
+            assert routes.calls("first") == 1 and routes.calls("second") == 1
+        finally:
+            workers.stop_heartbeat()
