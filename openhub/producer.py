@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import pydantic
 from sqlalchemy import ARRAY, Connection, String, Text, and_, bindparam, func, insert, literal, select
+from sqlalchemy.exc import DataError
 
 from . import dispatch
 from .config import get_settings
@@ -144,7 +145,7 @@ def _derived(route: Route, payload: Any, what: str) -> str | None:
         value = fn(payload)
     except Exception as exc:
         raise InputError(f"route {route.name}: cannot compute {what} from the payload: {exc!r}") from exc
-    return _text(value, what, required=False)
+    return identifier(value, what, required=False)
 
 
 def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id: Any, process_id: Any = None,
@@ -176,9 +177,11 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
         source_system=source_system, correlation_id=correlation_id,
         process_id=identifier(process_id, "process_id", required=False),
         service=route.service, operation=route.operation,
-        object_id=_text(object_id, "object_id", required=False) or _derived(route, payload, "object_id"),
-        entity_type=_text(entity_type, "entity_type", 100, required=False) or route.entity_type or route.operation,
-        funnel=_funnel(_text(funnel, "funnel", required=False) or _derived(route, payload, "funnel"), source_system),
+        object_id=identifier(object_id, "object_id", required=False) or _derived(route, payload, "object_id"),
+        entity_type=identifier(entity_type, "entity_type", 100, required=False) or route.entity_type
+        or route.operation,
+        funnel=_funnel(identifier(funnel, "funnel", required=False) or _derived(route, payload, "funnel"),
+                       source_system),
         parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
         attempt_id=str(uuid.uuid4()), due_at=now + get_settings().lease_grace,
         received_at=now, msg_timestamp=_timestamp(msg_timestamp, now, parent_id), updated_at=now,
@@ -388,11 +391,15 @@ def store_new(rows: list[dict[str, Any]]) -> list[MessageView]:
     already stored (source system, correlation id) answers with the stored message, marked duplicate)."""
     # One transaction: the new rows, and what the duplicates answer with. The chains are published after
     # it commits; nothing after the commit touches the store, so nothing can fail the stored messages.
-    with transaction() as conn:
-        ids = _insert_unless_draining(conn, rows)
-        stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
-                                  duplicate=True)
-                  for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
+    try:
+        with transaction() as conn:
+            ids = _insert_unless_draining(conn, rows)
+            stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
+                                      duplicate=True)
+                      for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
+    except DataError as exc:  # a value the checks above let through and the database refuses: the caller's
+        raise InputError(f"the message store refused a value of the message: {str(exc.orig).splitlines()[0]}") \
+            from None
     publish_new([(i, row) for i, row in zip(ids, rows) if i is not None])
     views: list[MessageView] = []
     for n, (row, message_id) in enumerate(zip(rows, ids)):

@@ -256,3 +256,21 @@ def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(local_store_e
             assert routes.calls("first") == 1 and routes.calls("second") == 1
         finally:
             workers.stop_heartbeat()
+
+
+# --- control characters in the fields the hub derives (issue 27) -------------------------------------------
+
+def test_a_nul_in_a_derived_object_id_is_refused_at_the_door(hub: LocalHub) -> None:
+    with pytest.raises(openhub.errors.InputError, match="object_id must not contain control characters"):
+        hub.submit("p.entity", {"id": "a\x00b"})
+    assert openhub.list_messages() == []
+
+
+def test_a_split_child_with_a_nul_fails_its_parent_not_confirms_it_ok(hub: LocalHub) -> None:
+    parent = hub.submit("p.lines", {"lines": [{"sku": "s\x00x"}]})
+    hub.run()
+    hub.tick(seconds=120)
+    view = hub.get(parent.id)
+    assert view.state == "FAILED" and "control characters" in (view.failed_error or ""), view
+    assert openhub.list_messages(parent_id=parent.id) == [] and routes.calls("second") == 0
+    assert routes.CONFIRMED == [(parent.id, "FAILED")]

@@ -16,13 +16,18 @@ from openhub import Child, Outcome, Route, Split, StepContext, confirmation, on_
 CALLS: list[tuple[str, str]] = []  # (step, idempotency key) of every call that succeeded
 ACTIVE: dict[str, int] = {}  # step -> calls in flight now
 MOST: dict[str, int] = {}  # step -> most calls in flight at once
-HOOKS: dict[str, Callable[[StepContext], Any]] = {}  # step -> run mid-call (may raise to fail it)
+HOOKS: dict[str, Callable[[StepContext], Any]] = {}  # step ("*": any) -> run mid-call (may raise to fail it)
 CONFIRMED: list[tuple[int, str]] = []
+IN_FLIGHT: dict[str, int] = {}  # idempotency key -> calls in flight now
+OVERLAPS: list[str] = []  # keys that had two calls in flight at once
+FAMILY: dict[int, int] = {}  # split parent -> its children's calls in flight now
+FAMILY_MOST: dict[int, int] = {}  # split parent -> most of its children's calls in flight at once
 
 
 def reset() -> None:
     """Forget every call, hook and confirmation."""
-    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS):
+    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS, IN_FLIGHT, OVERLAPS, FAMILY,
+                     FAMILY_MOST):
         registry.clear()
 
 
@@ -57,13 +62,24 @@ def external(name: str) -> Callable[[StepContext], None]:
     def run(ctx: StepContext) -> None:
         ACTIVE[name] = ACTIVE.get(name, 0) + 1
         MOST[name] = max(MOST.get(name, 0), ACTIVE[name])
+        key = ctx.idempotency_key
+        IN_FLIGHT[key] = IN_FLIGHT.get(key, 0) + 1
+        if IN_FLIGHT[key] > 1:
+            OVERLAPS.append(key)
+        parent = ctx.message.parent_id
+        if parent is not None:
+            FAMILY[parent] = FAMILY.get(parent, 0) + 1
+            FAMILY_MOST[parent] = max(FAMILY_MOST.get(parent, 0), FAMILY[parent])
         try:
-            hook = HOOKS.get(name)
+            hook = HOOKS.get(name) or HOOKS.get("*")
             if hook is not None:
                 hook(ctx)
             CALLS.append((name, ctx.idempotency_key))
         finally:
             ACTIVE[name] -= 1
+            IN_FLIGHT[key] -= 1
+            if parent is not None:
+                FAMILY[parent] -= 1
     run.__name__ = name
     return run
 
@@ -136,9 +152,14 @@ def many(ctx: StepContext) -> list[Child]:
     return [Child("p.leaf", payload={"n": n}) for n in range(ctx.payload["children"])]
 
 
+def bad_children(ctx: StepContext) -> list[Child]:
+    """Children whose object id (from a hostile payload) holds a NUL."""
+    return [Child("p.leaf", payload={}, object_id=line["sku"]) for line in ctx.payload["lines"]]
+
+
 def hooked_many(ctx: StepContext) -> list[Child]:
     """`many`, running the test's hook "split" while the split step runs."""
-    hook = HOOKS.get("split")
+    hook = HOOKS.get("split") or HOOKS.get("*")
     if hook is not None:
         hook(ctx)
     return many(ctx)
@@ -156,6 +177,7 @@ routes = [
     Route("p.expiring", steps=[first, second], expires_after=timedelta(minutes=10)),
     Route("p.sequence", steps=[Split(many, route="p.leaf", sequential=True)]),
     Route("p.split_hooked", steps=[Split(hooked_many, route="p.leaf")]),
+    Route("p.lines", steps=[Split(bad_children, route="p.leaf"), second]),
     Route("p.told", steps=[Split(many, key="told", route="p.leaf", confirm_children=True)]),
     Route("p.big_expiring", steps=[Split(many, route="p.leaf")], expires_after=timedelta(minutes=10)),
     Route("p.stamp", steps=[stamp, second]),

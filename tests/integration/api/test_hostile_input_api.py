@@ -172,3 +172,10 @@ def test_bodies_are_decoded_off_the_event_loop(client, monkeypatch):
     batch = {"messages": [{"route": "test.flow", "correlation_id": uuid.uuid4().hex, "payload": {}}]}
     assert client.post("/api/v1/messages:batch", json=batch, headers=CRM).status_code == 202
     assert on_loop and not any(on_loop), on_loop  # a 10 MB parse would otherwise stall every connection
+
+
+def test_a_nul_in_a_derived_object_id_is_400_naming_the_field(client):
+    cid = uuid.uuid4().hex
+    r = client.post("/api/v1/messages/test/entity", json={"id": "a\u0000b"}, headers={**CRM, "X-Correlation-Id": cid})
+    assert r.status_code == 400 and "object_id" in r.text, r.text
+    assert openhub.list_messages(correlation_id=cid) == []
