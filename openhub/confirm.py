@@ -23,6 +23,7 @@ from .config import get_settings
 from .context import Outcome, error_line
 from .db import outage_pause, transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
+from .redact import redact_text
 from .registry import Confirmer, get_registry
 from .schema import confirmations, messages
 from .store import message_view
@@ -84,7 +85,7 @@ def _send_one(confirmation_id: int, claim: str) -> int:
             confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
                               delivery_id=row.id))
         except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
-            error = traceback.format_exc()
+            error = redact_text(traceback.format_exc())  # a webhook URL's credentials stay out of it
             log.warning("%s of message %s failed: %s", f"hook {row.hook}" if row.hook else
                         f"confirmation to {view.source_system}", view.id, error_line(error))
     now = utcnow()

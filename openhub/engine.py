@@ -33,6 +33,7 @@ from .failures import error_code, is_fatal
 from .funnel import funnel_blocked
 from .lifecycle import FollowUps, apply_event, redispatch, resume_split, retry_policy
 from .model import Route, RouteStep, Split
+from .redact import redact_text
 from .redrive import carry_out
 from .registry import get_registry
 from .schema import ext_calls, messages, transitions
@@ -80,6 +81,7 @@ class Verdict:
 
     def __post_init__(self) -> None:
         self.call_state = self.call_state or CALL_STATES.get(self.event, CallState.FAILED)
+        self.error = redact_text(self.error)  # stored, shown and confirmed: never the hub's own credentials
 
 
 def step_timeout(item: RouteStep) -> timedelta:

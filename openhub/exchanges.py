@@ -2,15 +2,14 @@
 
 An exchange is written by `openhub.http` in its own short transaction right after the response
 (or the failure) arrived, so the engine needs no change and the record survives a later crash
-of the step. Secrets never reach the store: headers that carry credentials are redacted here,
-at the one place that writes them.
+of the step. Secrets never reach the store: URLs, error texts and headers are redacted
+(`openhub.redact`) at the one place that writes them.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,12 +19,8 @@ from sqlalchemy import Connection, delete, insert, select
 from .config import get_settings
 from .context import aware
 from .db import transaction, utcnow
+from .redact import redact_headers, redact_text, redact_url
 from .schema import http_exchanges
-
-REDACTED = "[redacted]"
-_SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"}
-_SECRET_WORDS = re.compile(r"token|secret|password|passwd|api[-_]?key|session", re.IGNORECASE)
-
 
 @dataclass(frozen=True)
 class Exchange:
@@ -46,15 +41,6 @@ class Exchange:
     at: datetime
 
 
-def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Headers with the values of credential-bearing ones replaced by `[redacted]`."""
-    out: dict[str, str] = {}
-    for name, value in headers:
-        secret = name.lower() in _SECRET_HEADERS or _SECRET_WORDS.search(name)
-        out[name] = REDACTED if secret else value
-    return out
-
-
 def truncate_body(body: bytes | None, limit: int) -> str | None:
     """A body as text, cut to `limit` bytes with a note of how much was left out."""
     if body is None:
@@ -70,7 +56,8 @@ def record_exchange(exchange: Exchange) -> None:
     limit = get_settings().http_record_bytes
     row = {
         "message_id": exchange.message_id, "step_key": exchange.step_key[:100], "attempt": exchange.attempt,
-        "method": exchange.method[:10], "url": exchange.url, "status": exchange.status, "error": exchange.error,
+        "method": exchange.method[:10], "url": redact_url(exchange.url), "status": exchange.status,
+        "error": redact_text(exchange.error),
         "request_headers": json.dumps(redact_headers(exchange.request_headers.items())),
         "request_body": truncate_body(exchange.request_body, limit),
         "response_headers": json.dumps(redact_headers(exchange.response_headers.items())),

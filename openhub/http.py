@@ -42,6 +42,7 @@ from .db import utcnow
 from .errors import ConfigurationError, Postpone, Reject, TransientError
 from .failures import RETRYABLE_4XX, error_code
 from .exchanges import Exchange, record_exchange
+from .redact import redact_text, redact_url
 
 log = logging.getLogger("openhub.http")
 
@@ -151,13 +152,14 @@ class HttpCall:
             response.read()
         except httpx.HTTPError as exc:  # timeouts, refused and reset connections, protocol errors
             self._record(ctx, record, req, None, f"{type(exc).__name__}: {exc}", started, at)
-            raise _transient(f"{method} {url}: {type(exc).__name__}: {exc}", error_code(exc)) from exc
+            raise _transient(redact_text(f"{method} {url}: {type(exc).__name__}: {exc}") or "",
+                             error_code(exc)) from exc
         self._record(ctx, record, req, response, None, started, at)
         return self._outcome(ctx, response)
 
     def _outcome(self, ctx: StepContext, response: httpx.Response) -> httpx.Response:
         status = response.status_code
-        what = f"{response.request.method} {response.request.url} answered {status}"
+        what = f"{response.request.method} {redact_url(str(response.request.url))} answered {status}"
         if status < 400:
             return response
         text = f"{what}: {_short(response.text)}"
@@ -186,7 +188,8 @@ class HttpCall:
         try:
             record_exchange(exchange)
         except Exception as exc:  # noqa: BLE001 - a lost record must not turn a good call into a failed step
-            ctx.log.warning("could not record the HTTP exchange %s %s: %s", request.method, request.url, exc)
+            ctx.log.warning("could not record the HTTP exchange %s %s: %s", request.method,
+                            redact_url(str(request.url)), exc)
 
 
 def _request_body(request: httpx.Request) -> bytes | None:

@@ -4,6 +4,8 @@ Thin adapters only: each task loads ids, calls the engine and returns. One task 
 named `openhub.<service>.<operation>.<step>`, plus the poller `openhub.poll`.
 """
 
+import logging
+
 from openhub.dispatch import celery_app
 
 from .steps import register_step_tasks
@@ -12,5 +14,9 @@ from . import heartbeat  # noqa: F401 - worker liveness file
 
 app = celery_app()
 register_step_tasks(app)
+
+# httpx logs each request at INFO with its full URL, a webhook's or an external system's credentials
+# included (user:password@, ?token=): the hub's own lines say what was called, redacted.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 __all__ = ["app"]

@@ -21,7 +21,8 @@ import pytest
 from openhub.api.detail import message_detail
 from openhub.db import utcnow
 from openhub.errors import ConfigurationError
-from openhub.exchanges import prune_exchanges, redact_headers, truncate_body
+from openhub.exchanges import prune_exchanges, truncate_body
+from openhub.redact import redact_headers
 from openhub.http import HttpCall, retry_after
 from openhub.testing import LocalHub
 
@@ -221,3 +222,19 @@ def test_exchanges_prune_command(hub, server) -> None:  # noqa: ANN001
     assert json.loads(kept.output) == {"deleted": 0}
     gone = CliRunner().invoke(main, ["exchanges", "prune", "--days", "-1"], catch_exceptions=False)
     assert gone.exit_code == 0 and "1 recorded HTTP exchanges deleted" in gone.output
+
+
+def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server, monkeypatch) -> None:  # noqa: ANN001
+    import json
+
+    monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", server.url.replace("http://", "http://svc:hunter2@"))
+    server.answer("/boom?api_key=k-999&page=2", 503, body=b'{"error": "down"}')
+    view = run(hub, {"path": "/boom?api_key=k-999&page=2"})
+    assert view.state == "PARTLY_FAILED"
+    detail = message_detail(view.id)
+    [x] = detail["http_exchanges"]
+    assert x["url"] == f"{server.url.replace('http://', 'http://***@')}/boom?api_key=***&page=2"
+    detail.pop("payload"), x.pop("request_body")  # the source system's own payload, as it sent it
+    stored = json.dumps([detail, view.failed_error], default=str)
+    assert "hunter2" not in stored and "k-999" not in stored, stored
+    assert "api_key=***" in (view.failed_error or "")
