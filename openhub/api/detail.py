@@ -37,7 +37,7 @@ def message_detail(message_id: int) -> dict[str, Any]:
                                   .where(M.parent_id == message_id).order_by(M.id))]
         C = confirmations.c
         out["confirmation"] = [
-            {"id": r.id, "outcome": r.outcome, "state": r.state, "attempts": r.attempts,
+            {"id": r.id, "outcome": r.outcome, "state": r.state, "attempts": r.attempts, "hook": r.hook,
              "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at), "last_error": r.last_error,
              "last_error_line": error_line(r.last_error)}
             for r in conn.execute(select(confirmations).where(C.message_id == message_id).order_by(C.id))]
@@ -47,4 +47,17 @@ def message_detail(message_id: int) -> dict[str, Any]:
              "step": r.step_key, "detail": r.detail}
             for r in conn.execute(select(transitions).where(T.message_id == message_id).order_by(T.id))]
         out["http_exchanges"] = message_exchanges(conn, message_id)
+    return out
+
+
+def source_view(detail: dict[str, Any]) -> dict[str, Any]:
+    """What a source system is shown of its own message (`message_detail` is the operators'): no
+    recorded exchanges, tracebacks, worker names or state hooks' notifications, and each error as one
+    line. The hub's exchanges with external systems and its internals are not the source's business."""
+    out = {k: v for k, v in detail.items() if k != "http_exchanges"}
+    out["failed_error"] = error_line(detail.get("failed_error"))
+    out["ext_calls"] = [{k: v for k, v in c.items() if k not in ("last_error", "worker")}
+                        for c in detail.get("ext_calls", [])]
+    out["confirmation"] = [{k: v for k, v in c.items() if k not in ("last_error", "hook")}
+                           for c in detail.get("confirmation", []) if c.get("hook") is None]
     return out

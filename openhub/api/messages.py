@@ -23,7 +23,7 @@ from ..registry import get_registry
 from ..states import State
 from . import body, metrics
 from .auth import Caller, admin, reader, source_system
-from .detail import message_detail
+from .detail import message_detail, source_view
 from .problems import ApiError
 from .summary import message_summaries
 
@@ -266,13 +266,14 @@ def count_messages(filters: Filters) -> dict[str, int]:
 @router.get("/messages/{message_id}", responses={s: ERRORS[s] for s in (400, 401, 404, 503)},
             summary="One message with ext calls, children, confirmation and history")
 def get_message(request: Request, message_id: MessageId, caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
-    """The message with its external calls, children, confirmation rows and transition history."""
+    """The message with its external calls, children, confirmation rows and transition history; with a source
+    system's key, without recorded exchanges, tracebacks, worker names or state hooks' rows."""
     request.state.message_id = message_id
     detail = message_detail(message_id)
     if not caller.admin and detail["source_system"] != caller.source_system:
         raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
     request.state.correlation_id = detail["correlation_id"]
-    return detail
+    return detail if caller.admin else source_view(detail)
 
 
 @router.post("/messages/{message_id}/restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},

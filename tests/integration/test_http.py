@@ -238,3 +238,17 @@ def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server,
     stored = json.dumps([detail, view.failed_error], default=str)
     assert "hunter2" not in stored and "k-999" not in stored, stored
     assert "api_key=***" in (view.failed_error or "")
+
+
+def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, server) -> None:  # noqa: ANN001
+    import json
+
+    from openhub.api.detail import source_view
+
+    server.answer("/boom", 503, body=b'{"error": "down"}')
+    view = run(hub, {"path": "/boom"})
+    shown = source_view(message_detail(view.id))
+    assert "http_exchanges" not in shown and shown["failed_error"] == 'openhub.errors.TransientError: POST ' \
+        f'{server.url}/boom answered 503: {{"error": "down"}}'
+    text = json.dumps(shown, default=str)
+    assert "Traceback" not in text and '"worker"' not in text and "last_error\"" not in text

@@ -399,3 +399,10 @@ def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix):
     done = wait_final(message_id)
     assert done.state == "OK" and done.custom_data["answer"] == {"approved": True}
     assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=ADMIN).status_code == 409
+
+
+def test_a_source_system_sees_its_message_without_the_hubs_internals(client, cid, flow_payload):
+    message_id = post(client, cid, flow_payload).json()["id"]
+    mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
+    assert "http_exchanges" not in mine and mine["history"][0]["event"] == "accepted"
+    assert "http_exchanges" in client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
