@@ -86,6 +86,15 @@ class PromiseMachine(RuleBasedStateMachine):
 
         routes.HOOKS[step] = hook
 
+    @rule(route=st.sampled_from(sorted(ROUTES)), action=st.sampled_from(ACTIONS), whom=st.sampled_from(TARGETS),
+          nested=st.booleans())
+    def submit_and_interrupt(self, route: str, action: str, whom: str, nested: bool) -> None:
+        """A message whose chain meets `action` at its first call (the others' chains run first)."""
+        self.hub.run(seconds=self.minutes * 60)
+        self.submit(route)
+        self.arm_in_flight("*", action, whom, nested)
+        self.hub.run(limit=1, seconds=self.minutes * 60)
+
     @rule()
     def run(self) -> None:
         self.hub.run(seconds=self.minutes * 60)
