@@ -48,6 +48,7 @@ def _has_customer_id(payload: dict) -> bool:
 routes = [
     Route("customer.setCustomer", steps=[update_billing, activate_sim],
           object_id=lambda p: p["externalCustomerId"], entity_type="customer", validate=_has_customer_id,
+          sources=["CRM"],
           retry=RetryPolicy(max_fails=5, interval=timedelta(seconds=5), backoff=2,
                             max_interval=timedelta(minutes=5))),
 ]

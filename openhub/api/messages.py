@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import operator, producer
 from ..context import MessageView
+from ..model import Route
 from ..errors import InputError
 from ..registry import get_registry
 from ..states import State
@@ -321,11 +322,30 @@ async def respond_message(request: Request, message_id: MessageId,
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
 
     def deliver() -> dict[str, Any]:
-        if not caller.admin and producer.get_message(message_id).source_system != caller.source_system:
-            raise ApiError(404, f"no message with id {message_id}")
-        return operator.respond(message_id, payload).as_dict()
+        message = producer.get_message(message_id)
+        route = get_registry().route(message.route)
+        refused = may_respond(route, message.source_system, caller)
+        if refused == 404:
+            raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
+        if refused == 403:
+            whom = ", ".join(route.responders) or "the operators (admin token)"
+            raise ApiError(403, f"{caller.source_system} may not answer {route.name}'s callbacks; "
+                                f"its responders are {whom}")
+        return operator.respond(message_id, payload, by=caller.source_system or "admin").as_dict()
 
     return await run_in_threadpool(deliver)
+
+
+def may_respond(route: Route, owner: str, caller: Caller) -> int | None:
+    """Whether `caller` may answer a message of `route` submitted by `owner`: None if so, else the
+    status to refuse with (404 where the caller may not even see the message, 403 where it may).
+
+    The admin token always may; a source system only if the route names it in `responders=`, so the
+    system that asked cannot answer its own third-party callback (issue 27).
+    """
+    if caller.admin or caller.source_system in route.responders:
+        return None
+    return 403 if caller.source_system == owner else 404
 
 
 # Registered after the /messages/{id}/restart|cancel|response routes, which its pattern would swallow.

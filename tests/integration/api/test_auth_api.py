@@ -115,3 +115,33 @@ def test_safe_secrets_start_the_ingress(api_env):
 
     app = create_app(settings=with_settings(api_keys={"CRM": STRONG, "SHOP": "t" * 32}, admin_token="a" * 40))
     assert app.state.credentials.api_keys["SHOP"] == "t" * 32
+
+
+def test_a_route_takes_messages_only_from_its_declared_sources(api_env, client, cid, prefix):
+    """Issue 27: test.wait declares sources=["CRM"]; SHOP's key is refused there, in every door."""
+    import openhub
+    from openhub.errors import SourceNotAllowed
+
+    r = client.post("/api/v1/messages/test/wait", json={"prefix": prefix}, headers={**SHOP, "X-Correlation-Id": cid})
+    assert r.status_code == 403 and "SHOP may not submit test.wait" in r.json()["detail"], r.text
+    batch = client.post("/api/v1/messages:batch", headers=SHOP, json={"messages": [
+        {"route": "test.wait", "payload": {"prefix": prefix}, "correlation_id": cid}]})
+    assert batch.status_code == 403 and "SHOP may not submit test.wait" in batch.text, batch.text
+    with pytest.raises(SourceNotAllowed, match="SHOP may not submit test.wait"):
+        openhub.submit("test.wait", {"prefix": prefix}, source_system="SHOP", correlation_id=cid)
+    ok = client.post("/api/v1/messages/test/wait", json={"prefix": prefix, "wait": 60},
+                     headers={**CRM, "X-Correlation-Id": cid})
+    assert ok.status_code == 202, ok.text
+    assert client.get("/api/v1/messages:count", params={"correlation_id": cid}, headers=ADMIN).json()["total"] == 1
+
+
+def test_no_responders_declared_means_only_the_admin_token_answers(api_env, client, cid, prefix):
+    """Issue 27: a route without responders= takes a response only with the admin token."""
+    from openhub.api.auth import Caller
+    from openhub.api.messages import may_respond
+    from openhub.registry import get_registry
+
+    flow = get_registry().route("test.flow")
+    assert may_respond(flow, "CRM", Caller(admin=True)) is None
+    assert may_respond(flow, "CRM", Caller(source_system="CRM")) == 403
+    assert may_respond(flow, "CRM", Caller(source_system="SHOP")) == 404
