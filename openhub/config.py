@@ -99,6 +99,8 @@ class Settings:
     step_timeout: timedelta
     confirm_max_fails: int
     confirm_interval: timedelta
+    # The overall deadline of one webhook POST (openhub.notify.post_within), whatever the receiver does.
+    confirm_timeout: timedelta = timedelta(seconds=30)
     api_keys: dict[str, str] = field(default_factory=dict)
     admin_token: str | None = None
     max_payload_bytes: int = 1_048_576
@@ -144,6 +146,7 @@ class Settings:
             step_timeout=_seconds("OPENHUB_STEP_TIMEOUT", 300),
             confirm_max_fails=_int("OPENHUB_CONFIRM_MAX_FAILS", 3),
             confirm_interval=_seconds("OPENHUB_CONFIRM_INTERVAL", 60),
+            confirm_timeout=_seconds("OPENHUB_CONFIRM_TIMEOUT", 30),
             api_keys=_pairs("OPENHUB_API_KEYS"),
             admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
             max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
