@@ -101,6 +101,7 @@ class Settings:
     confirm_interval: timedelta
     # The overall deadline of one webhook POST (openhub.notify.post_within), whatever the receiver does.
     confirm_timeout: timedelta = timedelta(seconds=30)
+    confirm_queue: str = ""  # the queue of the openhub.confirm task (empty: the default queue)
     api_keys: dict[str, str] = field(default_factory=dict)
     admin_token: str | None = None
     max_payload_bytes: int = 1_048_576
@@ -147,6 +148,7 @@ class Settings:
             confirm_max_fails=_int("OPENHUB_CONFIRM_MAX_FAILS", 3),
             confirm_interval=_seconds("OPENHUB_CONFIRM_INTERVAL", 60),
             confirm_timeout=_seconds("OPENHUB_CONFIRM_TIMEOUT", 30),
+            confirm_queue=_env("OPENHUB_CONFIRM_QUEUE", ""),
             api_keys=_pairs("OPENHUB_API_KEYS"),
             admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
             max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),

@@ -94,3 +94,35 @@ def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: 
         retried = [r for r in openhub.list_confirmations() if r["hook"] == "webhook" and r["attempts"] == 2]
         assert len(retried) == 1 and retried[0]["message_id"] in ids
     routes.reset()
+
+
+def test_a_slow_confirmer_does_not_hold_the_step_workers(backend, slow: DribblingServer,  # noqa: ANN001
+                                                         tmp_path, prefix: str) -> None:
+    """The confirmation goes to its own task on OPENHUB_CONFIRM_QUEUE: with it routed to another
+    worker, a one-process step worker carries the next message at once while the confirmer's
+    receiver dribbles (on main the step task sent it inline and held the process for 100 s)."""
+    from tests.support.waiting import wait_for, wait_final
+    from tests.support.workers import Worker
+
+    base = slow.url.rsplit("/", 1)[0]  # the test routes' confirmer POSTs to {external}{prefix}/confirm
+    env = dict(backend.env, OPENHUB_CONFIRM_QUEUE="openhub.confirm", OPENHUB_TEST_EXTERNAL_URL=base)
+    backend.activate()
+    steps = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub").start()
+    confirmer = None
+    try:
+        first = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
+                               correlation_id=uuid.uuid4().hex)
+        wait_final(first.id)
+        started = time.monotonic()
+        second = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
+                                correlation_id=uuid.uuid4().hex)
+        wait_final(second.id, timeout=30)
+        assert time.monotonic() - started < 10  # not behind a confirmation that dribbles for 100 s
+        assert slow.requests == 0  # the step worker sent nothing itself
+        confirmer = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub.confirm").start()
+        wait_for(lambda: slow.requests >= 1, timeout=30,  # the confirm worker sends them
+                 what=f"the confirmer's POST; confirm worker log: {confirmer.log()[-3000:]}")
+    finally:
+        steps.stop()
+        if confirmer is not None:
+            confirmer.stop()

@@ -118,7 +118,7 @@ def test_safe_secrets_start_the_ingress(api_env):
 
 
 def test_a_route_takes_messages_only_from_its_declared_sources(api_env, client, cid, prefix):
-    """Issue 27: test.wait declares sources=["CRM"]; SHOP's key is refused there, in every door."""
+    """Issue 27: test.wait declares sources=["CRM", "CONFIRMED"]; SHOP's key is refused there, in every door."""
     import openhub
     from openhub.errors import SourceNotAllowed
 
