@@ -119,7 +119,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     """
     settings = settings or get_settings()
     if credentials is None:
-        credentials = Credentials(dict(settings.api_keys), settings.admin_token)
+        credentials = Credentials.from_settings(settings)
         unsafe = [] if dev else weaknesses(credentials, settings.database_url)
         if unsafe:  # only `openhub dev` runs with example or weak secrets
             raise ConfigurationError("refusing to serve with unsafe secrets: " + "; ".join(unsafe)

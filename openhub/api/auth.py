@@ -8,9 +8,11 @@ never the key.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -24,8 +26,23 @@ bearer = HTTPBearer(auto_error=False, description="A source system's API key, or
 class Credentials:
     """The secrets the ingress accepts."""
 
-    api_keys: dict[str, str] = field(default_factory=dict)  # source system -> key
-    admin_token: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)  # source system -> key
+    admin_token: str | None = field(default=None, repr=False)
+    # More (system, key) pairs: a system's old and new key during a rotation.
+    rotated: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    digests: tuple[tuple[str, bytes], ...] = field(init=False, repr=False, compare=False)  # (system, SHA-256)
+    admin_digest: bytes | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Requests are matched against SHA-256 digests only; a `sha256:<hex>` value is a key given by its digest.
+        pairs = list(self.api_keys.items()) + [p for p in self.rotated if p not in self.api_keys.items()]
+        object.__setattr__(self, "digests", tuple((system, _digest(key)) for system, key in pairs if key))
+        object.__setattr__(self, "admin_digest", _digest(self.admin_token) if self.admin_token else None)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "Credentials":
+        """The secrets OPENHUB_API_KEYS (every key of a system named twice) and OPENHUB_ADMIN_TOKEN name."""
+        return cls(dict(settings.api_keys), settings.admin_token, tuple(settings.api_key_pairs))
 
     @classmethod
     def for_development(cls) -> "Credentials":
@@ -47,7 +64,9 @@ def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
     from sqlalchemy.engine import make_url
 
     problems = []
-    named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in credentials.api_keys.items()]
+    pairs = list(credentials.api_keys.items()) + [p for p in credentials.rotated
+                                                   if p not in credentials.api_keys.items()]
+    named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in pairs]
     if credentials.admin_token:
         named.append(("OPENHUB_ADMIN_TOKEN", credentials.admin_token))
     holders: dict[str, list[str]] = {}
@@ -75,14 +94,23 @@ class Caller:
     admin: bool = False
 
 
+def _digest(secret: str) -> bytes:
+    if secret.startswith("sha256:") and len(secret) == 71:
+        try:
+            return bytes.fromhex(secret[7:])
+        except ValueError:
+            pass  # not hex: an ordinary key that happens to start so
+    return hashlib.sha256(secret.encode()).digest()
+
+
 def _match(secret: str, credentials: Credentials) -> Caller | None:
-    given = secret.encode()
+    given = hashlib.sha256(secret.encode()).digest()
     found: Caller | None = None
-    # Compare against every secret so the time taken does not tell which one nearly matched.
-    if credentials.admin_token and hmac.compare_digest(given, credentials.admin_token.encode()):
+    # Compare against every digest so the time taken does not tell which one nearly matched.
+    if credentials.admin_digest is not None and hmac.compare_digest(given, credentials.admin_digest):
         found = Caller(admin=True)
-    for system, key in credentials.api_keys.items():
-        if key and hmac.compare_digest(given, key.encode()) and found is None:
+    for system, digest in credentials.digests:
+        if hmac.compare_digest(given, digest) and found is None:
             found = Caller(source_system=system)
     return found
 

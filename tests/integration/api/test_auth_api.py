@@ -145,3 +145,24 @@ def test_no_responders_declared_means_only_the_admin_token_answers(api_env, clie
     assert may_respond(flow, "CRM", Caller(admin=True)) is None
     assert may_respond(flow, "CRM", Caller(source_system="CRM")) == 403
     assert may_respond(flow, "CRM", Caller(source_system="SHOP")) == 404
+
+
+def test_overlapping_keys_for_rotation_and_pre_hashed_keys(api_env, cid, flow_payload, monkeypatch):
+    """Issue 27: OPENHUB_API_KEYS="CRM=old,CRM=new" keeps both during a rotation; a `sha256:` value is
+    a key given by its hash; keys are held as hashes only."""
+    import hashlib
+
+    from openhub.config import Settings
+
+    old, new, third = ("crm-old-" + "o" * 32), ("crm-new-" + "n" * 32), ("crm-third-" + "t" * 32)
+    hashed = "sha256:" + hashlib.sha256(third.encode()).hexdigest()
+    monkeypatch.setenv("OPENHUB_API_KEYS", f"CRM={old},CRM={new},CRM={hashed}")
+    settings = Settings.from_env()
+    credentials = Credentials.from_settings(settings)
+    assert old not in repr(credentials) and new not in repr(credentials)  # only their hashes are kept
+    with make_client(credentials=credentials) as c:
+        for key in (old, new, third):
+            r = c.post("/api/v1/messages/test/flow", json=flow_payload,
+                       headers={**bearer(key), "X-Correlation-Id": f"{cid}-{key[:9]}"})
+            assert r.status_code == 202, r.text
+        assert c.get("/api/v1/messages", headers=bearer("crm-old-")).status_code == 401
