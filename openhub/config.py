@@ -115,6 +115,8 @@ class Settings:
     confirm_timeout: timedelta = timedelta(seconds=30)
     confirm_queue: str = ""  # the queue of the openhub.confirm task (empty: the default queue)
     api_keys: dict[str, str] = field(default_factory=dict)
+    auth_failures: int = 20  # wrong keys from one address within auth_window before it gets 429
+    auth_window: timedelta = timedelta(seconds=60)
     # Every (system, key) of OPENHUB_API_KEYS, a system named twice keeping both (a key rotation).
     api_key_pairs: tuple[tuple[str, str], ...] = ()
     admin_token: str | None = None
@@ -165,6 +167,8 @@ class Settings:
             confirm_queue=_env("OPENHUB_CONFIRM_QUEUE", ""),
             api_keys=_pairs("OPENHUB_API_KEYS"),
             api_key_pairs=_all_pairs("OPENHUB_API_KEYS"),
+            auth_failures=_int("OPENHUB_AUTH_FAILURES", 20),
+            auth_window=_seconds("OPENHUB_AUTH_WINDOW", 60),
             admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
             max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
             throttling=_env("OPENHUB_THROTTLING", ""),

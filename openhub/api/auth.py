@@ -10,14 +10,53 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import Counter
 
 from .problems import ApiError
+
+AUTH_FAILURES = Counter("openhub_auth_failures", "Requests refused for their credentials: refused (401), "
+                        "limited (429: too many failures from the address).", ["outcome"])
+
+
+class FailureLimit:
+    """Per client address, at most `failures` refused credentials within `window` seconds; then
+    the address gets 429 (Retry-After: until its oldest failure leaves the window). In memory, per
+    ingress process: it slows guessing down; a proxy or WAF in front is still the place to block."""
+
+    def __init__(self, failures: int, window: float) -> None:
+        self.failures, self.window = failures, window
+        self._seen: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def retry_after(self, address: str) -> int | None:
+        """Seconds until the address may try again (None: it may now)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(address)
+            while seen and seen[0] <= now - self.window:
+                seen.popleft()
+            if not seen:
+                self._seen.pop(address, None)
+                return None
+            return max(1, math.ceil(seen[0] + self.window - now)) if len(seen) >= self.failures else None
+
+    def failed(self, address: str) -> None:
+        """Note one refused request from the address."""
+        with self._lock:
+            if len(self._seen) > 100_000:  # a flood of addresses must not exhaust memory: start again
+                self._seen.clear()
+            self._seen.setdefault(address, deque()).append(time.monotonic())
+
 
 bearer = HTTPBearer(auto_error=False, description="A source system's API key, or the admin token.")
 
@@ -117,12 +156,22 @@ def _match(secret: str, credentials: Credentials) -> Caller | None:
 
 async def authenticate(request: Request) -> Caller:
     """The caller behind the request's Bearer token; 401 without a valid one."""
+    limit: FailureLimit | None = getattr(request.app.state, "auth_failures", None)
+    address = request.client.host if request.client else "?"
+    wait = limit.retry_after(address) if limit is not None else None
+    if wait is not None:
+        AUTH_FAILURES.labels(outcome="limited").inc()
+        raise ApiError(429, f"too many refused credentials from {address}; retry in {wait} s",
+                       {"Retry-After": str(wait)})
     creds: HTTPAuthorizationCredentials | None = await bearer(request)
-    if creds is None or not creds.credentials:
+    caller = _match(creds.credentials, request.app.state.credentials) if creds and creds.credentials else None
+    if creds is None or not creds.credentials:  # no guess: not counted (a page before its token is pasted)
         raise ApiError(401, "missing credentials: send Authorization: Bearer <API key or admin token>",
                        {"WWW-Authenticate": "Bearer"})
-    caller = _match(creds.credentials, request.app.state.credentials)
     if caller is None:
+        AUTH_FAILURES.labels(outcome="refused").inc()
+        if limit is not None:
+            limit.failed(address)
         raise ApiError(401, "invalid API key or admin token", {"WWW-Authenticate": "Bearer"})
     request.state.caller = caller
     return caller

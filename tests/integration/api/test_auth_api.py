@@ -166,3 +166,27 @@ def test_overlapping_keys_for_rotation_and_pre_hashed_keys(api_env, cid, flow_pa
                        headers={**bearer(key), "X-Correlation-Id": f"{cid}-{key[:9]}"})
             assert r.status_code == 202, r.text
         assert c.get("/api/v1/messages", headers=bearer("crm-old-")).status_code == 401
+
+
+def test_repeated_auth_failures_from_one_address_get_429(api_env, monkeypatch):
+    """Issue 27: after OPENHUB_AUTH_FAILURES wrong keys within OPENHUB_AUTH_WINDOW, the address gets
+    429 with Retry-After (even with a right key) until the window passes; a counter says so."""
+    from prometheus_client import REGISTRY
+
+    from openhub.config import Settings
+
+    monkeypatch.setenv("OPENHUB_AUTH_FAILURES", "5")
+    monkeypatch.setenv("OPENHUB_AUTH_WINDOW", "60")
+    settings = Settings.from_env()  # not the cached settings: later tests keep the defaults
+    assert settings.auth_failures == 5
+
+    def limited() -> float:
+        return REGISTRY.get_sample_value("openhub_auth_failures_total", {"outcome": "limited"}) or 0.0
+
+    before = limited()
+    with make_client(settings=settings) as c:
+        answers = [c.get("/api/v1/messages", headers=bearer(f"wrong-{i}")).status_code for i in range(7)]
+        assert answers == [401] * 5 + [429] * 2
+        blocked = c.get("/api/v1/messages", headers=ADMIN)
+        assert blocked.status_code == 429 and 0 < int(blocked.headers["Retry-After"]) <= 60
+    assert limited() - before == 3
