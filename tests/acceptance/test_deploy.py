@@ -753,3 +753,9 @@ def test_deploy_systemd_worker_shutdown_and_instances():
         values = systemd_unit(unit)
         assert values["Service.Restart"] == ["always"], unit
         assert values["Service.EnvironmentFile"] == ["/etc/openhub/openhub.env"], unit
+
+
+def test_deploy_systemd_flower_listens_on_loopback():
+    """Issue 27: Flower under systemd bound to 127.0.0.1, not all interfaces."""
+    unit = (DEPLOY / "systemd" / "openhub-flower.service").read_text()
+    assert "Environment=FLOWER_ADDRESS=127.0.0.1" in unit.splitlines()
