@@ -2,9 +2,11 @@
 the store.
 
 OPENHUB_BREAKER_FAILURES transient failures in a row of any message's steps calling a system open
-its breaker for OPENHUB_BREAKER_OPEN: meanwhile those steps are postponed without counting a
-failure, so an outage does not burn every message's retries. Then one step may try (the first to
-take the trial, by compare-and-set); its success closes the breaker, its failure opens it again.
+its breaker (only the system's own faults count, see `counts_against_system`: a bug in one route's
+step must not stop every route calling that system) for OPENHUB_BREAKER_OPEN: meanwhile those
+steps are postponed without counting a failure, so an outage does not burn every message's
+retries. Then one step may try (the first to take the trial, by compare-and-set); its success closes
+the breaker, its failure opens it again.
 The reads and writes join the step's own transactions: no commit of their own.
 """
 
@@ -13,15 +15,43 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import httpx
 from sqlalchemy import Connection, and_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .config import get_settings
 from .context import aware
 from .db import is_postgres
+from .errors import TransientError
 from .schema import breakers
 
 B = breakers.c
+
+# Answers that say the system itself is failing or overloaded (RFC 9110: 408, 425, 429 and 5xx).
+_SYSTEM_STATUSES = frozenset({408, 425, 429})
+
+
+def counts_against_system(exc: BaseException) -> bool:
+    """Whether a step's transient failure is its system's fault and counts against its breaker.
+
+    Counted: transport errors and timeouts (httpx's TransportError, the built-in ConnectionError and
+    TimeoutError), an HTTPStatusError with 5xx/408/425/429, and TransientError (what HttpCall raises
+    for those, and what a step raises to say its system is down). Anything else, such as a KeyError
+    in the step's own code before any call, is the message's fault, not the system's.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:  # an error raised from the system's fault counts
+        seen.add(id(current))
+        if isinstance(current, httpx.HTTPStatusError):
+            status = current.response.status_code
+            return status >= 500 or status in _SYSTEM_STATUSES
+        if isinstance(current, (httpx.TransportError, ConnectionError, TimeoutError)):
+            return True
+        if isinstance(current, TransientError):
+            return True
+        current = current.__cause__
+    return False
 
 
 def closed_until(conn: Connection, system: str, now: datetime) -> datetime | None:

@@ -69,6 +69,18 @@ def _rates(name: str) -> dict[str, tuple[int, float]]:
     return rates
 
 
+def _all_pairs(name: str) -> tuple[tuple[str, str], ...]:
+    """Parse `A=x,A=y,B=z` into every (name, value), a name given twice keeping both."""
+    raw = os.environ.get(name, "").strip()
+    pairs = []
+    for part in raw.split(",") if raw else []:
+        if "=" not in part:
+            raise ConfigurationError(f"{name}: expected NAME=value pairs separated by commas, got {part!r}")
+        key, value = part.split("=", 1)
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
 def _pairs(name: str) -> dict[str, str]:
     """Parse `A=x,B=y` into {"A": "x", "B": "y"}."""
     raw = os.environ.get(name, "").strip()
@@ -99,7 +111,14 @@ class Settings:
     step_timeout: timedelta
     confirm_max_fails: int
     confirm_interval: timedelta
+    # The overall deadline of one webhook POST (openhub.notify.post_within), whatever the receiver does.
+    confirm_timeout: timedelta = timedelta(seconds=30)
+    confirm_queue: str = ""  # the queue of the openhub.confirm task (empty: the default queue)
     api_keys: dict[str, str] = field(default_factory=dict)
+    auth_failures: int = 20  # wrong keys from one address within auth_window before it gets 429
+    auth_window: timedelta = timedelta(seconds=60)
+    # Every (system, key) of OPENHUB_API_KEYS, a system named twice keeping both (a key rotation).
+    api_key_pairs: tuple[tuple[str, str], ...] = ()
     admin_token: str | None = None
     max_payload_bytes: int = 1_048_576
     throttling: str = ""
@@ -144,7 +163,12 @@ class Settings:
             step_timeout=_seconds("OPENHUB_STEP_TIMEOUT", 300),
             confirm_max_fails=_int("OPENHUB_CONFIRM_MAX_FAILS", 3),
             confirm_interval=_seconds("OPENHUB_CONFIRM_INTERVAL", 60),
+            confirm_timeout=_seconds("OPENHUB_CONFIRM_TIMEOUT", 30),
+            confirm_queue=_env("OPENHUB_CONFIRM_QUEUE", ""),
             api_keys=_pairs("OPENHUB_API_KEYS"),
+            api_key_pairs=_all_pairs("OPENHUB_API_KEYS"),
+            auth_failures=_int("OPENHUB_AUTH_FAILURES", 20),
+            auth_window=_seconds("OPENHUB_AUTH_WINDOW", 60),
             admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
             max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
             throttling=_env("OPENHUB_THROTTLING", ""),

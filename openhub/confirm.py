@@ -39,11 +39,18 @@ def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: dat
                                               due_at=now, created_at=now, updated_at=now))
 
 
-def send_confirmations(message_id: int | None = None, now: datetime | None = None, limit: int = 100) -> int:
-    """Send due confirmations (of one message, or all due ones); returns how many were sent OK."""
+def send_confirmations(message_id: int | None = None, now: datetime | None = None, limit: int = 100,
+                       budget: float | None = None) -> int:
+    """Send due confirmations (of one message, or all due ones); returns how many were sent OK.
+
+    With `budget` (seconds), no further one is claimed once that much time is spent: the rest stay
+    due for the next call, so a few slow receivers cannot stretch one poller tick without end.
+    """
     now = now or utcnow()
-    # A confirmer may take as long as a step; a shorter lease would let another sender call it again.
-    lease = max(get_settings().confirm_interval, get_settings().step_timeout)
+    settings = get_settings()
+    # A confirmer may take as long as a step, a webhook up to its deadline: a shorter lease would let
+    # another sender call it again while the first still sends.
+    lease = max(settings.confirm_interval, settings.step_timeout, 2 * settings.confirm_timeout)
     with transaction() as conn:
         query = select(C.id).where(and_(C.state.in_((PENDING, FAILED, SENDING)), C.due_at <= now))
         if message_id is not None:
@@ -52,6 +59,8 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     started = time.monotonic()
     sent = 0
     for confirmation_id in ids:
+        if budget is not None and time.monotonic() - started >= budget:
+            break
         # Each one is claimed just before it is sent, its lease starting then: a lease covering a whole
         # batch ran out under a slow confirmer while the batch's tail still waited, and a second sender
         # sent that tail too. A crashed sender's SENDING row becomes due again when its lease ends.

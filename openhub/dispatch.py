@@ -26,6 +26,7 @@ log = logging.getLogger("openhub.dispatch")
 _app: "Celery | None" = None
 POLL_TASK = "openhub.poll"
 CHAIN_FAILED_TASK = "openhub.chain_failed"
+CONFIRM_TASK = "openhub.confirm"
 # Seconds between the soft time limit (an exception in the step) and the hard kill of the process: the
 # time a step that ran to its limit still has to record its outcome through a store outage.
 HARD_LIMIT_MARGIN = 60.0
@@ -153,6 +154,22 @@ def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
         log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)
         return set()
+
+
+def publish_confirmation(message_id: int) -> bool:
+    """Hand the sending of a message's due confirmations and hook notifications to their own task,
+    `openhub.confirm` on OPENHUB_CONFIRM_QUEUE (default: the default queue), so a slow receiver holds
+    that task's worker, never the step task that ended the message. False under LocalHub (the caller
+    sends at once); a refused publish raises, and the poller sends the confirmation when it is due.
+    """
+    if local_chains is not None:
+        return False
+    from .config import get_settings
+
+    app = celery_app()
+    queue = get_settings().confirm_queue or app.conf.task_default_queue
+    app.send_task(CONFIRM_TASK, args=[message_id], queue=queue, routing_key=queue)
+    return True
 
 
 def restore_orphans(dead: Collection[str]) -> int:

@@ -78,6 +78,7 @@ class Verdict:
     children: list[Any] = field(default_factory=list)
     code: str | None = None  # the failure's searchable error code (openhub.failures)
     call_state: str = ""  # what the external call did (a CallState); by default what the event implies
+    against_system: bool = False  # a transient failure that counts against the step's system's breaker
 
     def __post_init__(self) -> None:
         self.call_state = self.call_state or CALL_STATES.get(self.event, CallState.FAILED)
@@ -622,7 +623,8 @@ def _run(route: Route, item: RouteStep, ctx: StepContext, limit: TimeLimit | Non
     except Exception as exc:  # fatal by class (Reject, fatal=, validation, HTTP 4xx), else transient: a fault to retry
         code = error_code(exc)
         if not is_fatal(exc, route.fatal + item.fatal):
-            return Verdict(Event.TRANSIENT, error=traceback.format_exc(), code=code)
+            return Verdict(Event.TRANSIENT, error=traceback.format_exc(), code=code,
+                           against_system=breaker.counts_against_system(exc))
         if isinstance(exc, Reject):
             return Verdict(Event.REJECTED, error=f"Reject: {exc.reason}" + (f" [{exc.code}]" if exc.code else ""),
                            code=code)
@@ -734,7 +736,7 @@ def _call_effects(conn: Connection, entered: Entered, verdict: Verdict, item: Ro
     system = getattr(item, "system", None)
     if system in get_settings().system_limits:
         limits.release(conn, system, entered.run_id)
-    if system and verdict.event is Event.TRANSIENT:
+    if system and verdict.event is Event.TRANSIENT and verdict.against_system:
         breaker.failed(conn, system, now)
     elif system and verdict.call_state in (CallState.OK, CallState.WAITING):
         breaker.succeeded(conn, system)

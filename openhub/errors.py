@@ -42,6 +42,10 @@ class UnknownRouteError(InputError):
     """No route is registered under the given `service.operation` name."""
 
 
+class SourceNotAllowed(InputError):
+    """The route does not take messages from this source system (its `sources=`)."""
+
+
 class PayloadTooLarge(InputError):
     """The serialised payload is larger than OPENHUB_MAX_PAYLOAD_BYTES."""
 

@@ -100,14 +100,15 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, i
     return result.state
 
 
-def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: FollowUps, start: int = 0) -> None:
+def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: FollowUps, start: int = 0,
+               detail: str | None = None) -> None:
     """Give a message a new fencing token and state IN_QUEUE; its chain (from step `start`) is published
     after commit. A run still in flight from a cancelled chain keeps its lease: the new chain waits for it.
     """
     route = get_registry().route(f"{row.service}.{row.operation}")
     token = str(uuid.uuid4())
     handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
-    apply_event(conn, row, event, route, None, now, follow, attempt_id=token,
+    apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
                 due_at=now + _chain_wait(row, event, now), **handed_over)
     follow.chains.append((route, row.id, token, start))
 

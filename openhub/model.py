@@ -185,7 +185,8 @@ class Split:
 RouteStep = Union[Step, Split]
 
 _ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exclude_failed", "validate",
-                  "retry", "priority", "queue", "order_timeout", "fatal", "fused", "expires_after"}
+                  "retry", "priority", "queue", "order_timeout", "fatal", "fused", "expires_after",
+                  "sources", "responders"}
 
 
 @dataclass(frozen=True, init=False)
@@ -207,6 +208,11 @@ class Route:
     fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail its messages at once, in every step
     fused: bool = False  # consecutive steps on one queue run in one Celery task (see `task_end`)
     expires_after: timedelta | None = None  # a message not started by then ends FAILED (error code EXPIRED)
+    # The source systems whose keys may submit its messages (empty: any source system's key).
+    sources: tuple[str, ...] = ()
+    # The source systems whose keys may POST the response its waits expect (the admin token always may;
+    # empty: the admin token or the message's own source system), e.g. the bank answering a payment the shop submitted.
+    responders: tuple[str, ...] = ()
 
     def __init__(self, name: str, steps: list[RouteStep] | tuple[RouteStep, ...] = (), **options: Any) -> None:
         unknown = set(options) - _ROUTE_OPTIONS
@@ -243,6 +249,11 @@ class Route:
             raise ConfigurationError(f"route {name!r}: fused must be True or False")
         if options.get("guaranteed_order") and options.get("funnel") is None:
             raise ConfigurationError(f"route {name!r}: guaranteed_order needs a funnel")
+        for opt in ("sources", "responders"):
+            names = options.get(opt, ())
+            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+                raise ConfigurationError(f"route {name!r}: {opt} must be a list of source system names")
+            options[opt] = tuple(names)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "steps", steps)
         for opt in _ROUTE_OPTIONS:

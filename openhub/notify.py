@@ -1,23 +1,99 @@
 """The stock state hook: a webhook (OPENHUB_WEBHOOK_URL) told of every message entering one of
 OPENHUB_WEBHOOK_STATES (default FAILED), with the message as JSON. A refused or failed POST is
-retried like a confirmation, then parked for an operator."""
+retried like a confirmation, then parked for an operator.
+
+Every POST has an overall deadline, OPENHUB_CONFIRM_TIMEOUT (30 s): httpx's own timeouts are per
+read, so a receiver sending one byte every few seconds held a worker for minutes. `post_within`
+enforces it at the socket (each connect, read and write may take only what is left of the
+deadline); confirmers may use it for their own POSTs.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import time
+from typing import Any, Callable
 
+import httpcore
 import httpx
 
 from .context import Outcome
 
-TIMEOUT = 10.0
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write gets at most the time left before `deadline`."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: float, budget: float) -> None:
+        self._inner, self._deadline, self._budget = inner, deadline, budget
+
+    def _left(self, timeout: float | None, error: type[Exception]) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise error(f"the send did not finish within its overall deadline of {self._budget:.1f} s")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        """Read, waiting no longer than the deadline allows."""
+        return self._inner.read(max_bytes, self._left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        """Write, waiting no longer than the deadline allows."""
+        self._inner.write(buffer, self._left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        """Upgrade to TLS within the deadline; the TLS stream keeps it."""
+        inner = self._inner.start_tls(ssl_context, server_hostname, self._left(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(inner, self._deadline, self._budget)
+
+    def get_extra_info(self, info: str) -> Any:
+        """What the underlying connection says."""
+        return self._inner.get_extra_info(info)
 
 
-def webhook(url: str) -> Callable[[Outcome], None]:
-    """A state hook that POSTs `outcome.as_dict()` to `url`; anything but a 2xx answer is a failure."""
+class _DeadlineBackend(httpcore.SyncBackend):
+    def __init__(self, deadline: float, budget: float) -> None:
+        self._deadline, self._budget = deadline, budget
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise httpcore.ConnectTimeout(f"the send did not finish within its overall deadline of "
+                                          f"{self._budget:.1f} s")
+        stream = super().connect_tcp(host, port, left if timeout is None else min(timeout, left), local_address,
+                                     socket_options)
+        return _DeadlineStream(stream, self._deadline, self._budget)
+
+
+def post_within(url: str, seconds: float, **kwargs: Any) -> httpx.Response:
+    """POST to `url` (keyword arguments as for `httpx.post`) and read the whole answer within
+    `seconds` of wall-clock time, whatever the receiver does; else httpx.TimeoutException.
+    A non-2xx answer raises httpx.HTTPStatusError. No connection is reused between calls."""
+    transport = httpx.HTTPTransport()
+    # httpx has no public hook for its network backend: the pool is rebuilt around ours, with
+    # httpx's own TLS context, so that every socket operation is bounded by the deadline.
+    transport._pool = httpcore.ConnectionPool(  # noqa: SLF001
+        ssl_context=httpx.create_ssl_context(), max_connections=1,
+        network_backend=_DeadlineBackend(time.monotonic() + seconds, seconds))
+    with httpx.Client(transport=transport, timeout=seconds) as client:
+        try:
+            response = client.post(url, **kwargs)
+        except httpx.TimeoutException as exc:  # say which timeout: the overall one, not a read's
+            raise type(exc)(f"POST {url} did not finish within its overall deadline of {seconds:.1f} s: {exc}",
+                            request=exc.request) from exc
+        return response.raise_for_status()
+
+
+def webhook(url: str, seconds: float = 30.0) -> Callable[[Outcome], None]:
+    """A state hook that POSTs `outcome.as_dict()` to `url` within `seconds` (OPENHUB_CONFIRM_TIMEOUT);
+    anything but a 2xx answer in time is a failure."""
     def notify(outcome: Outcome) -> None:
         # One key per transition, kept across retries: a message FAILED twice (restarted between) is two events.
         key = f"openhub:{outcome.message.id}:{outcome.state}:{outcome.delivery_id}"
-        httpx.post(url, json=outcome.as_dict(), timeout=TIMEOUT, headers={"Idempotency-Key": key}).raise_for_status()
+        post_within(url, seconds, json=outcome.as_dict(), headers={"Idempotency-Key": key})
     notify.__qualname__ = notify.__name__ = "webhook"
     return notify

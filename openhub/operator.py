@@ -126,12 +126,14 @@ def _bulk(act: Callable[[int], Any], states: frozenset[State], limit: int, filte
     return result
 
 
-def respond(message_id: int, payload: Any) -> MessageView:
+def respond(message_id: int, payload: Any, *, by: str | None = None) -> MessageView:
     """Deliver the response a WAITING_FOR_RES message waits for; its route resumes with ctx.response.
 
     A response that arrives while the step that will wait for it is still running is kept too,
     unless it is the answer the route already goes on with (a duplicate: noted, not kept).
+    `by` names who answered (the responding source system, or the operators) in the history.
     """
+    detail = f"answered by {by}" if by else None
     shallow(payload, "response")
     try:
         text = dumps(payload)
@@ -142,12 +144,12 @@ def respond(message_id: int, payload: Any) -> MessageView:
         if row.state == State.PROCESSING and row.step_run is not None and row.response == text:
             # The answer the route already goes on with, sent again (a responder's retry after a lost
             # reply): kept, it would answer the next wait, which asks another question.
-            record_transition(conn, row.id, Note.RESPONSE_DUPLICATE.value, row.state, row.state)
+            record_transition(conn, row.id, Note.RESPONSE_DUPLICATE.value, row.state, row.state, detail=detail)
             return message_view(conn, row.id)
         if row.state == State.PROCESSING and row.step_run is not None:
             # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
             update_message(conn, row.id, response=text)
-            record_transition(conn, row.id, Note.RESPONSE_EARLY.value, row.state, row.state)
+            record_transition(conn, row.id, Note.RESPONSE_EARLY.value, row.state, row.state, detail=detail)
             return message_view(conn, row.id)
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
@@ -158,7 +160,7 @@ def respond(message_id: int, payload: Any) -> MessageView:
                              updated_at=utcnow()))
         now = utcnow()
         follow = FollowUps()
-        redispatch(conn, row, Event.RESPONDED, now, follow)
+        redispatch(conn, row, Event.RESPONDED, now, follow, detail=detail)
     carry_out(follow, now)
     return get_message(message_id)
 

@@ -55,7 +55,8 @@ def tick(now: datetime | None = None) -> TickReport:
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
-    confirmed = send_confirmations(now=now)
+    # A tick sends for at most one poll interval (at least one send): slow receivers wait for the next.
+    confirmed = send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds())
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
 
 

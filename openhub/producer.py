@@ -17,7 +17,7 @@ from . import dispatch
 from .config import get_settings
 from .context import MessageView
 from .db import insert_or_ignore, is_postgres, transaction, utcnow
-from .errors import Draining, InputError, PayloadTooLarge
+from .errors import Draining, InputError, PayloadTooLarge, SourceNotAllowed
 from .model import Route
 from .registry import get_registry
 from .schema import messages, transitions
@@ -155,6 +155,9 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
     """Check one message and turn it into the columns of a NEW row; InputError names what is wrong."""
     route = get_registry().route(route_name)
     source_system = identifier(source_system, "source_system", 100)
+    if route.sources and parent_id is None and source_system not in route.sources:
+        raise SourceNotAllowed(f"{source_system} may not submit {route.name}: it takes messages from "
+                               f"{', '.join(route.sources)} only")
     correlation_id = identifier(correlation_id, "correlation_id", MAX_ID_LENGTH if parent_id is None else MAX_CHILD_ID)
     shallow(payload)
     try:

@@ -44,8 +44,14 @@ def carry_out(follow: FollowUps, now: datetime) -> None:
     """
     if follow.chains:
         dispatch.publish_many(follow.chains)  # a refused publish is re-driven by the poller
-    for message_id in follow.confirm:
-        _attempt(message_id, "send its confirmation", send_confirmations, message_id)
+    for message_id in follow.confirm:  # sent by their own task: a slow receiver must not hold this one
+        try:
+            published = dispatch.publish_confirmation(message_id)
+        except Exception:  # noqa: BLE001 - the row is due: the poller sends it
+            log.exception("message %s: could not publish its confirmation; the poller sends it", message_id)
+            continue
+        if not published:  # LocalHub: no Celery, sent here
+            _attempt(message_id, "send its confirmation", send_confirmations, message_id)
     for message_id in follow.children:
         _attempt(message_id, "publish its children", dispatch_children, message_id)
     due = list(follow.redrive)

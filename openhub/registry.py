@@ -147,7 +147,8 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
     if settings.webhook_url:
         from .notify import webhook  # httpx is loaded only where a webhook is configured
 
-        hook = on_state(*sorted(settings.webhook_states))(webhook(settings.webhook_url))  # checks the states
+        hook = on_state(*sorted(settings.webhook_states))(
+            webhook(settings.webhook_url, settings.confirm_timeout.total_seconds()))  # checks the states
         registry.hooks[WEBHOOK] = (settings.webhook_states, hook)
     registry.check()
     return registry

@@ -53,6 +53,7 @@ class CustomerUpdate(BaseModel):
 routes = [
     Route("customer.setCustomer", steps=[update_billing, activate_sim],
           object_id=lambda p: p["externalCustomerId"], entity_type="customer", validate=CustomerUpdate,
+          sources=["CRM"],
           retry=RetryPolicy(max_fails=5, interval=timedelta(seconds=5), backoff=2,
                             max_interval=timedelta(minutes=5))),
 ]

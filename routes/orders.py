@@ -46,7 +46,7 @@ def notify_warehouse(ctx: StepContext) -> None:
 
 routes = [
     Route("order.create", steps=[check_order, Split(order_lines, route="order.bookLine"), notify_warehouse],
-          object_id=lambda p: p.get("orderId")),
+          object_id=lambda p: p.get("orderId"), sources=["CRM", "SHOP"]),
     Route("order.bookLine", steps=[book_line], funnel=lambda p: str(p["sku"]), guaranteed_order=True,
-          order_timeout=timedelta(hours=1)),
+          order_timeout=timedelta(hours=1), sources=["CRM", "SHOP"]),  # split children pass as their parent's
 ]

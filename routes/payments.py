@@ -1,8 +1,8 @@
 """A payment authorised asynchronously: the bank answers later through the API.
 
 `authorize` sends the request and parks the message in WAITING_FOR_RES; the bank's callback
-(`openhub.respond(id, payload)`, `POST /api/v1/messages/{id}/response`, or the CLI) resumes
-the route with the answer in `ctx.response`. No answer within the timeout counts as a
+(`openhub.respond(id, payload)`, `POST /api/v1/messages/{id}/response` with BANK's key or the
+admin token, or the CLI) resumes the route with the answer in `ctx.response`. No answer within the timeout counts as a
 transient failure and the request is sent again. A `Holdback` from the bank (maintenance)
 pauses the whole route until an operator resumes it.
 """
@@ -38,4 +38,6 @@ def capture(ctx: StepContext) -> None:
                headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10).raise_for_status()
 
 
-routes = [Route("payment.authorize", steps=[authorize, capture], object_id=lambda p: p.get("paymentId"))]
+# The shop (or CRM) asks; only the bank (or an operator) may answer: the asker cannot approve itself.
+routes = [Route("payment.authorize", steps=[authorize, capture], object_id=lambda p: p.get("paymentId"),
+                sources=["CRM", "SHOP"], responders=["BANK"])]

@@ -1,7 +1,8 @@
 """The Celery application: `celery -A tasks worker|beat|flower`.
 
 Thin adapters only: each task loads ids, calls the engine and returns. One task per route step,
-named `openhub.<service>.<operation>.<step>`, plus the poller `openhub.poll`.
+named `openhub.<service>.<operation>.<step>`, plus the poller `openhub.poll` and the sender of
+confirmations `openhub.confirm`.
 """
 
 import logging

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from openhub import poller, workers
+from openhub.confirm import send_confirmations
 from openhub.store import record_crash
-from openhub.dispatch import CHAIN_FAILED_TASK, POLL_TASK, celery_app, restore_orphans
+from openhub.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app, restore_orphans
 
 log = logging.getLogger("openhub.tasks")
 app = celery_app()
@@ -60,6 +61,13 @@ def poll() -> dict:
             "poller tick: re-drove %(redriven)s, repaired %(repaired)s, sent %(confirmations)s confirmations, "
             "expired %(expired)s, handed back %(restored)s deliveries", done)
     return {**done, "seconds": round(report.seconds, 4)}
+
+
+@app.task(name=CONFIRM_TASK)
+def confirm(message_id: int) -> int:
+    """Send a message's due confirmations and hook notifications (published after its final state);
+    how many went out OK. A failed one is retried by the poller."""
+    return send_confirmations(message_id)
 
 
 @app.task(name=CHAIN_FAILED_TASK)

@@ -12,6 +12,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Queue
 
 from openhub import engine, workers
+from openhub.config import get_settings
 from openhub.dispatch import task_options
 from openhub.errors import ConfigurationError, StoreUnavailable
 from openhub.model import Route
@@ -92,4 +93,6 @@ def register_step_tasks(app: Celery) -> None:
                                          f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
             queues.add(route.step_queue(item) or app.conf.task_default_queue)
             _step_task(app, route, index)
-    app.conf.task_queues = [Queue(q) for q in sorted(queues)]
+    confirm = get_settings().confirm_queue  # openhub.confirm's own queue, bound by its name alone
+    app.conf.task_queues = [Queue(q) for q in sorted(queues - {confirm})] + (
+        [Queue(confirm, routing_key=confirm)] if confirm and confirm not in queues else [])

@@ -24,7 +24,7 @@ from ..config import Settings, get_settings
 from ..errors import ConfigurationError, InputError
 from ..producer import identifier
 from . import confirmations, health, messages, metrics, overview, problems, routes
-from .auth import Credentials, weaknesses
+from .auth import Credentials, FailureLimit, weaknesses
 from .batcher import AcceptBatcher
 from .throttle import Throttle
 
@@ -119,7 +119,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     """
     settings = settings or get_settings()
     if credentials is None:
-        credentials = Credentials(dict(settings.api_keys), settings.admin_token)
+        credentials = Credentials.from_settings(settings)
         unsafe = [] if dev else weaknesses(credentials, settings.database_url)
         if unsafe:  # only `openhub dev` runs with example or weak secrets
             raise ConfigurationError("refusing to serve with unsafe secrets: " + "; ".join(unsafe)
@@ -145,6 +145,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
         "(OPENHUB_ADMIN_TOKEN) for everything else."))
     app.state.settings = settings
     app.state.credentials = credentials
+    app.state.auth_failures = FailureLimit(settings.auth_failures, settings.auth_window.total_seconds())
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
     app.state.batcher = AcceptBatcher()
     _warm_up_celery()

@@ -8,14 +8,55 @@ never the key.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import math
 import secrets
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import Counter
 
 from .problems import ApiError
+
+AUTH_FAILURES = Counter("openhub_auth_failures", "Requests refused for their credentials: refused (401), "
+                        "limited (429: too many failures from the address).", ["outcome"])
+
+
+class FailureLimit:
+    """Per client address, at most `failures` refused credentials within `window` seconds; then
+    the address gets 429 (Retry-After: until its oldest failure leaves the window). In memory, per
+    ingress process: it slows guessing down; a proxy or WAF in front is still the place to block."""
+
+    def __init__(self, failures: int, window: float) -> None:
+        self.failures, self.window = failures, window
+        self._seen: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def retry_after(self, address: str) -> int | None:
+        """Seconds until the address may try again (None: it may now)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(address)
+            while seen and seen[0] <= now - self.window:
+                seen.popleft()
+            if not seen:
+                self._seen.pop(address, None)
+                return None
+            return max(1, math.ceil(seen[0] + self.window - now)) if len(seen) >= self.failures else None
+
+    def failed(self, address: str) -> None:
+        """Note one refused request from the address."""
+        with self._lock:
+            if len(self._seen) > 100_000:  # a flood of addresses must not exhaust memory: start again
+                self._seen.clear()
+            self._seen.setdefault(address, deque()).append(time.monotonic())
+
 
 bearer = HTTPBearer(auto_error=False, description="A source system's API key, or the admin token.")
 
@@ -24,8 +65,23 @@ bearer = HTTPBearer(auto_error=False, description="A source system's API key, or
 class Credentials:
     """The secrets the ingress accepts."""
 
-    api_keys: dict[str, str] = field(default_factory=dict)  # source system -> key
-    admin_token: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)  # source system -> key
+    admin_token: str | None = field(default=None, repr=False)
+    # More (system, key) pairs: a system's old and new key during a rotation.
+    rotated: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    digests: tuple[tuple[str, bytes], ...] = field(init=False, repr=False, compare=False)  # (system, SHA-256)
+    admin_digest: bytes | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Requests are matched against SHA-256 digests only; a `sha256:<hex>` value is a key given by its digest.
+        pairs = list(self.api_keys.items()) + [p for p in self.rotated if p not in self.api_keys.items()]
+        object.__setattr__(self, "digests", tuple((system, _digest(key)) for system, key in pairs if key))
+        object.__setattr__(self, "admin_digest", _digest(self.admin_token) if self.admin_token else None)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "Credentials":
+        """The secrets OPENHUB_API_KEYS (every key of a system named twice) and OPENHUB_ADMIN_TOKEN name."""
+        return cls(dict(settings.api_keys), settings.admin_token, tuple(settings.api_key_pairs))
 
     @classmethod
     def for_development(cls) -> "Credentials":
@@ -47,7 +103,9 @@ def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
     from sqlalchemy.engine import make_url
 
     problems = []
-    named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in credentials.api_keys.items()]
+    pairs = list(credentials.api_keys.items()) + [p for p in credentials.rotated
+                                                   if p not in credentials.api_keys.items()]
+    named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in pairs]
     if credentials.admin_token:
         named.append(("OPENHUB_ADMIN_TOKEN", credentials.admin_token))
     holders: dict[str, list[str]] = {}
@@ -75,26 +133,45 @@ class Caller:
     admin: bool = False
 
 
+def _digest(secret: str) -> bytes:
+    if secret.startswith("sha256:") and len(secret) == 71:
+        try:
+            return bytes.fromhex(secret[7:])
+        except ValueError:
+            pass  # not hex: an ordinary key that happens to start so
+    return hashlib.sha256(secret.encode()).digest()
+
+
 def _match(secret: str, credentials: Credentials) -> Caller | None:
-    given = secret.encode()
+    given = hashlib.sha256(secret.encode()).digest()
     found: Caller | None = None
-    # Compare against every secret so the time taken does not tell which one nearly matched.
-    if credentials.admin_token and hmac.compare_digest(given, credentials.admin_token.encode()):
+    # Compare against every digest so the time taken does not tell which one nearly matched.
+    if credentials.admin_digest is not None and hmac.compare_digest(given, credentials.admin_digest):
         found = Caller(admin=True)
-    for system, key in credentials.api_keys.items():
-        if key and hmac.compare_digest(given, key.encode()) and found is None:
+    for system, digest in credentials.digests:
+        if hmac.compare_digest(given, digest) and found is None:
             found = Caller(source_system=system)
     return found
 
 
 async def authenticate(request: Request) -> Caller:
     """The caller behind the request's Bearer token; 401 without a valid one."""
+    limit: FailureLimit | None = getattr(request.app.state, "auth_failures", None)
+    address = request.client.host if request.client else "?"
+    wait = limit.retry_after(address) if limit is not None else None
+    if wait is not None:
+        AUTH_FAILURES.labels(outcome="limited").inc()
+        raise ApiError(429, f"too many refused credentials from {address}; retry in {wait} s",
+                       {"Retry-After": str(wait)})
     creds: HTTPAuthorizationCredentials | None = await bearer(request)
-    if creds is None or not creds.credentials:
+    caller = _match(creds.credentials, request.app.state.credentials) if creds and creds.credentials else None
+    if creds is None or not creds.credentials:  # no guess: not counted (a page before its token is pasted)
         raise ApiError(401, "missing credentials: send Authorization: Bearer <API key or admin token>",
                        {"WWW-Authenticate": "Bearer"})
-    caller = _match(creds.credentials, request.app.state.credentials)
     if caller is None:
+        AUTH_FAILURES.labels(outcome="refused").inc()
+        if limit is not None:
+            limit.failed(address)
         raise ApiError(401, "invalid API key or admin token", {"WWW-Authenticate": "Bearer"})
     request.state.caller = caller
     return caller

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import operator, producer
 from ..context import MessageView
+from ..model import Route
 from ..errors import InputError
 from ..registry import get_registry
 from ..states import State
@@ -315,18 +316,42 @@ def cancel_matching(matching: Matching, _: Annotated[Caller, Depends(admin)]) ->
              summary="Deliver the response a WAITING_FOR_RES message waits for")
 async def respond_message(request: Request, message_id: MessageId,
                           caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
-    """Resume a message parked by `ctx.wait_for_response`; the admin token or the message's own source system."""
+    """Resume a message parked by `ctx.wait_for_response`: the admin token, the route's `responders`, or where it
+    names none the message's own source system."""
     request.state.message_id = message_id
     mime, charset = body.media_type(request)
     data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
 
     def deliver() -> dict[str, Any]:
-        if not caller.admin and producer.get_message(message_id).source_system != caller.source_system:
-            raise ApiError(404, f"no message with id {message_id}")
-        return operator.respond(message_id, payload).as_dict()
+        message = producer.get_message(message_id)
+        route = get_registry().route(message.route)
+        refused = may_respond(route, message.source_system, caller)
+        if refused == 404:
+            raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
+        if refused == 403:
+            whom = ", ".join(route.responders)
+            raise ApiError(403, f"{caller.source_system} may not answer {route.name}'s callbacks; "
+                                f"its responders are {whom}")
+        return operator.respond(message_id, payload, by=caller.source_system or "admin").as_dict()
 
     return await run_in_threadpool(deliver)
+
+
+def may_respond(route: Route, owner: str, caller: Caller) -> int | None:
+    """Whether `caller` may answer a message of `route` submitted by `owner`: None if so, else the
+    status to refuse with (404 where the caller may not even see the message, 403 where it may).
+
+    The admin token always may. A route that names its `responders=` (the third party that answers,
+    e.g. a bank) takes an answer from those only, so the system that asked cannot answer its own
+    third-party callback (issue 27); a route that names none takes it from the message's own source
+    system, as before responders could be named.
+    """
+    if caller.admin or caller.source_system in route.responders:
+        return None
+    if not route.responders and caller.source_system == owner:
+        return None
+    return 403 if caller.source_system == owner else 404
 
 
 # Registered after the /messages/{id}/restart|cancel|response routes, which its pattern would swallow.

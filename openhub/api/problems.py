@@ -21,6 +21,7 @@ log = logging.getLogger("openhub.api")
 STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.UnknownRouteError: 404,
     errors.PayloadTooLarge: 413,
+    errors.SourceNotAllowed: 403,
     errors.InputError: 400,
     errors.NotFound: 404,
     errors.StateConflict: 409,

@@ -528,7 +528,7 @@ def test_deploy_promtool_checks_the_alert_rules():
     names = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
              for r in g["rules"]}
     assert names == {"OpenhubMessagesStuck", "OpenhubMessagesFailing", "OpenhubConfirmationsParked",
-                     "OpenhubNoWorkerOnline", "OpenhubIngress5xx"}
+                     "OpenhubNoWorkerOnline", "OpenhubIngress5xx", "OpenhubAuthFailures"}
 
 
 def test_deploy_promtool_checks_the_scrape_config():
@@ -542,7 +542,7 @@ def test_deploy_promtool_unit_tests_the_alerts():
     tested = set(re.findall(r"alertname:\s*(\w+)", (PROMETHEUS / "alerts.test.yml").read_text()))
     assert len(tested) >= 2
     assert tested == {"OpenhubMessagesStuck", "OpenhubMessagesFailing", "OpenhubConfirmationsParked",
-                      "OpenhubNoWorkerOnline", "OpenhubIngress5xx"}
+                      "OpenhubNoWorkerOnline", "OpenhubIngress5xx", "OpenhubAuthFailures"}
 
 
 def test_deploy_promtool_catches_a_broken_rule(tmp_path):
@@ -689,7 +689,7 @@ def test_deploy_store_derived_series_are_aggregated_with_max():
 
 def test_deploy_alert_rules_use_only_exported_metrics():
     exprs = alert_exprs()
-    assert len(exprs) == 5
+    assert len(exprs) == 6
     assert unknown_metrics(exprs) == set()
 
 
@@ -753,3 +753,9 @@ def test_deploy_systemd_worker_shutdown_and_instances():
         values = systemd_unit(unit)
         assert values["Service.Restart"] == ["always"], unit
         assert values["Service.EnvironmentFile"] == ["/etc/openhub/openhub.env"], unit
+
+
+def test_deploy_systemd_flower_listens_on_loopback():
+    """Issue 27: Flower under systemd bound to 127.0.0.1, not all interfaces."""
+    unit = (DEPLOY / "systemd" / "openhub-flower.service").read_text()
+    assert "Environment=FLOWER_ADDRESS=127.0.0.1" in unit.splitlines()

@@ -64,3 +64,18 @@ def test_a_failed_trial_opens_the_breaker_again_after_one_call(hub: LocalHub) ->
     assert after.failures == before.failures + 1 and after.open_until > before.open_until
     assert sum(hub.get(i).failed_count for i in ids) == 4  # three before it opened, and the one trial
     assert openhub.list_messages(state="FAILED") == []  # none failed for waiting
+
+
+def _bug_before_any_call(ctx):  # noqa: ANN001, ANN202
+    return ctx.payload["missing"]  # a KeyError in the step's own code: billing was never called
+
+
+def test_an_error_before_any_call_does_not_count_against_the_system(hub: LocalHub) -> None:
+    """Issue 27: one source system's bad messages must not open a breaker every route shares."""
+    routes.HOOKS["bill"] = _bug_before_any_call
+    ids = [hub.submit("p.billing", {}).id for _ in range(5)]
+    hub.run()
+    assert [hub.get(i).state for i in ids] == ["PARTLY_FAILED"] * 5  # each failed on its own...
+    assert overview()["open_breakers"] == []  # ...and billing's breaker stayed closed
+    with transaction() as conn:
+        assert conn.execute(breakers.select()).all() == []

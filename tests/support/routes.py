@@ -161,7 +161,8 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
         route("fragile", [step_a, fragile]),
         route("slow", [step_a, slow, step_c]),
         route("patient", [patient]),
-        route("wait", [wait_answer, use_answer]),
+        # CRM (or CONFIRMED) asks, SHOP answers (the third party): issue 27's sources and responders
+        route("wait", [wait_answer, use_answer], sources=["CRM", "CONFIRMED"], responders=["SHOP"]),
         route("order", [step_a, Split(lines, route=f"{service}.line"), after_lines]),
         route("line", [book_line]),
         route("funnel", [ordered], funnel=lambda p: p["group"]),

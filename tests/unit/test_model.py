@@ -169,3 +169,13 @@ def test_the_routing_model_imports_no_store_broker_or_web_library() -> None:
             "print(','.join(m for m in ('sqlalchemy', 'celery', 'fastapi', 'kombu') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == ""
+
+
+def test_sources_and_responders_are_lists_of_system_names() -> None:
+    """Issue 27: who may submit a route's messages and who may answer its callbacks."""
+    route = Route("payment.authorize", steps=[one], sources=["SHOP"], responders=["BANK"])
+    assert route.sources == ("SHOP",) and route.responders == ("BANK",)
+    assert Route("a.b", steps=[one]).sources == () and Route("a.b", steps=[one]).responders == ()
+    for bad in ("BANK", [""], [1]):
+        with pytest.raises(ConfigurationError, match="responders must be a list of source system names"):
+            Route("a.b", steps=[one], responders=bad)

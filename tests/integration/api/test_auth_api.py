@@ -115,3 +115,82 @@ def test_safe_secrets_start_the_ingress(api_env):
 
     app = create_app(settings=with_settings(api_keys={"CRM": STRONG, "SHOP": "t" * 32}, admin_token="a" * 40))
     assert app.state.credentials.api_keys["SHOP"] == "t" * 32
+
+
+def test_a_route_takes_messages_only_from_its_declared_sources(api_env, client, cid, prefix):
+    """Issue 27: test.wait declares sources=["CRM", "CONFIRMED"]; SHOP's key is refused there, in every door."""
+    import openhub
+    from openhub.errors import SourceNotAllowed
+
+    r = client.post("/api/v1/messages/test/wait", json={"prefix": prefix}, headers={**SHOP, "X-Correlation-Id": cid})
+    assert r.status_code == 403 and "SHOP may not submit test.wait" in r.json()["detail"], r.text
+    batch = client.post("/api/v1/messages:batch", headers=SHOP, json={"messages": [
+        {"route": "test.wait", "payload": {"prefix": prefix}, "correlation_id": cid}]})
+    assert batch.status_code == 403 and "SHOP may not submit test.wait" in batch.text, batch.text
+    with pytest.raises(SourceNotAllowed, match="SHOP may not submit test.wait"):
+        openhub.submit("test.wait", {"prefix": prefix}, source_system="SHOP", correlation_id=cid)
+    ok = client.post("/api/v1/messages/test/wait", json={"prefix": prefix, "wait": 60},
+                     headers={**CRM, "X-Correlation-Id": cid})
+    assert ok.status_code == 202, ok.text
+    assert client.get("/api/v1/messages:count", params={"correlation_id": cid}, headers=ADMIN).json()["total"] == 1
+
+
+def test_no_responders_declared_means_the_messages_own_source_system_answers(api_env, client, cid, prefix):
+    """A route without responders= takes a response from the admin token or the message's own source
+    system (as before responders could be named); one that names them, from those only (issue 27)."""
+    from openhub.api.auth import Caller
+    from openhub.api.messages import may_respond
+    from openhub.registry import get_registry
+
+    flow = get_registry().route("test.flow")
+    assert may_respond(flow, "CRM", Caller(admin=True)) is None
+    assert may_respond(flow, "CRM", Caller(source_system="CRM")) is None
+    assert may_respond(flow, "CRM", Caller(source_system="SHOP")) == 404
+    wait = get_registry().route("test.wait")  # names SHOP as its responder
+    assert may_respond(wait, "CRM", Caller(source_system="CRM")) == 403
+    assert may_respond(wait, "CRM", Caller(source_system="SHOP")) is None
+
+
+def test_overlapping_keys_for_rotation_and_pre_hashed_keys(api_env, cid, flow_payload, monkeypatch):
+    """Issue 27: OPENHUB_API_KEYS="CRM=old,CRM=new" keeps both during a rotation; a `sha256:` value is
+    a key given by its hash; keys are held as hashes only."""
+    import hashlib
+
+    from openhub.config import Settings
+
+    old, new, third = ("crm-old-" + "o" * 32), ("crm-new-" + "n" * 32), ("crm-third-" + "t" * 32)
+    hashed = "sha256:" + hashlib.sha256(third.encode()).hexdigest()
+    monkeypatch.setenv("OPENHUB_API_KEYS", f"CRM={old},CRM={new},CRM={hashed}")
+    settings = Settings.from_env()
+    credentials = Credentials.from_settings(settings)
+    assert old not in repr(credentials) and new not in repr(credentials)  # only their hashes are kept
+    with make_client(credentials=credentials) as c:
+        for key in (old, new, third):
+            r = c.post("/api/v1/messages/test/flow", json=flow_payload,
+                       headers={**bearer(key), "X-Correlation-Id": f"{cid}-{key[:9]}"})
+            assert r.status_code == 202, r.text
+        assert c.get("/api/v1/messages", headers=bearer("crm-old-")).status_code == 401
+
+
+def test_repeated_auth_failures_from_one_address_get_429(api_env, monkeypatch):
+    """Issue 27: after OPENHUB_AUTH_FAILURES wrong keys within OPENHUB_AUTH_WINDOW, the address gets
+    429 with Retry-After (even with a right key) until the window passes; a counter says so."""
+    from prometheus_client import REGISTRY
+
+    from openhub.config import Settings
+
+    monkeypatch.setenv("OPENHUB_AUTH_FAILURES", "5")
+    monkeypatch.setenv("OPENHUB_AUTH_WINDOW", "60")
+    settings = Settings.from_env()  # not the cached settings: later tests keep the defaults
+    assert settings.auth_failures == 5
+
+    def limited() -> float:
+        return REGISTRY.get_sample_value("openhub_auth_failures_total", {"outcome": "limited"}) or 0.0
+
+    before = limited()
+    with make_client(settings=settings) as c:
+        answers = [c.get("/api/v1/messages", headers=bearer(f"wrong-{i}")).status_code for i in range(7)]
+        assert answers == [401] * 5 + [429] * 2
+        blocked = c.get("/api/v1/messages", headers=ADMIN)
+        assert blocked.status_code == 429 and 0 < int(blocked.headers["Retry-After"]) <= 60
+    assert limited() - before == 3

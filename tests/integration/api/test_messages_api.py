@@ -392,12 +392,15 @@ def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix):
     r = post(client, cid, {"prefix": prefix, "wait": 60}, route="test/wait")
     message_id = r.json()["id"]
     wait_state(message_id, "WAITING_FOR_RES")
-    assert client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True},
-                       headers=SHOP).status_code == 404  # another system's message
-    answer = client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True}, headers=CRM)
+    # test.wait declares responders=["SHOP"]: the third party answers, not the system that asked (issue 27)
+    refused = client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True}, headers=CRM)
+    assert refused.status_code == 403 and "SHOP" in refused.json()["detail"], refused.text
+    answer = client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True}, headers=SHOP)
     assert answer.status_code == 200, answer.text
     done = wait_final(message_id)
     assert done.state == "OK" and done.custom_data["answer"] == {"approved": True}
+    history = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()["history"]
+    assert any(h["event"] == "responded" and "SHOP" in (h["detail"] or "") for h in history), history
     assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=ADMIN).status_code == 409
 
 

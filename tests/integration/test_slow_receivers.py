@@ -1,0 +1,128 @@
+"""A slow webhook or confirmer must not hold the hub (issue 27): a receiver that sends its headers
+and then one byte every so often is cut off at the send's overall deadline (OPENHUB_CONFIRM_TIMEOUT),
+the send is retried later, and one poller tick stops sending once its time budget is spent."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from typing import Iterator
+
+import httpx
+import pytest
+
+import openhub
+from openhub.notify import post_within
+from openhub.testing import LocalHub
+from tests.support import promise_routes as routes
+
+
+class DribblingServer:
+    """A real HTTP server that answers 200 with its headers at once, then one body byte every `pause` s."""
+
+    def __init__(self, pause: float = 0.5, length: int = 200) -> None:
+        self.pause, self.length = pause, length
+        self.requests = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/hook-{uuid.uuid4().hex[:6]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)  # the request (small: one JSON body)
+            self.requests += 1
+            try:
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {self.length}\r\n\r\n".encode())
+                for _ in range(self.length):
+                    if self._stop.wait(self.pause):
+                        return
+                    conn.sendall(b"x")
+            except OSError:  # the client gave up: what the deadline is for
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
+@pytest.fixture
+def slow() -> Iterator[DribblingServer]:
+    server = DribblingServer()
+    yield server
+    server.close()
+
+
+def test_a_send_ends_at_its_overall_deadline(slow: DribblingServer) -> None:
+    started = time.monotonic()
+    with pytest.raises(httpx.TimeoutException, match="2.0 s"):
+        post_within(slow.url, 2.0, json={"x": 1})
+    elapsed = time.monotonic() - started
+    assert 1.9 <= elapsed < 3.0, elapsed  # per read it never waited longer than 0.5 s: the cap is overall
+
+
+def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: DribblingServer) -> None:
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=slow.url,
+                  OPENHUB_WEBHOOK_STATES="FAILED", OPENHUB_CONFIRM_TIMEOUT="1", OPENHUB_POLL_INTERVAL="1",
+                  OPENHUB_CONFIRM_MAX_FAILS="5") as hub:
+        ids = [hub.submit("p.reserve", {"raise": "out_of_stock"}).id for _ in range(3)]  # fatal: FAILED at once
+        started = time.monotonic()
+        hub.run()
+        hub.tick()
+        assert time.monotonic() - started < 3 * 1 + 4  # each send cut off at 1 s, not after 100 s of dribble
+        rows = [r for r in openhub.list_confirmations() if r["hook"] == "webhook"]
+        assert len(rows) == 3 and {r["state"] for r in rows} == {"FAILED"}, rows
+        assert all("Timeout" in r["last_error"] and "1.0 s" in r["last_error"] for r in rows)
+        before = slow.requests
+        started = time.monotonic()
+        hub.tick(seconds=61)  # all three are due again; the tick's budget (1 s) is spent after the first
+        assert time.monotonic() - started < 2.5
+        assert slow.requests == before + 1
+        retried = [r for r in openhub.list_confirmations() if r["hook"] == "webhook" and r["attempts"] == 2]
+        assert len(retried) == 1 and retried[0]["message_id"] in ids
+    routes.reset()
+
+
+def test_a_slow_confirmer_does_not_hold_the_step_workers(backend, slow: DribblingServer,  # noqa: ANN001
+                                                         tmp_path, prefix: str) -> None:
+    """The confirmation goes to its own task on OPENHUB_CONFIRM_QUEUE: with it routed to another
+    worker, a one-process step worker carries the next message at once while the confirmer's
+    receiver dribbles (on main the step task sent it inline and held the process for 100 s)."""
+    from tests.support.waiting import wait_for, wait_final
+    from tests.support.workers import Worker
+
+    base = slow.url.rsplit("/", 1)[0]  # the test routes' confirmer POSTs to {external}{prefix}/confirm
+    env = dict(backend.env, OPENHUB_CONFIRM_QUEUE="openhub.confirm", OPENHUB_TEST_EXTERNAL_URL=base)
+    backend.activate()
+    steps = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub").start()
+    confirmer = None
+    try:
+        first = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
+                               correlation_id=uuid.uuid4().hex)
+        wait_final(first.id)
+        started = time.monotonic()
+        second = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
+                                correlation_id=uuid.uuid4().hex)
+        wait_final(second.id, timeout=30)
+        assert time.monotonic() - started < 10  # not behind a confirmation that dribbles for 100 s
+        assert slow.requests == 0  # the step worker sent nothing itself
+        confirmer = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub.confirm").start()
+        wait_for(lambda: slow.requests >= 1, timeout=30,  # the confirm worker sends them
+                 what=f"the confirmer's POST; confirm worker log: {confirmer.log()[-3000:]}")
+    finally:
+        steps.stop()
+        if confirmer is not None:
+            confirmer.stop()

@@ -1,0 +1,39 @@
+"""Which step failures count against a system's circuit breaker (issue 27): only the system's own
+transport errors, timeouts and overload answers, never a bug in the step's code."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from openhub.breaker import counts_against_system
+from openhub.errors import Reject, TransientError
+
+
+def _status_error(status: int) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", "http://billing.example/x")
+    return httpx.HTTPStatusError("bad", request=request, response=httpx.Response(status, request=request))
+
+
+def _raised_from(exc: Exception, cause: BaseException) -> Exception:
+    exc.__cause__ = cause
+    return exc
+
+
+@pytest.mark.parametrize("exc", [
+    httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), httpx.RemoteProtocolError("cut"),
+    _status_error(500), _status_error(503), _status_error(408), _status_error(425), _status_error(429),
+    ConnectionError("reset"), TimeoutError("slow"), TransientError("billing is down"),
+    _raised_from(TransientError("POST http://b/x: ConnectError"), httpx.ConnectError("refused")),
+])
+def test_the_systems_own_faults_count(exc: Exception) -> None:
+    assert counts_against_system(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    KeyError("missing"), ValueError("bad"), TypeError("bug"), ZeroDivisionError(), Reject("no"),
+    _status_error(400), _status_error(404), _status_error(409),
+    _raised_from(RuntimeError("wrapped"), KeyError("missing")),
+])
+def test_other_errors_do_not(exc: Exception) -> None:
+    assert not counts_against_system(exc)
