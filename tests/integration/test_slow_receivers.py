@@ -4,6 +4,7 @@ the send is retried later, and one poller tick stops sending once its time budge
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 import openhub
 from openhub.notify import post_within
 from openhub.testing import LocalHub
+from tests.support import backends
 from tests.support import promise_routes as routes
 
 
@@ -58,6 +60,16 @@ class DribblingServer:
         self._sock.close()
 
 
+@pytest.fixture(params=["embedded", "redis-pg"])
+def own_backend(request: pytest.FixtureRequest, tmp_path, external) -> Iterator[backends.Backend]:  # noqa: ANN001
+    """A store and broker of this test's own: the session's worker (which other tests start, with its
+    beat) would take the step tasks and send the confirmations too, and be held by the slow receiver."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
+    with backends.backend(request.param, tmp_path / "store", {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
+        yield b
+    backends.activate(saved)
+
+
 @pytest.fixture
 def slow() -> Iterator[DribblingServer]:
     server = DribblingServer()
@@ -76,8 +88,8 @@ def test_a_send_ends_at_its_overall_deadline(slow: DribblingServer) -> None:
 def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: DribblingServer) -> None:
     routes.reset()
     with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=slow.url,
-                  OPENHUB_WEBHOOK_STATES="FAILED", OPENHUB_CONFIRM_TIMEOUT="1", OPENHUB_POLL_INTERVAL="1",
-                  OPENHUB_CONFIRM_MAX_FAILS="5") as hub:
+                  OPENHUB_WEBHOOK_STATES="FAILED", OPENHUB_CONFIRM_TIMEOUT="1", OPENHUB_POLL_INTERVAL="0.5",
+                  OPENHUB_CONFIRM_MAX_FAILS="5", OPENHUB_CONFIRM_INTERVAL="60") as hub:  # not a test backend's 0.3 s
         ids = [hub.submit("p.reserve", {"raise": "out_of_stock"}).id for _ in range(3)]  # fatal: FAILED at once
         started = time.monotonic()
         hub.run()
@@ -88,7 +100,8 @@ def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: 
         assert all("Timeout" in r["last_error"] and "1.0 s" in r["last_error"] for r in rows)
         before = slow.requests
         started = time.monotonic()
-        hub.tick(seconds=61)  # all three are due again; the tick's budget (1 s) is spent after the first
+        # All three are due again; the tick's budget (0.5 s, half a send cut off at 1 s) is spent after the first.
+        hub.tick(seconds=61)
         assert time.monotonic() - started < 2.5
         assert slow.requests == before + 1
         retried = [r for r in openhub.list_confirmations() if r["hook"] == "webhook" and r["attempts"] == 2]
@@ -96,7 +109,7 @@ def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: 
     routes.reset()
 
 
-def test_a_slow_confirmer_does_not_hold_the_step_workers(backend, slow: DribblingServer,  # noqa: ANN001
+def test_a_slow_confirmer_does_not_hold_the_step_workers(own_backend, slow: DribblingServer,  # noqa: ANN001
                                                          tmp_path, prefix: str) -> None:
     """The confirmation goes to its own task on OPENHUB_CONFIRM_QUEUE: with it routed to another
     worker, a one-process step worker carries the next message at once while the confirmer's
@@ -105,8 +118,8 @@ def test_a_slow_confirmer_does_not_hold_the_step_workers(backend, slow: Dribblin
     from tests.support.workers import Worker
 
     base = slow.url.rsplit("/", 1)[0]  # the test routes' confirmer POSTs to {external}{prefix}/confirm
-    env = dict(backend.env, OPENHUB_CONFIRM_QUEUE="openhub.confirm", OPENHUB_TEST_EXTERNAL_URL=base)
-    backend.activate()
+    env = dict(own_backend.env, OPENHUB_CONFIRM_QUEUE="openhub.confirm", OPENHUB_TEST_EXTERNAL_URL=base)
+    own_backend.activate()
     steps = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub").start()
     confirmer = None
     try:
