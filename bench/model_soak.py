@@ -56,7 +56,9 @@ def main() -> int:
             run_state_machine_as_test(machine, settings=config)
         except Exception as exc:  # noqa: BLE001 - the failure is the result
             print(f"FAILED after {Counting.rules} rules in {Counting.examples} examples, "
-                  f"{time.monotonic() - started:.0f} s:\n{exc}\n" + "\n".join(getattr(exc, "__notes__", [])))
+                  f"{time.monotonic() - started:.0f} s:")
+            for failure in getattr(exc, "exceptions", [exc]):  # hypothesis groups distinct failures
+                print(f"{failure}\n" + "\n".join(getattr(failure, "__notes__", [])))
             return 1
         elapsed = time.monotonic() - started
         print(f"{Counting.rules} rules, {Counting.examples} examples, {elapsed:.0f} s "
