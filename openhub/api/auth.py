@@ -26,6 +26,8 @@ from .problems import ApiError
 
 AUTH_FAILURES = Counter("openhub_auth_failures", "Requests refused for their credentials: refused (401), "
                         "limited (429: too many failures from the address).", ["outcome"])
+for _outcome in ("refused", "limited"):  # exported at 0 from the start (in multiprocess mode too), so the
+    AUTH_FAILURES.labels(outcome=_outcome)  # alert's rate() has a series before the first failure
 
 
 class FailureLimit:
