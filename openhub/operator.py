@@ -143,7 +143,7 @@ def respond(message_id: int, payload: Any, *, by: str | None = None) -> MessageV
         row = _locked(conn, message_id)
         if row.state == State.PROCESSING and row.step_run is not None and row.response == text:
             # The answer the route already goes on with, sent again (a responder's retry after a lost
-            # reply): kept, it would answer the next wait, which asks another question.
+            # reply): if kept, it would answer the next wait, which asks another question.
             record_transition(conn, row.id, Note.RESPONSE_DUPLICATE.value, row.state, row.state, detail=detail)
             return message_view(conn, row.id)
         if row.state == State.PROCESSING and row.step_run is not None:
