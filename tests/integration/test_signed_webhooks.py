@@ -17,8 +17,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import openhub
-from openhub.errors import WebhookSignatureError
-from openhub.notify import verify_signature
+from openhub.errors import ConfigurationError, WebhookSignatureError
+from openhub.notify import post_json, verify_signature, webhook
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -158,3 +158,15 @@ def test_the_secret_is_in_no_stored_error_or_log_when_the_receiver_fails(receive
     for secret in (SECRET, SECRET.removeprefix("whsec_"), PLAIN, KEY.decode(), *signatures):
         assert secret not in parked["last_error"]
         assert secret not in caplog.text
+
+
+def test_a_hooks_own_secret_overrides_the_setting_and_an_empty_one_sends_unsigned(receiver: Receiver) -> None:
+    post_json(receiver.url, 5.0, {"id": 1, "state": "OK"}, "evt-1", secret=PLAIN)  # a confirmer's own POST
+    post_json(receiver.url, 5.0, {"id": 1, "state": "OK"}, "evt-2", secret="")
+    signed, unsigned = receiver.posts
+    verify_signature(PLAIN, signed.headers, signed.body)
+    assert signed.headers["Idempotency-Key"] == signed.headers["webhook-id"] == "evt-1"
+    assert "webhook-signature" not in {k.lower() for k in unsigned.headers}
+    with pytest.raises(ConfigurationError, match="not base64") as raised:
+        webhook(f"{receiver.url}?token=t0ken", secret="whsec_not*base64!")  # refused when declared
+    assert "not*base64" not in str(raised.value) and "t0ken" not in str(raised.value)
