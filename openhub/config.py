@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .errors import ConfigurationError
+from .signing import secret_keys
 
 
 def _env(name: str, default: str) -> str:
@@ -137,6 +138,8 @@ class Settings:
     system_rates: dict[str, tuple[int, float]] = field(default_factory=dict)  # system -> (calls, per seconds)
     webhook_url: str | None = None
     webhook_states: frozenset[str] = frozenset({"FAILED"})
+    # The HMAC keys the stock webhook signs with (OPENHUB_WEBHOOK_SECRET; none: unsigned); kept out of repr.
+    webhook_secrets: tuple[bytes, ...] = field(default=(), repr=False)
     breaker_open: timedelta = timedelta(seconds=60)
 
     @property
@@ -187,6 +190,7 @@ class Settings:
             webhook_url=os.environ.get("OPENHUB_WEBHOOK_URL") or None,
             webhook_states=frozenset(s.strip().upper() for s in _env("OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),
+            webhook_secrets=secret_keys(_env("OPENHUB_WEBHOOK_SECRET", ""), "OPENHUB_WEBHOOK_SECRET"),
         )
 
 

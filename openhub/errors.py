@@ -8,7 +8,8 @@
     ├── NotFound                no message with that id
     ├── StateConflict           an operator action the message's state does not allow
     ├── StoreUnavailable        the database cannot be reached (nothing was stored)
-    └── Draining                the hub is draining: it takes no new messages (nothing was stored)
+    ├── Draining                the hub is draining: it takes no new messages (nothing was stored)
+    └── WebhookSignatureError   a received webhook's signature is missing, stale or wrong (for receivers)
 
 Step outcomes are exceptions a step raises to tell the hub what happened:
 
@@ -64,6 +65,11 @@ class StoreUnavailable(OpenHubError):
 
 class Draining(OpenHubError):
     """An operator is draining the hub (`openhub drain`): new messages are refused until it ends."""
+
+
+class WebhookSignatureError(OpenHubError, ValueError):
+    """A received webhook is not signed, was signed too long ago, or no signature matches its body
+    under the receiver's secrets (`openhub.notify.verify_signature`)."""
 
 
 class StepOutcome(Exception):

@@ -6,17 +6,27 @@ Every POST has an overall deadline, OPENHUB_CONFIRM_TIMEOUT (30 s): httpx's own 
 read, so a receiver sending one byte every few seconds held a worker for minutes. `post_within`
 enforces it at the socket (each connect, read and write may take only what is left of the
 deadline); confirmers may use it for their own POSTs.
+
+With OPENHUB_WEBHOOK_SECRET set, every POST of the stock webhook is signed the Standard Webhooks way
+(openhub.signing): `verify_signature` is what a receiver checks it with; `post_json` signs a
+confirmer's own POST the same way.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
 
 import httpcore
 import httpx
 
+from .config import get_settings
 from .context import Outcome
+from .redact import redact_url
+from .signing import secret_keys, signature_headers, verify_signature
+
+__all__ = ["post_json", "post_within", "verify_signature", "webhook"]
 
 
 class _DeadlineStream(httpcore.NetworkStream):
@@ -88,12 +98,29 @@ def post_within(url: str, seconds: float, **kwargs: Any) -> httpx.Response:
         return response.raise_for_status()
 
 
-def webhook(url: str, seconds: float = 30.0) -> Callable[[Outcome], None]:
-    """A state hook that POSTs `outcome.as_dict()` to `url` within `seconds` (OPENHUB_CONFIRM_TIMEOUT);
-    anything but a 2xx answer in time is a failure."""
+def post_json(url: str, seconds: float, payload: Any, webhook_id: str, secret: str | None = None) -> httpx.Response:
+    """POST `payload` as JSON to `url` within `seconds` (as `post_within`), with `webhook_id` as its
+    Idempotency-Key and, under OPENHUB_WEBHOOK_SECRET (or `secret`: space-separated secrets, "" for
+    none), the Standard Webhooks headers signing the exact bytes sent. Give one id per event, the
+    same on every retry of it (`outcome.delivery_id` makes one)."""
+    keys = get_settings().webhook_secrets if secret is None else secret_keys(secret)
+    # Serialised once: the signature covers these bytes, which is what the receiver reads.
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/json", "Idempotency-Key": webhook_id,
+               **signature_headers(keys, webhook_id, int(time.time()), body)}  # signed when sent, per attempt
+    return post_within(url, seconds, content=body, headers=headers)
+
+
+def webhook(url: str, seconds: float = 30.0, secret: str | None = None) -> Callable[[Outcome], None]:
+    """A state hook (or confirmer) that POSTs `outcome.as_dict()` to `url` within `seconds`
+    (OPENHUB_CONFIRM_TIMEOUT), signed with OPENHUB_WEBHOOK_SECRET or this hook's own `secret`
+    ("" for unsigned); anything but a 2xx answer in time is a failure."""
+    if secret:
+        secret_keys(secret, f"the secret of the webhook to {redact_url(url)}")  # a malformed one fails when declared
+
     def notify(outcome: Outcome) -> None:
         # One key per transition, kept across retries: a message FAILED twice (restarted between) is two events.
         key = f"openhub:{outcome.message.id}:{outcome.state}:{outcome.delivery_id}"
-        post_within(url, seconds, json=outcome.as_dict(), headers={"Idempotency-Key": key})
+        post_json(url, seconds, outcome.as_dict(), key, secret)
     notify.__qualname__ = notify.__name__ = "webhook"
     return notify

@@ -1,0 +1,172 @@
+"""Signed webhooks (issue 27): under OPENHUB_WEBHOOK_SECRET every POST of the stock webhook carries the
+Standard Webhooks headers, a receiver verifies them over the exact bytes it read (with
+`openhub.notify.verify_signature` or the `standardwebhooks` package), and the secret never reaches a
+stored error text or a log line."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+import openhub
+from openhub.errors import ConfigurationError, WebhookSignatureError
+from openhub.notify import post_json, verify_signature, webhook
+from openhub.testing import LocalHub
+from tests.support import promise_routes as routes
+
+KEY = b"the hub's first signing key"
+SECRET = "whsec_" + base64.b64encode(KEY).decode()
+PLAIN = "a-plain-second-secret"
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """A real HTTP receiver that keeps each POST's headers and raw body, answering `status`."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.posts: list[Received] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.posts.append(Received(dict(self.headers.items()), body))
+                self.send_response(receiver.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hooks-{uuid.uuid4().hex[:6]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    yield server
+    server.close()
+
+
+def _fail_one_message(receiver: Receiver, **settings: str) -> LocalHub:
+    """A hub with the stock webhook on `receiver`, a message FAILED and its notification sent."""
+    routes.reset()
+    hub = LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=receiver.url,
+                   OPENHUB_WEBHOOK_STATES="FAILED", **settings)
+    with hub:
+        view = hub.submit("p.reserve", {"raise": "out_of_stock"})
+        hub.run()
+        hub.tick()
+        assert hub.get(view.id).state == "FAILED"
+    routes.reset()
+    return hub
+
+
+def test_a_signed_webhook_verifies_over_the_body_received_and_a_tampered_one_does_not(receiver: Receiver) -> None:
+    _fail_one_message(receiver, OPENHUB_WEBHOOK_SECRET=SECRET)
+    (post,) = receiver.posts
+    headers = {k.lower(): v for k, v in post.headers.items()}
+    assert headers["webhook-id"] == headers["idempotency-key"]
+    assert headers["content-type"] == "application/json"
+    assert headers["webhook-signature"].startswith("v1,") and " " not in headers["webhook-signature"]
+    verify_signature(SECRET, post.headers, post.body)
+    assert Webhook(SECRET).verify(post.body, post.headers)["state"] == "FAILED"  # the reference library agrees
+
+    tampered = post.body.replace(b'"FAILED"', b'"OK"')
+    assert tampered != post.body
+    with pytest.raises(WebhookSignatureError, match="no webhook signature matches"):
+        verify_signature(SECRET, post.headers, tampered)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(tampered, post.headers)
+    with pytest.raises(WebhookSignatureError, match="no webhook signature matches"):
+        verify_signature("whsec_" + base64.b64encode(b"another key").decode(), post.headers, post.body)
+
+
+def test_two_secrets_give_two_signatures_and_either_verifies(receiver: Receiver) -> None:
+    _fail_one_message(receiver, OPENHUB_WEBHOOK_SECRET=f"{SECRET} {PLAIN}")
+    (post,) = receiver.posts
+    assert len(post.headers["webhook-signature"].split(" ")) == 2
+    verify_signature(SECRET, post.headers, post.body)  # a receiver still on the old secret
+    verify_signature(PLAIN, post.headers, post.body)  # one already on the new one
+    Webhook(SECRET).verify(post.body, post.headers)
+    Webhook(PLAIN.encode()).verify(post.body, post.headers)  # a plain secret's key is its UTF-8 bytes
+    with pytest.raises(WebhookSignatureError):
+        verify_signature("a-third-secret", post.headers, post.body)
+
+
+def test_without_a_secret_no_signature_headers_are_sent(receiver: Receiver) -> None:
+    _fail_one_message(receiver)
+    (post,) = receiver.posts
+    names = {k.lower() for k in post.headers}
+    assert "idempotency-key" in names and not {"webhook-id", "webhook-timestamp", "webhook-signature"} & names
+    with pytest.raises(WebhookSignatureError, match="not signed"):
+        verify_signature(SECRET, post.headers, post.body)
+
+
+def test_a_retry_keeps_its_webhook_id_and_is_signed_anew(receiver: Receiver) -> None:
+    receiver.status = 503
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=receiver.url,
+                  OPENHUB_WEBHOOK_SECRET=SECRET) as hub:
+        hub.submit("p.reserve", {"raise": "out_of_stock"})
+        hub.run()
+        hub.tick()
+        receiver.status = 200
+        hub.tick(seconds=120)
+    routes.reset()
+    first, second = receiver.posts
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    verify_signature(SECRET, first.headers, first.body)
+    verify_signature(SECRET, second.headers, second.body)
+
+
+def test_the_secret_is_in_no_stored_error_or_log_when_the_receiver_fails(receiver: Receiver,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    receiver.status = 500
+    caplog.set_level(logging.DEBUG)
+    routes.reset()
+    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=receiver.url,
+                  OPENHUB_WEBHOOK_SECRET=f"{SECRET} {PLAIN}", OPENHUB_CONFIRM_MAX_FAILS="2") as hub:
+        hub.submit("p.reserve", {"raise": "out_of_stock"})
+        hub.run()
+        hub.tick()
+        hub.tick(seconds=120)
+        (parked,) = [r for r in openhub.list_confirmations(state="FAILED_END") if r["hook"] == "webhook"]
+    routes.reset()
+    assert len(receiver.posts) == 2 and "500" in parked["last_error"]
+    signatures = [s for post in receiver.posts for s in post.headers["webhook-signature"].split(" ")]
+    for secret in (SECRET, SECRET.removeprefix("whsec_"), PLAIN, KEY.decode(), *signatures):
+        assert secret not in parked["last_error"]
+        assert secret not in caplog.text
+
+
+def test_a_hooks_own_secret_overrides_the_setting_and_an_empty_one_sends_unsigned(receiver: Receiver) -> None:
+    post_json(receiver.url, 5.0, {"id": 1, "state": "OK"}, "evt-1", secret=PLAIN)  # a confirmer's own POST
+    post_json(receiver.url, 5.0, {"id": 1, "state": "OK"}, "evt-2", secret="")
+    signed, unsigned = receiver.posts
+    verify_signature(PLAIN, signed.headers, signed.body)
+    assert signed.headers["Idempotency-Key"] == signed.headers["webhook-id"] == "evt-1"
+    assert "webhook-signature" not in {k.lower() for k in unsigned.headers}
+    with pytest.raises(ConfigurationError, match="not base64") as raised:
+        webhook(f"{receiver.url}?token=t0ken", secret="whsec_not*base64!")  # refused when declared
+    assert "not*base64" not in str(raised.value) and "t0ken" not in str(raised.value)
