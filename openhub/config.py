@@ -96,6 +96,14 @@ def _pairs(name: str) -> dict[str, str]:
     return result
 
 
+def _redact_bodies() -> str:
+    # Checked at load: a typo here must not silently record bodies in clear (or drop them).
+    mode = _env("OPENHUB_REDACT_BODIES", "fields").strip().lower() or "fields"
+    if mode not in ("fields", "all", "none"):
+        raise ConfigurationError(f"OPENHUB_REDACT_BODIES must be fields, all or none, got {mode!r}")
+    return mode
+
+
 @dataclass(frozen=True)
 class Settings:
     """The hub's settings, read once from the environment."""
@@ -133,6 +141,9 @@ class Settings:
     metrics_cache: timedelta = timedelta(seconds=5)
     http_record_bytes: int = 4096
     http_record_days: int = 14
+    # Header names redacted in recorded exchanges on top of openhub.redact's built-in ones (lower case).
+    redact_headers: frozenset[str] = frozenset()
+    redact_bodies: str = "fields"  # fields | all | none: see openhub.redact.redact_body
     breaker_failures: int = 5
     system_limits: dict[str, int] = field(default_factory=dict)  # system -> calls in flight at most
     system_rates: dict[str, tuple[int, float]] = field(default_factory=dict)  # system -> (calls, per seconds)
@@ -183,6 +194,9 @@ class Settings:
             metrics_cache=_seconds("OPENHUB_METRICS_CACHE", 5),
             http_record_bytes=_int("OPENHUB_HTTP_RECORD_BYTES", 4096),
             http_record_days=_int("OPENHUB_HTTP_RECORD_DAYS", 14),
+            redact_headers=frozenset(h.strip().lower() for h in _env("OPENHUB_REDACT_HEADERS", "").split(",")
+                                     if h.strip()),
+            redact_bodies=_redact_bodies(),
             breaker_failures=_int("OPENHUB_BREAKER_FAILURES", 5),
             breaker_open=_seconds("OPENHUB_BREAKER_OPEN", 60),
             system_limits=_limits("OPENHUB_SYSTEM_LIMITS"),

@@ -2,8 +2,9 @@
 
 An exchange is written by `openhub.http` in its own short transaction right after the response
 (or the failure) arrived, so the engine needs no change and the record survives a later crash
-of the step. Secrets never reach the store: URLs, error texts and headers are redacted
-(`openhub.redact`) at the one place that writes them.
+of the step. Secrets never reach the store: URLs, error texts, headers and bodies are redacted
+(`openhub.redact`, as OPENHUB_REDACT_HEADERS and OPENHUB_REDACT_BODIES say) at the one place that
+writes them, bodies before they are cut so a cut JSON body is still parsed whole.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import Connection, delete, insert, select
 from .config import get_settings
 from .context import aware
 from .db import transaction, utcnow
-from .redact import redact_headers, redact_text, redact_url
+from .redact import redact_body, redact_headers, redact_text, redact_url
 from .schema import http_exchanges
 
 @dataclass(frozen=True)
@@ -52,20 +53,27 @@ def truncate_body(body: bytes | None, limit: int) -> str | None:
 
 
 def record_exchange(exchange: Exchange) -> None:
-    """Write one exchange in its own transaction (bodies cut to OPENHUB_HTTP_RECORD_BYTES)."""
-    limit = get_settings().http_record_bytes
+    """Write one exchange in its own transaction (bodies redacted, then cut to OPENHUB_HTTP_RECORD_BYTES)."""
+    settings = get_settings()
+    limit, names, mode = settings.http_record_bytes, settings.redact_headers, settings.redact_bodies
     row = {
         "message_id": exchange.message_id, "step_key": exchange.step_key[:100], "attempt": exchange.attempt,
         "method": exchange.method[:10], "url": redact_url(exchange.url), "status": exchange.status,
         "error": redact_text(exchange.error),
-        "request_headers": json.dumps(redact_headers(exchange.request_headers.items())),
-        "request_body": truncate_body(exchange.request_body, limit),
-        "response_headers": json.dumps(redact_headers(exchange.response_headers.items())),
-        "response_body": truncate_body(exchange.response_body, limit),
+        "request_headers": json.dumps(redact_headers(exchange.request_headers.items(), names)),
+        "request_body": truncate_body(
+            redact_body(exchange.request_body, _content_type(exchange.request_headers), mode), limit),
+        "response_headers": json.dumps(redact_headers(exchange.response_headers.items(), names)),
+        "response_body": truncate_body(
+            redact_body(exchange.response_body, _content_type(exchange.response_headers), mode), limit),
         "duration_ms": exchange.duration_ms, "at": exchange.at,
     }
     with transaction() as conn:
         conn.execute(insert(http_exchanges).values(**row))
+
+
+def _content_type(headers: Mapping[str, str]) -> str | None:
+    return next((value for name, value in headers.items() if name.lower() == "content-type"), None)
 
 
 def message_exchanges(conn: Connection, message_id: int) -> list[dict[str, Any]]:

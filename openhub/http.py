@@ -21,6 +21,7 @@ message has one, `X-Process-Id`. Answers become outcomes at this one boundary:
 
 With `record=True` each exchange (method, URL, status, redacted headers, bodies cut to
 OPENHUB_HTTP_RECORD_BYTES, duration) is stored with the message; see `openhub.exchanges`.
+`record="headers"` stores the same without either body (a call whose bodies are all secret).
 One pooled `httpx.Client` per process is shared by every HttpCall (a forked worker builds its own).
 """
 
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -97,7 +98,7 @@ class HttpCall:
     """
 
     def __init__(self, *, business_errors: Mapping[int, str] | None = None, reject: Iterable[int] = (),
-                 record: bool = False, timeout: float | timedelta = 10.0,
+                 record: bool | Literal["headers"] = False, timeout: float | timedelta = 10.0,
                  headers: Mapping[str, str] | None = None) -> None:
         self.business_errors = dict(business_errors or {})
         self.reject = frozenset(reject)
@@ -107,6 +108,7 @@ class HttpCall:
         both = set(self.business_errors) & self.reject
         if both:
             raise ConfigurationError(f"HttpCall: {sorted(both)} both a business error and a Reject")
+        _check_record(record)
         self.record = record
         self.timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         self.headers = dict(headers or {})
@@ -135,9 +137,11 @@ class HttpCall:
         """DELETE `url`; see `request`."""
         return self.request(ctx, "DELETE", url, **kwargs)
 
-    def request(self, ctx: StepContext, method: str, url: str, *, record: bool | None = None,
+    def request(self, ctx: StepContext, method: str, url: str, *, record: bool | Literal["headers"] | None = None,
                 **kwargs: Any) -> httpx.Response:
         """Send one request for the step and turn its answer into the step's outcome (module docstring)."""
+        if record is not None:
+            _check_record(record)
         headers = {**self.headers, **(kwargs.pop("headers", None) or {})}
         headers.setdefault("Idempotency-Key", ctx.idempotency_key)
         headers.setdefault("X-Correlation-Id", ctx.message.correlation_id)
@@ -174,22 +178,29 @@ class HttpCall:
             raise Reject(text, code=f"HTTP_{status}")
         raise _transient(text, f"HTTP_{status}")
 
-    def _record(self, ctx: StepContext, record: bool | None, request: httpx.Request,
+    def _record(self, ctx: StepContext, record: bool | str | None, request: httpx.Request,
                 response: httpx.Response | None, error: str | None, started: float, at: datetime) -> None:
-        if not (self.record if record is None else record):
+        record = self.record if record is None else record
+        if not record:
             return
+        bodies = record != "headers"
         exchange = Exchange(
             message_id=ctx.message.id, step_key=step_key_of(ctx), attempt=ctx.attempt, method=request.method,
             url=str(request.url), status=response.status_code if response is not None else None, error=error,
-            request_headers=dict(request.headers), request_body=_request_body(request),
+            request_headers=dict(request.headers), request_body=_request_body(request) if bodies else None,
             response_headers=dict(response.headers) if response is not None else {},
-            response_body=response.content if response is not None else None,
+            response_body=response.content if response is not None and bodies else None,
             duration_ms=round((time.perf_counter() - started) * 1000), at=at)
         try:
             record_exchange(exchange)
         except Exception as exc:  # noqa: BLE001 - a lost record must not turn a good call into a failed step
             ctx.log.warning("could not record the HTTP exchange %s %s: %s", request.method,
                             redact_url(str(request.url)), exc)
+
+
+def _check_record(record: object) -> None:
+    if record not in (True, False, "headers"):
+        raise ConfigurationError(f"HttpCall record= takes True, False or 'headers', got {record!r}")
 
 
 def _request_body(request: httpx.Request) -> bytes | None:

@@ -252,3 +252,35 @@ def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, serve
         f'{server.url}/boom answered 503: {{"error": "down"}}'
     text = json.dumps(shown, default=str)
     assert "Traceback" not in text and '"worker"' not in text and "last_error\"" not in text
+
+
+def test_recorded_exchanges_keep_no_secret_in_headers_or_bodies(server) -> None:  # noqa: ANN001
+    import json
+
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJodWIifQ.c2lnLTE"
+    answer = json.dumps({"id": "x-1", "access_token": jwt, "profile": {"name": "n", "refresh_token": "r-7"}})
+    secrets = ["s3cret", "k-123", "v-ref-9", "up-8", jwt, "r-7", "p4ss-1", "cs-2", "cs-3"]
+    with LocalHub("tests.support.http_routes", OPENHUB_REDACT_HEADERS="x-vendor-ref, X-Other") as hub:
+        for path in ("/json", "/form", "/bare"):
+            server.answer(path, 200, {"X-Vendor-Ref": "v-ref-9", "X-Upstream": "Bearer up-8"}, answer.encode())
+        json_view = run(hub, {"path": "/json", "user": "ann", "auth": {"password": "p4ss-1"},
+                              "lines": [{"sku": "s-1", "client_secret": "cs-2"}]})
+        form_view = run(hub, {"path": "/form", "secret": "cs-3"}, route="http.token")
+        bare_view = run(hub, {"path": "/bare", "password": "p4ss-1"}, route="http.headers_only")
+        assert {json_view.state, form_view.state, bare_view.state} == {"OK"}
+        # The calls themselves went out with every secret in them: only the record is redacted.
+        assert b"cs-3" in server.requests[1]["body"] and server.requests[0]["headers"]["X-Api-Key"] == "k-123"
+        [sent] = message_detail(json_view.id)["http_exchanges"]
+        [form] = message_detail(form_view.id)["http_exchanges"]
+        [bare] = message_detail(bare_view.id)["http_exchanges"]
+    stored = json.dumps([sent, form, bare])
+    for secret in secrets:
+        assert secret not in stored, (secret, stored)
+    assert json.loads(sent["request_body"]) == {"path": "/json", "user": "ann", "auth": "[redacted]",
+                                                "lines": [{"sku": "s-1", "client_secret": "[redacted]"}]}
+    assert json.loads(sent["response_body"])["profile"] == {"name": "n", "refresh_token": "[redacted]"}
+    assert sent["response_headers"]["x-vendor-ref"] == "[redacted]" == sent["response_headers"]["x-upstream"]
+    assert form["request_body"] == "grant_type=client_credentials&client_secret=[redacted]"
+    assert bare["request_body"] is None and bare["response_body"] is None and bare["status"] == 200
+    with pytest.raises(ConfigurationError):
+        HttpCall(record="bodies")  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from openhub.http import HttpCall
 api = HttpCall(business_errors={409: "E409"}, reject={400, 404, 422}, record=True, timeout=2,
                headers={"Authorization": "Bearer s3cret", "X-Api-Key": "k-123"})
 quiet = HttpCall()  # records nothing
+headers_only = HttpCall(record="headers")  # records the exchange without its bodies
 
 
 def server() -> str:
@@ -34,7 +35,22 @@ def call_quietly(ctx: StepContext) -> None:
     quiet.post(ctx, f"{server()}{ctx.payload['path']}", json=ctx.payload)
 
 
+@step
+def get_token(ctx: StepContext) -> None:
+    """An OAuth-style form POST whose body carries the client secret."""
+    api.post(ctx, f"{server()}{ctx.payload['path']}",
+             data={"grant_type": "client_credentials", "client_secret": ctx.payload["secret"]})
+
+
+@step
+def call_headers_only(ctx: StepContext) -> None:
+    """The same call as call_api, recorded without bodies."""
+    headers_only.post(ctx, f"{server()}{ctx.payload['path']}", json=ctx.payload)
+
+
 routes = [
     Route("http.call", steps=[call_api]),
     Route("http.quiet", steps=[call_quietly]),
+    Route("http.token", steps=[get_token]),
+    Route("http.headers_only", steps=[call_headers_only]),
 ]
