@@ -21,9 +21,10 @@ from sqlalchemy import Connection, and_, insert, select, update
 
 from .config import get_settings
 from .context import Outcome, error_line
-from .db import outage_pause, transaction, utcnow
+from .db import transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .redact import redact_text
+from .policy import confirmation_lease, confirmation_retry, outage_pause
 from .registry import Confirmer, get_registry
 from .schema import confirmations, messages
 from .states import ConfirmationState as CS
@@ -50,7 +51,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     settings = get_settings()
     # A confirmer may take as long as a step, a webhook up to its deadline: a shorter lease would let
     # another sender call it again while the first still sends.
-    lease = max(settings.confirm_interval, settings.step_timeout, 2 * settings.confirm_timeout)
+    lease = confirmation_lease(settings)
     with transaction() as conn:
         query = select(C.id).where(and_(C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.due_at <= now))
         if message_id is not None:
@@ -99,12 +100,13 @@ def _send_one(confirmation_id: int, claim: str) -> int:
                         f"confirmation to {view.source_system}", view.id, error_line(error))
     now = utcnow()
     attempts = row.attempts + 1
+    retry = None if error is None else confirmation_retry(attempts, now, settings)
     if error is None:
         values = dict(state=CS.OK, due_at=None)
-    elif attempts >= settings.confirm_max_fails:
+    elif retry is None:  # its attempts ran out: parked until an operator resends it
         values = dict(state=CS.FAILED_END, due_at=None, last_error=error)
     else:
-        values = dict(state=CS.FAILED, due_at=now + settings.confirm_interval, last_error=error)
+        values = dict(state=CS.FAILED, due_at=retry, last_error=error)
     # The source system has its answer: the outcome is recorded through a store outage, however long
     # (a confirmation left SENDING would be sent again when its lease ends).
     attempt = 0

@@ -14,14 +14,15 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, and_, select
 
 from .config import get_settings
 from .confirm import queue_confirmation
-from .model import RetryPolicy, Route, RouteStep, Split
+from .model import Route, RouteStep, Split
+from .policy import chain_wait, retry_due, retry_policy
 from .registry import get_registry
 from .schema import messages
 from .split import children_counts, current_children, split_of
@@ -30,7 +31,6 @@ from .store import lock_message, pause_route, set_state, update_message
 
 log = logging.getLogger("openhub.lifecycle")
 M = messages.c
-CHAIN_WAIT_MAX = timedelta(hours=1)
 
 
 @dataclass
@@ -52,16 +52,6 @@ class FollowUps:
             getattr(self, f.name).extend(getattr(other, f.name))
 
 
-def retry_policy(route: Route | None, item: RouteStep | None) -> RetryPolicy:
-    """The retry policy of a step: its own, else its route's, else the OPENHUB_* defaults."""
-    if item is not None and item.retry is not None:
-        return item.retry
-    if route is not None and route.retry is not None:
-        return route.retry
-    s = get_settings()
-    return RetryPolicy(max_fails=s.max_fails, interval=s.retry_interval or timedelta(seconds=1))
-
-
 def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, item: RouteStep | None,
                 now: datetime, follow: FollowUps, detail: str | None = None, *, keep_run: bool = False,
                 settle: bool = True, **values: Any) -> State:
@@ -71,11 +61,11 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, i
     `keep_run`: a final state leaves the message's step run in place (a cancelled step still calling
     out keeps its lease until it ends). `settle=False`: the caller settles the split parent itself.
     """
-    policy = retry_policy(route, item)
+    policy = retry_policy(route, item, get_settings())
     result = transition(row.state, event, row.failed_count, policy.max_fails)
     values.setdefault("failed_count", result.failed_count)
     if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
-        values["due_at"] = now + policy.delay(result.failed_count)
+        values["due_at"] = retry_due(policy, result.failed_count, now)
     if result.state in FINAL:
         values.update(due_at=None, finished_at=now)
         if not keep_run:
@@ -109,21 +99,8 @@ def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: 
     token = str(uuid.uuid4())
     handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
     apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
-                due_at=now + _chain_wait(row, event, now), **handed_over)
+                due_at=now + chain_wait(event, now - row.updated_at, get_settings()), **handed_over)
     follow.chains.append((route, row.id, token, start))
-
-
-def _chain_wait(row: Row, event: Event, now: datetime) -> timedelta:
-    """How long a published chain may take to reach its first task before it is published again.
-
-    OPENHUB_LEASE_GRACE, doubled each time the chain was not taken in time (a backlog that outlasts
-    the grace): every republication adds a chain to the queue, and only the newest carries the message.
-    """
-    grace = get_settings().lease_grace
-    if event is not Event.CHAIN_LOST:
-        return grace
-    waited = now - row.updated_at  # since the previous chain was published
-    return max(grace, min(2 * waited, max(grace, CHAIN_WAIT_MAX)))
 
 
 def cancel_family(conn: Connection, row: Row, now: datetime, follow: FollowUps) -> None:
