@@ -95,7 +95,7 @@ def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: 
     """Give a message a new fencing token and state IN_QUEUE; its chain (from step `start`) is published
     after commit. A run still in flight from a cancelled chain keeps its lease: the new chain waits for it.
     """
-    route = get_registry().route(f"{row.service}.{row.operation}")
+    route = get_registry().route_of(row)
     token = str(uuid.uuid4())
     handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
     apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
@@ -110,7 +110,7 @@ def cancel_family(conn: Connection, row: Row, now: datetime, follow: FollowUps) 
     calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
     restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
     """
-    route = get_registry().routes.get(f"{row.service}.{row.operation}")
+    route = get_registry().find_route_of(row)
     apply_event(conn, row, Event.CANCELLED, route, None, now, follow, attempt_id=str(uuid.uuid4()),
                 keep_run=row.worker is not None and row.step_run is not None)
     children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
@@ -129,7 +129,7 @@ def confirmed_to_source(conn: Connection, row: Any) -> bool:
     if row.parent_id is None:
         return True
     parent = conn.execute(select(M.service, M.operation).where(M.id == row.parent_id)).first()
-    split = split_of(f"{parent.service}.{parent.operation}") if parent is not None else None
+    split = split_of(get_registry().find_route_of(parent)) if parent is not None else None
     return split is not None and split.confirm_children
 
 
@@ -143,10 +143,10 @@ def settle_parent(conn: Connection, parent_id: int, now: datetime, follow: Follo
     parent = lock_message(conn, parent_id)
     if parent is None or parent.state != State.WAITING:
         return
-    route = get_registry().route(f"{parent.service}.{parent.operation}")
+    route = get_registry().route_of(parent)
     counts = children_counts(conn, parent)
     failed, cancelled = counts.get(State.FAILED, 0), counts.get(State.CANCEL, 0)
-    split = split_of(route.name)
+    split = split_of(route)
     if split is not None and split.sequential:
         if _next_turn(conn, parent, split, failed + cancelled, now, follow):
             return
@@ -205,7 +205,7 @@ def resume_split(conn: Connection, parent: Any, item: Split, now: datetime, foll
         # next claim waits for it, as after an operator's restart, instead of calling a second time.
         apply_event(conn, child, Event.RESTARTED, None, None, now, follow, detail=f"parent {parent.id} restarted",
                     due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))
-    route = get_registry().route(f"{parent.service}.{parent.operation}")
+    route = get_registry().route_of(parent)
     apply_event(conn, parent, Event.SPLIT, route, item, now, follow, step_run=None, due_at=None,
                 detail=f"waiting again for its children ({len(again)} restarted)")
     follow.redrive.extend(c.id for c in again[:1 if item.sequential else len(again)])

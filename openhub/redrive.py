@@ -105,7 +105,7 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
         live = liveness(conn) if any(r.step_run is not None for r in rows) else None
         for row in rows:
             try:
-                route = registry.route(f"{row.service}.{row.operation}")
+                route = registry.route_of(row)
             except UnknownRouteError:
                 log.error("message %s belongs to route %s.%s, which is not loaded; skipped for an hour",
                           row.id, row.service, row.operation)
