@@ -21,6 +21,7 @@ import click
 
 from .config import get_settings
 from .errors import OpenHubError
+from .states import FINAL, ConfirmationState, State
 
 
 class _Main(click.Group):
@@ -161,9 +162,7 @@ def messages() -> None:
 
 
 @messages.command("list")
-@click.option("--state", type=click.Choice(["NEW", "IN_QUEUE", "PROCESSING", "WAITING", "WAITING_FOR_RES",
-                                            "PARTLY_FAILED", "POSTPONED", "OK", "FAILED", "CANCEL", "SKIPPED"],
-                                           case_sensitive=False))
+@click.option("--state", type=click.Choice(list(State), case_sensitive=False))
 @click.option("--service")
 @click.option("--operation")
 @click.option("--route", help="service.operation (instead of --service and --operation).")
@@ -220,7 +219,7 @@ def messages_show(message_id: int, as_json: bool) -> None:
     from rich.table import Table
 
     console = _console()
-    past = m["state"] == "OK" and bool(m["failed_error"])  # retried, then OK: the error is history
+    past = m["state"] == State.OK and bool(m["failed_error"])  # retried, then OK: the error is history
     fields = Table(show_header=False, box=None)
     for name in ("id", "route", "state", "correlation_id", "source_system", "object_id", "process_id", "parent_id",
                  "failed_count", "failed_step", "received_at", "finished_at"):
@@ -374,7 +373,7 @@ def confirmations() -> None:
 
 
 @confirmations.command("list")
-@click.option("--state", type=click.Choice(["PENDING", "SENDING", "OK", "FAILED", "FAILED_END"], case_sensitive=False),
+@click.option("--state", type=click.Choice(list(ConfirmationState), case_sensitive=False),
               help="FAILED_END: parked, its attempts ran out.")
 @click.option("--source-system")
 @click.option("--message-id", type=int)
@@ -576,7 +575,6 @@ def demo(count: int, timeout: float, as_json: bool) -> None:
     """
     import openhub
     from .registry import get_registry
-    from .states import FINAL
 
     routes = [r for r in DEMO_PAYLOADS if r in get_registry().routes]
     if not routes:
@@ -657,8 +655,8 @@ def _console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-_STATE_STYLE = {"OK": "green", "FAILED": "red", "PARTLY_FAILED": "yellow", "POSTPONED": "yellow", "CANCEL": "dim",
-                "SKIPPED": "dim"}
+_STATE_STYLE = {State.OK: "green", State.FAILED: "red", State.PARTLY_FAILED: "yellow", State.POSTPONED: "yellow",
+                State.CANCEL: "dim", State.SKIPPED: "dim"}
 
 
 def _state(state: Any) -> Any:

@@ -21,21 +21,22 @@ from sqlalchemy import Connection, and_, insert, select, update
 
 from .config import get_settings
 from .context import Outcome, error_line
-from .db import outage_pause, transaction, utcnow
+from .db import transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .redact import redact_text
+from .policy import confirmation_lease, confirmation_retry, outage_pause
 from .registry import Confirmer, get_registry
 from .schema import confirmations, messages
+from .states import ConfirmationState as CS
 from .store import message_view
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
-PENDING, SENDING, OK, FAILED, FAILED_END = "PENDING", "SENDING", "OK", "FAILED", "FAILED_END"
 
 
 def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: datetime) -> None:
     """Record that the final `outcome` of a message must be confirmed (in the finishing transaction)."""
-    conn.execute(insert(confirmations).values(message_id=message_id, outcome=outcome, state=PENDING, attempts=0,
+    conn.execute(insert(confirmations).values(message_id=message_id, outcome=outcome, state=CS.PENDING, attempts=0,
                                               due_at=now, created_at=now, updated_at=now))
 
 
@@ -50,9 +51,9 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     settings = get_settings()
     # A confirmer may take as long as a step, a webhook up to its deadline: a shorter lease would let
     # another sender call it again while the first still sends.
-    lease = max(settings.confirm_interval, settings.step_timeout, 2 * settings.confirm_timeout)
+    lease = confirmation_lease(settings)
     with transaction() as conn:
-        query = select(C.id).where(and_(C.state.in_((PENDING, FAILED, SENDING)), C.due_at <= now))
+        query = select(C.id).where(and_(C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.due_at <= now))
         if message_id is not None:
             query = query.where(C.message_id == message_id)
         ids = list(conn.execute(query.order_by(C.due_at).limit(limit)).scalars())
@@ -68,8 +69,8 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
         claim = str(uuid.uuid4())
         with transaction() as conn:
             taken = conn.execute(update(confirmations).where(and_(
-                C.id == confirmation_id, C.state.in_((PENDING, FAILED, SENDING)), C.due_at <= claimed_at))
-                .values(state=SENDING, claim=claim, due_at=claimed_at + lease, updated_at=claimed_at)).rowcount
+                C.id == confirmation_id, C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.due_at <= claimed_at))
+                .values(state=CS.SENDING, claim=claim, due_at=claimed_at + lease, updated_at=claimed_at)).rowcount
         if taken:
             sent += _send_one(confirmation_id, claim)
     return sent
@@ -99,19 +100,20 @@ def _send_one(confirmation_id: int, claim: str) -> int:
                         f"confirmation to {view.source_system}", view.id, error_line(error))
     now = utcnow()
     attempts = row.attempts + 1
+    retry = None if error is None else confirmation_retry(attempts, now, settings)
     if error is None:
-        values = dict(state=OK, due_at=None)
-    elif attempts >= settings.confirm_max_fails:
-        values = dict(state=FAILED_END, due_at=None, last_error=error)
+        values = dict(state=CS.OK, due_at=None)
+    elif retry is None:  # its attempts ran out: parked until an operator resends it
+        values = dict(state=CS.FAILED_END, due_at=None, last_error=error)
     else:
-        values = dict(state=FAILED, due_at=now + settings.confirm_interval, last_error=error)
+        values = dict(state=CS.FAILED, due_at=retry, last_error=error)
     # The source system has its answer: the outcome is recorded through a store outage, however long
     # (a confirmation left SENDING would be sent again when its lease ends).
     attempt = 0
     while True:
         try:
             with transaction() as conn:
-                conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == SENDING,
+                conn.execute(update(confirmations).where(and_(C.id == confirmation_id, C.state == CS.SENDING,
                                                               C.claim == claim))
                              .values(attempts=attempts, updated_at=now, **values))
             return int(error is None)
@@ -121,7 +123,6 @@ def _send_one(confirmation_id: int, claim: str) -> int:
             time.sleep(outage_pause(attempt))
 
 
-STATES = (PENDING, SENDING, OK, FAILED, FAILED_END)
 
 
 def _missing(name: str) -> Confirmer:
@@ -134,8 +135,8 @@ def list_confirmations(state: str | None = None, message_id: int | None = None, 
                        limit: int = 100) -> list[dict[str, Any]]:
     """Confirmations with their message's source system and correlation id, newest first;
     `state="FAILED_END"` lists the parked ones for operators."""
-    if state is not None and state not in STATES:
-        raise InputError(f"unknown confirmation state {state!r}: one of {', '.join(STATES)}")
+    if state is not None and state not in CS.__members__:
+        raise InputError(f"unknown confirmation state {state!r}: one of {', '.join(CS)}")
     M = messages.c
     query = (select(confirmations, M.source_system, M.correlation_id).join(messages, M.id == C.message_id)
              .order_by(C.id.desc()).limit(max(1, min(int(limit), 1000))))
@@ -155,7 +156,7 @@ def resend(confirmation_id: int) -> dict[str, Any]:
         row = conn.execute(select(C.state, C.message_id).where(C.id == confirmation_id)).first()
         if row is None:
             raise NotFound(f"no confirmation with id {confirmation_id}")
-        if row.state != FAILED_END:
+        if row.state != CS.FAILED_END:
             raise StateConflict(f"confirmation {confirmation_id} is {row.state}: only a parked (FAILED_END) one "
                                 "is sent again")
         _unpark(conn, C.id == confirmation_id)
@@ -165,7 +166,7 @@ def resend(confirmation_id: int) -> dict[str, Any]:
 
 def resend_parked(source_system: str | None = None) -> list[int]:
     """Make every parked confirmation (of one source system) due again; the poller sends them. Their ids."""
-    where = C.state == FAILED_END
+    where = C.state == CS.FAILED_END
     if source_system is not None:
         where = and_(where, C.message_id.in_(select(messages.c.id).where(messages.c.source_system == source_system)))
     with transaction() as conn:
@@ -174,7 +175,7 @@ def resend_parked(source_system: str | None = None) -> list[int]:
 
 def _unpark(conn: Connection, where: Any) -> list[int]:
     now = utcnow()
-    return list(conn.execute(update(confirmations).where(and_(where, C.state == FAILED_END))
-                             .values(state=PENDING, attempts=0, due_at=now, claim=None, updated_at=now)
+    return list(conn.execute(update(confirmations).where(and_(where, C.state == CS.FAILED_END))
+                             .values(state=CS.PENDING, attempts=0, due_at=now, claim=None, updated_at=now)
                              .returning(C.id)).scalars())
 

@@ -24,15 +24,6 @@ from .errors import StoreUnavailable
 _engines: dict[tuple[int, str], Engine] = {}
 
 
-OUTAGE_BACKOFF_MAX = 5.0  # seconds, at most, between two tries of a write while the store is away
-
-
-def outage_pause(attempt: int) -> float:
-    """Seconds to wait before trying a write again, the `attempt`-th time the store was away:
-    doubling from 0.1 s up to OUTAGE_BACKOFF_MAX."""
-    return min(0.05 * 2 ** min(attempt, 10), OUTAGE_BACKOFF_MAX)
-
-
 def utcnow() -> datetime:
     """The current time as naive UTC, the store's convention."""
     return datetime.now(timezone.utc).replace(tzinfo=None)

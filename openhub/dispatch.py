@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Collection
 from .config import get_settings
 from .errors import ConfigurationError
 from .model import Route
+from .policy import step_timeout
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -79,7 +80,7 @@ def task_options(route: Route, index: int) -> dict[str, Any]:
     """
     settings = get_settings()
     steps = route.steps[index:route.task_end(index)]
-    timeout = sum((item.timeout or settings.step_timeout).total_seconds() for item in steps)
+    timeout = sum(step_timeout(item, settings).total_seconds() for item in steps)
     options: dict[str, Any] = {"soft_time_limit": timeout, "time_limit": timeout + HARD_LIMIT_MARGIN}
     queue = route.step_queue(route.steps[index])
     if queue:

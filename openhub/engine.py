@@ -27,12 +27,14 @@ from sqlalchemy.dialects import postgresql
 from . import breaker, limits
 from .config import get_settings
 from .context import MessageInfo, NoEffect, StepContext, WaitForResponse, aware, error_line
-from .db import insert_or_ignore, is_postgres, outage_pause, transaction, utcnow
+from .db import insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import Holdback, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
 from .funnel import funnel_blocked
-from .lifecycle import FollowUps, apply_event, redispatch, resume_split, retry_policy
+from .lifecycle import FollowUps, apply_event, redispatch, resume_split
 from .model import Route, RouteStep, Split
+from .policy import (handover_due, lease_until, outage_pause, postpone_until, retry_policy, step_timeout,
+                     verdict_due)
 from .redact import redact_text
 from .redrive import carry_out
 from .registry import get_registry
@@ -83,11 +85,6 @@ class Verdict:
     def __post_init__(self) -> None:
         self.call_state = self.call_state or CALL_STATES.get(self.event, CallState.FAILED)
         self.error = redact_text(self.error)  # stored, shown and confirmed: never the hub's own credentials
-
-
-def step_timeout(item: RouteStep) -> timedelta:
-    """How long one run of the step may take before Celery interrupts it."""
-    return item.timeout or get_settings().step_timeout
 
 
 def idempotency_key(row: Row, item: RouteStep) -> str:
@@ -372,7 +369,7 @@ def _enter(conn: Connection, route: Route, index: int, message_id: int, token: s
 
 def _lease(item: RouteStep, run_id: str, now: datetime) -> dict[str, Any]:
     """The columns of a step lease held by this process's run `run_id`."""
-    return dict(step_run=run_id, worker=current_id(), due_at=now + step_timeout(item) + get_settings().lease_grace,
+    return dict(step_run=run_id, worker=current_id(), due_at=lease_until(item, now, get_settings()),
                 updated_at=now)
 
 
@@ -404,7 +401,7 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
         if index == len(route.steps) - 1:
             _finish(conn, row, route, item, Verdict(Event.COMPLETED), now, follow)
             return False
-        update_message(conn, row.id, step_run=None, worker=None, due_at=now + get_settings().lease_grace,
+        update_message(conn, row.id, step_run=None, worker=None, due_at=handover_due(now, get_settings()),
                        updated_at=now)
         return True
     if call is not None and call.ok_message_id is not None and \
@@ -417,7 +414,7 @@ def _prepare(conn: Connection, route: Route, index: int, row: Any, run_id: str, 
         if holder:  # two versions of one entity must not call the system at once; the older would win
             apply_event(conn, row, Event.POSTPONED, route, item, now, follow, step_run=None, worker=None,
                         detail=f"{key} is being called by message {call.message_id}",
-                        due_at=now + get_settings().postpone_interval)
+                        due_at=postpone_until(now, get_settings()))
             return False
     busy = _system_busy(system, run_id, row.due_at, conn, now) if system else None
     if busy is not None:  # the system takes no more calls now: wait, no failure counted
@@ -446,7 +443,7 @@ def _system_busy(system: str, run_id: str, lease_until: datetime, conn: Connecti
         return until, f"{system} is at its rate of {rate[0]} calls per {rate[1]:g} s (OPENHUB_SYSTEM_RATES)"
     limit = settings.system_limits.get(system)
     if limit and not limits.take(conn, system, limit, run_id, lease_until, now):
-        return now + settings.postpone_interval, f"{system} has its {limit} calls in flight (OPENHUB_SYSTEM_LIMITS)"
+        return postpone_until(now, settings), f"{system} has its {limit} calls in flight (OPENHUB_SYSTEM_LIMITS)"
     return None
 
 
@@ -540,14 +537,14 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
                     failed_error=expired)
         return False
     if row.step_run is not None and _in_flight(conn, row.id, now):
-        apply_event(conn, row, Event.POSTPONED, route, item, now, follow, due_at=now + settings.postpone_interval,
+        apply_event(conn, row, Event.POSTPONED, route, item, now, follow, due_at=postpone_until(now, settings),
                     detail="an earlier run of the message is still in flight")
         return False
     paused = paused_routes(conn)
     if is_paused(paused, route.name):
         apply_event(conn, row, Event.POSTPONED, route, item, now, follow,
                     detail="route paused" if route.name in paused else "the hub is draining",
-                    due_at=now + settings.postpone_interval)
+                    due_at=postpone_until(now, settings))
         return False
     blocked = funnel_blocked(conn, row, route)
     if blocked:
@@ -560,7 +557,7 @@ def _claim(conn: Connection, row: Row, route: Route, item: RouteStep, now: datet
                         failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}: {blocked}")
             return False
         apply_event(conn, row, Event.POSTPONED, route, item, now, follow, detail=blocked, blocked_since=since,
-                    due_at=now + settings.postpone_interval)
+                    due_at=postpone_until(now, settings))
         return False
     # A retry's chain starts at the route's first step and skips those already OK: the history names
     # the step the attempt resumes at, as its call records tell (a first attempt has none to read).
@@ -607,7 +604,7 @@ _LOCK_CALL = {False: select(ext_calls).where(X.key == bindparam("call_key")),
 
 def _run(route: Route, item: RouteStep, ctx: StepContext, limit: TimeLimit | None = None) -> Verdict:
     try:
-        with limit(step_timeout(item).total_seconds()) if limit else nullcontext():
+        with limit(step_timeout(item, get_settings()).total_seconds()) if limit else nullcontext():
             result = item.fn(ctx)
         if isinstance(item, Split):
             return Verdict(Event.SPLIT, children=list(result or []))
@@ -644,7 +641,7 @@ def _record(conn: Connection, route: Route, index: int, message_id: int, token: 
                   business_errors=dumps(errors) if errors else None, step_run=None, worker=None, updated_at=now)
     last = index == len(route.steps) - 1
     if verdict.event is None and not last:
-        common["due_at"] = now + get_settings().lease_grace  # the next step's task must arrive by then
+        common["due_at"] = handover_due(now, get_settings())  # the next step's task must arrive by then
         # This worker publishes that task: named here, its death re-publishes the chain at once.
         common["worker"] = current_id()
     kept, _ = _write_outcome(conn, message_id, token, entered, verdict, item, common, now)
@@ -788,14 +785,8 @@ def _finish(conn: Connection, row: Row, route: Route, item: RouteStep, verdict: 
     values.update(step_run=None, worker=None)
     if event in (Event.TRANSIENT, Event.REJECTED, Event.NO_EFFECT):
         values.update(failed_step=item.key, failed_error=verdict.error, error_code=verdict.code)
-    if event is Event.POSTPONED:
-        values["due_at"] = now + (verdict.delay or settings.postpone_interval)
-    elif event is Event.HELD_BACK:  # the state table's PAUSE_ROUTE pauses the route
-        values["due_at"] = now + settings.postpone_interval
-    elif event is Event.WAIT_RESPONSE:
-        values["due_at"] = now + (verdict.delay or settings.step_timeout)
-    elif event is Event.NO_EFFECT:
-        values["due_at"] = now + retry_policy(route, item).interval
+    if event in (Event.POSTPONED, Event.HELD_BACK, Event.WAIT_RESPONSE, Event.NO_EFFECT):
+        values["due_at"] = verdict_due(event, verdict.delay, retry_policy(route, item, settings), now, settings)
     elif event is Event.SPLIT:
         values["due_at"] = None
         assert isinstance(item, Split)

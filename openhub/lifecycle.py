@@ -14,14 +14,15 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, and_, select
 
 from .config import get_settings
 from .confirm import queue_confirmation
-from .model import RetryPolicy, Route, RouteStep, Split
+from .model import Route, RouteStep, Split
+from .policy import chain_wait, retry_due, retry_policy
 from .registry import get_registry
 from .schema import messages
 from .split import children_counts, current_children, split_of
@@ -30,7 +31,6 @@ from .store import lock_message, pause_route, set_state, update_message
 
 log = logging.getLogger("openhub.lifecycle")
 M = messages.c
-CHAIN_WAIT_MAX = timedelta(hours=1)
 
 
 @dataclass
@@ -52,16 +52,6 @@ class FollowUps:
             getattr(self, f.name).extend(getattr(other, f.name))
 
 
-def retry_policy(route: Route | None, item: RouteStep | None) -> RetryPolicy:
-    """The retry policy of a step: its own, else its route's, else the OPENHUB_* defaults."""
-    if item is not None and item.retry is not None:
-        return item.retry
-    if route is not None and route.retry is not None:
-        return route.retry
-    s = get_settings()
-    return RetryPolicy(max_fails=s.max_fails, interval=s.retry_interval or timedelta(seconds=1))
-
-
 def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, item: RouteStep | None,
                 now: datetime, follow: FollowUps, detail: str | None = None, *, keep_run: bool = False,
                 settle: bool = True, **values: Any) -> State:
@@ -71,11 +61,11 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, i
     `keep_run`: a final state leaves the message's step run in place (a cancelled step still calling
     out keeps its lease until it ends). `settle=False`: the caller settles the split parent itself.
     """
-    policy = retry_policy(route, item)
+    policy = retry_policy(route, item, get_settings())
     result = transition(row.state, event, row.failed_count, policy.max_fails)
     values.setdefault("failed_count", result.failed_count)
     if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
-        values["due_at"] = now + policy.delay(result.failed_count)
+        values["due_at"] = retry_due(policy, result.failed_count, now)
     if result.state in FINAL:
         values.update(due_at=None, finished_at=now)
         if not keep_run:
@@ -105,25 +95,12 @@ def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: 
     """Give a message a new fencing token and state IN_QUEUE; its chain (from step `start`) is published
     after commit. A run still in flight from a cancelled chain keeps its lease: the new chain waits for it.
     """
-    route = get_registry().route(f"{row.service}.{row.operation}")
+    route = get_registry().route_of(row)
     token = str(uuid.uuid4())
     handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
     apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
-                due_at=now + _chain_wait(row, event, now), **handed_over)
+                due_at=now + chain_wait(event, now - row.updated_at, get_settings()), **handed_over)
     follow.chains.append((route, row.id, token, start))
-
-
-def _chain_wait(row: Row, event: Event, now: datetime) -> timedelta:
-    """How long a published chain may take to reach its first task before it is published again.
-
-    OPENHUB_LEASE_GRACE, doubled each time the chain was not taken in time (a backlog that outlasts
-    the grace): every republication adds a chain to the queue, and only the newest carries the message.
-    """
-    grace = get_settings().lease_grace
-    if event is not Event.CHAIN_LOST:
-        return grace
-    waited = now - row.updated_at  # since the previous chain was published
-    return max(grace, min(2 * waited, max(grace, CHAIN_WAIT_MAX)))
 
 
 def cancel_family(conn: Connection, row: Row, now: datetime, follow: FollowUps) -> None:
@@ -133,7 +110,7 @@ def cancel_family(conn: Connection, row: Row, now: datetime, follow: FollowUps) 
     calling out cannot be stopped: its run keeps the lease (and the funnel) until it ends, so no
     restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
     """
-    route = get_registry().routes.get(f"{row.service}.{row.operation}")
+    route = get_registry().find_route_of(row)
     apply_event(conn, row, Event.CANCELLED, route, None, now, follow, attempt_id=str(uuid.uuid4()),
                 keep_run=row.worker is not None and row.step_run is not None)
     children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
@@ -152,7 +129,7 @@ def confirmed_to_source(conn: Connection, row: Any) -> bool:
     if row.parent_id is None:
         return True
     parent = conn.execute(select(M.service, M.operation).where(M.id == row.parent_id)).first()
-    split = split_of(f"{parent.service}.{parent.operation}") if parent is not None else None
+    split = split_of(get_registry().find_route_of(parent)) if parent is not None else None
     return split is not None and split.confirm_children
 
 
@@ -166,10 +143,10 @@ def settle_parent(conn: Connection, parent_id: int, now: datetime, follow: Follo
     parent = lock_message(conn, parent_id)
     if parent is None or parent.state != State.WAITING:
         return
-    route = get_registry().route(f"{parent.service}.{parent.operation}")
+    route = get_registry().route_of(parent)
     counts = children_counts(conn, parent)
     failed, cancelled = counts.get(State.FAILED, 0), counts.get(State.CANCEL, 0)
-    split = split_of(route.name)
+    split = split_of(route)
     if split is not None and split.sequential:
         if _next_turn(conn, parent, split, failed + cancelled, now, follow):
             return
@@ -228,7 +205,7 @@ def resume_split(conn: Connection, parent: Any, item: Split, now: datetime, foll
         # next claim waits for it, as after an operator's restart, instead of calling a second time.
         apply_event(conn, child, Event.RESTARTED, None, None, now, follow, detail=f"parent {parent.id} restarted",
                     due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))
-    route = get_registry().route(f"{parent.service}.{parent.operation}")
+    route = get_registry().route_of(parent)
     apply_event(conn, parent, Event.SPLIT, route, item, now, follow, step_run=None, due_at=None,
                 detail=f"waiting again for its children ({len(again)} restarted)")
     follow.redrive.extend(c.id for c in again[:1 if item.sequential else len(again)])

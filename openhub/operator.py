@@ -73,7 +73,7 @@ def cancel(message_id: int) -> MessageView:
 
 
 def _route_of(row: Any) -> Route | None:
-    return get_registry().routes.get(f"{row.service}.{row.operation}")
+    return get_registry().find_route_of(row)
 
 
 BULK_LIMIT = 1000  # messages one bulk action acts on; `more` says when others match too

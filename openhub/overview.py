@@ -27,7 +27,7 @@ from .breaker import open_breakers
 from .context import aware
 from .db import is_postgres, transaction, utcnow
 from .schema import LIVE_PREDICATE, confirmations, messages, route_pauses
-from .states import FINAL
+from .states import FINAL, ConfirmationState, State
 from .store import DRAIN, drain_reason
 
 HOUR_BUCKET = timedelta(minutes=1)
@@ -80,7 +80,7 @@ def finished_series(conn: Connection, now: datetime) -> dict[str, Any]:
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)  # the current minute is the last bucket
     start = end - timedelta(days=1)
     minute = _minute(conn, M.finished_at).label("minute")
-    failed = func.sum(case((M.state == "FAILED", 1), else_=0)).label("failed")
+    failed = func.sum(case((M.state == State.FAILED, 1), else_=0)).label("failed")
     per_minute: dict[int, tuple[int, int]] = {}
     for r in conn.execute(select(minute, func.count().label("finished"), failed)
                           .where(M.finished_at >= start, M.finished_at < end, M.state.in_(_FINAL))
@@ -114,12 +114,13 @@ def finished_series(conn: Connection, now: datetime) -> dict[str, Any]:
 def confirmation_states(conn: Connection) -> dict[str, Any]:
     """Confirmations not (yet) OK by state, and the parked ones (FAILED_END) with their message ids."""
     C = confirmations.c
-    counts = dict(conn.execute(select(C.state, func.count()).where(C.state != "OK").group_by(C.state)).all())
+    unsettled = select(C.state, func.count()).where(C.state != ConfirmationState.OK).group_by(C.state)
+    counts = dict(conn.execute(unsettled).all())
     parked = [{"id": r.id, "message_id": r.message_id, "outcome": r.outcome, "attempts": r.attempts,
                "updated_at": _iso(r.updated_at), "last_error": r.last_error}
-              for r in conn.execute(select(confirmations).where(C.state == "FAILED_END")
+              for r in conn.execute(select(confirmations).where(C.state == ConfirmationState.FAILED_END)
                                     .order_by(C.id.desc()).limit(PARKED_LISTED))]
-    return {"by_state": counts, "parked_count": counts.get("FAILED_END", 0), "parked": parked}
+    return {"by_state": counts, "parked_count": counts.get(ConfirmationState.FAILED_END, 0), "parked": parked}
 
 
 def paused_routes(conn: Connection) -> list[dict[str, Any]]:

@@ -87,7 +87,7 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
             if live.run_in_flight(row.worker, row.step_run, row.updated_at) is not False:
                 continue
             lost.append(row.step_run)
-            route = get_registry().routes.get(f"{row.service}.{row.operation}")
+            route = get_registry().find_route_of(row)
             if row.state == State.PROCESSING and route is not None:
                 reason = (f"step run {row.step_run} ended without an outcome: "
                           f"worker {row.worker} died or its task crashed")

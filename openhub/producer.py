@@ -19,6 +19,7 @@ from .context import MessageView
 from .db import insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import Draining, InputError, PayloadTooLarge, SourceNotAllowed
 from .model import Route
+from .policy import handover_due
 from .registry import get_registry
 from .schema import messages, transitions
 from .states import Note, State
@@ -186,7 +187,7 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
         funnel=_funnel(identifier(funnel, "funnel", required=False) or _derived(route, payload, "funnel"),
                        source_system),
         parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
-        attempt_id=str(uuid.uuid4()), due_at=now + get_settings().lease_grace,
+        attempt_id=str(uuid.uuid4()), due_at=handover_due(now, get_settings()),
         received_at=now, msg_timestamp=_timestamp(msg_timestamp, now, parent_id), updated_at=now,
         expires_at=_expiry(route, expires_at, now, parent_id))
 

@@ -10,7 +10,7 @@ dies first: the poller finds the confirmation, the due message and the NEW child
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Callable
 
 from sqlalchemy import and_, not_, select, update
@@ -22,6 +22,7 @@ from .db import is_postgres, transaction
 from .errors import UnknownRouteError
 from .funnel import release_funnel
 from .lifecycle import FollowUps, apply_event, redispatch
+from .policy import UNKNOWN_ROUTE_BACKOFF, handover_due
 from .registry import get_registry
 from .schema import ext_calls, messages
 from .split import dispatch_children
@@ -34,7 +35,6 @@ M = messages.c
 BATCH = 500
 POLLED = tuple(s.value for s in (State.NEW, State.IN_QUEUE, State.PROCESSING, State.PARTLY_FAILED,
                                  State.POSTPONED, State.WAITING_FOR_RES))
-UNKNOWN_ROUTE_BACKOFF = timedelta(hours=1)
 
 
 def carry_out(follow: FollowUps, now: datetime) -> None:
@@ -105,7 +105,7 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
         live = liveness(conn) if any(r.step_run is not None for r in rows) else None
         for row in rows:
             try:
-                route = registry.route(f"{row.service}.{row.operation}")
+                route = registry.route_of(row)
             except UnknownRouteError:
                 log.error("message %s belongs to route %s.%s, which is not loaded; skipped for an hour",
                           row.id, row.service, row.operation)
@@ -121,7 +121,7 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
             stepping = row.state == State.PROCESSING and row.step_run is not None
             if stepping and live is not None and live.run_in_flight(row.worker, row.step_run, row.updated_at):
                 # slow, not lost: its worker's heartbeat still lists the run
-                update_message(conn, row.id, due_at=now + get_settings().lease_grace)
+                update_message(conn, row.id, due_at=handover_due(now, get_settings()))
                 continue
             if row.state in (State.IN_QUEUE, State.PROCESSING) and not stepping:
                 redispatch(conn, row, Event.CHAIN_LOST, now, follow)

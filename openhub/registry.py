@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from .config import get_settings
 from .errors import ConfigurationError, UnknownRouteError
@@ -18,6 +18,18 @@ if TYPE_CHECKING:
 
 Confirmer = Callable[["Outcome"], None]
 Hook = Callable[["Outcome"], None]
+
+
+class MessageRow(Protocol):
+    """What names a stored message's route: a row of `messages`, a view of it."""
+
+    @property
+    def service(self) -> str: ...
+
+    @property
+    def operation(self) -> str: ...
+
+
 _MARK = "__openhub_confirms__"
 _HOOK_MARK = "__openhub_on_state__"
 WEBHOOK = "webhook"  # the name of the stock hook OPENHUB_WEBHOOK_URL turns on
@@ -87,6 +99,14 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self.routes)) or "none"
             raise UnknownRouteError(f"unknown route {name!r} (known: {known})") from None
+
+    def route_of(self, message: MessageRow) -> Route:
+        """The route a stored message belongs to (by its `service` and `operation`), or UnknownRouteError."""
+        return self.route(f"{message.service}.{message.operation}")
+
+    def find_route_of(self, message: MessageRow) -> Route | None:
+        """The route a stored message belongs to, or None when no loaded route has its name."""
+        return self.routes.get(f"{message.service}.{message.operation}")
 
     def add(self, route: Route, origin: str) -> None:
         """Add a route, refusing a second route of the same name."""

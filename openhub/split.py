@@ -16,9 +16,8 @@ from sqlalchemy import Connection, and_, func, select
 
 from .db import transaction
 from .errors import InputError, Reject
-from .model import Child, Split
+from .model import Child, Route, Split
 from .producer import insert_new_many, prepare, publish_new
-from .registry import get_registry
 from .schema import messages
 from .states import State
 
@@ -64,9 +63,8 @@ def dispatch_children(parent_id: int) -> None:
     publish_new([(r.id, r._asdict()) for r in rows])
 
 
-def split_of(route_name: str) -> Split | None:
+def split_of(route: Route | None) -> Split | None:
     """The split step of a route (the one its children came from), if it has one."""
-    route = get_registry().routes.get(route_name)
     return next((s for s in route.steps if isinstance(s, Split)), None) if route is not None else None
 
 

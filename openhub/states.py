@@ -80,6 +80,19 @@ class CallState(StrEnum):
     POSTPONED = "POSTPONED"    # the step postponed itself or held its route back
 
 
+class ConfirmationState(StrEnum):
+    """The states of a confirmation or state-hook notification (`confirmations.state`)."""
+
+    PENDING = "PENDING"        # written with the final state; not sent yet
+    SENDING = "SENDING"        # claimed by a sender (compare-and-set), the send in flight
+    OK = "OK"                  # the receiver took it: never sent again
+    FAILED = "FAILED"          # the last attempt failed; the poller sends it again when due
+    FAILED_END = "FAILED_END"  # parked: its attempts ran out, until an operator resends it
+
+
+SETTLED_CONFIRMATIONS = frozenset({ConfirmationState.OK, ConfirmationState.FAILED_END})
+
+
 class Action(StrEnum):
     """Side effects the caller must carry out after committing the transition."""
 

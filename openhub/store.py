@@ -15,7 +15,7 @@ from .db import insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import InputError, NotFound
 from .registry import get_registry
 from .schema import confirmations, ext_calls, messages, route_pauses, transitions
-from .states import Note, State
+from .states import ConfirmationState, Note, State
 
 M = messages.c
 # C0, DEL, C1 and the Unicode line/paragraph separators: in an id they forge log lines and break
@@ -90,8 +90,8 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
     hooks = get_registry().hooks_for(state.value) if row.state != state.value else []
     if hooks:  # sent by the poller (or with the message's confirmation), retried like one
         conn.execute(insert(confirmations), [
-            dict(message_id=row.id, outcome=state.value, hook=name, state="PENDING", attempts=0, due_at=now,
-                 created_at=now, updated_at=now) for name in hooks])
+            dict(message_id=row.id, outcome=state.value, hook=name, state=ConfirmationState.PENDING, attempts=0,
+                 due_at=now, created_at=now, updated_at=now) for name in hooks])
 
 
 def record_transition(conn: Connection, message_id: int, event: str, from_state: str | None, to_state: str,

@@ -50,7 +50,7 @@ from ..config import get_settings
 from ..db import transaction, utcnow
 from ..registry import get_registry
 from ..schema import confirmations, ext_calls, messages, transitions
-from ..states import FINAL, NON_FINAL, Event
+from ..states import FINAL, NON_FINAL, CallState, ConfirmationState, Event
 
 log = logging.getLogger("openhub.api.metrics")
 disable_created_metrics()  # the _created series double the output and no dashboard reads them
@@ -61,7 +61,7 @@ ACCEPTED = Counter("openhub_messages_accepted", "Messages accepted (stored) thro
                    ["route", "source_system"])
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
-CONFIRMATION_STATES = ("PENDING", "SENDING", "FAILED", "FAILED_END")
+CONFIRMATION_STATES = tuple(s for s in ConfirmationState if s != ConfirmationState.OK)
 TRANSITION_LAG = 1000  # ids re-read each scrape: history rows committed out of id order are still counted
 CALL_LAG = timedelta(seconds=10)  # likewise for ext-call rows committed after the scrape's clock
 
@@ -203,7 +203,7 @@ class StoreCollector:
         since = max(self._call_born, self._call_mark - CALL_LAG)
         query = (select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)
                  .join(messages, M.id == X.message_id)
-                 .where(and_(X.updated_at > since, X.state == "OK")))
+                 .where(and_(X.updated_at > since, X.state == CallState.OK)))
         for cid, attempts, state, duration_ms, step_key, updated_at, service, operation in conn.execute(query):
             key = (cid, attempts, state)
             if key in self._seen_calls:

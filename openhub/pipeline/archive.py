@@ -33,7 +33,7 @@ from sqlalchemy import Connection, delete, select
 from .. import schema
 from ..db import is_postgres, transaction, utcnow
 from ..errors import ConfigurationError
-from ..states import FINAL
+from ..states import FINAL, SETTLED_CONFIRMATIONS
 from .ledger import DEPENDANT_TABLES, ArchiveDir, Manifest
 from .source import Source, id_list, read_database
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 FINAL_STATES = sorted(s.value for s in FINAL)
-SETTLED_CONFIRMATIONS = ("OK", "FAILED_END")
 MAX_FAMILY_DEPTH = 64  # Splits nest a few levels; more means a parent_id cycle, never archived.
 _UNKNOWN: Any = object()
 _CHUNK = 5000  # ids per SQL statement: below SQLite's variable limit, and short enough to parse fast
@@ -97,7 +96,7 @@ def find_eligible(spark: SparkSession, source: Source, cutoff: datetime) -> list
     from pyspark.sql import functions as F
 
     m = read_database(spark, source, "messages", columns=["id", "parent_id", "state", "finished_at"])
-    settled = ", ".join(f"'{s}'" for s in SETTLED_CONFIRMATIONS)
+    settled = ", ".join(f"'{s}'" for s in sorted(SETTLED_CONFIRMATIONS))
     unsettled = read_database(spark, source, "confirmations", f"state NOT IN ({settled})", ["message_id"])
     # An entity- or custom-scope call record is shared by every message of its entity: the hub
     # reads it to tell an obsolete message from a new one, so its current owner must stay.

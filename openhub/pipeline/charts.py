@@ -10,14 +10,15 @@ import io
 from collections import defaultdict
 from typing import Any
 
+from ..states import State
 from .report import Report
 
 Rows = list[dict[str, Any]]
 # One distinct colour per state, in the state machine's order, so a chart reads the same every time.
 STATE_COLOURS = {
-    "NEW": "#90caf9", "IN_QUEUE": "#1e88e5", "PROCESSING": "#7e57c2", "WAITING": "#26a69a",
-    "WAITING_FOR_RES": "#80deea", "PARTLY_FAILED": "#fb8c00", "POSTPONED": "#fdd835",
-    "OK": "#2e7d32", "FAILED": "#c62828", "CANCEL": "#6d4c41", "SKIPPED": "#9e9e9e",
+    State.NEW: "#90caf9", State.IN_QUEUE: "#1e88e5", State.PROCESSING: "#7e57c2", State.WAITING: "#26a69a",
+    State.WAITING_FOR_RES: "#80deea", State.PARTLY_FAILED: "#fb8c00", State.POSTPONED: "#fdd835",
+    State.OK: "#2e7d32", State.FAILED: "#c62828", State.CANCEL: "#6d4c41", State.SKIPPED: "#9e9e9e",
 }
 
 

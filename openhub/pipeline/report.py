@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..states import FINAL
+from ..states import FINAL, State
 from .source import Source, read_dependants, read_messages
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,7 +88,7 @@ def route_rates(m: DataFrame) -> DataFrame:
     agg = m.groupBy("route").agg(
         F.count("*").alias("messages"),
         F.sum(F.col("final").cast("long")).alias("finished"),
-        F.sum((F.col("state") == "FAILED").cast("long")).alias("failed"),
+        F.sum((F.col("state") == State.FAILED.value).cast("long")).alias("failed"),
         F.sum((F.col("attempts") > 1).cast("long")).alias("retried"),
     )
     return (agg.withColumn("failure_rate", _rate(F.col("failed"), F.col("finished")))
@@ -130,7 +130,7 @@ def ext_call_failures(m: DataFrame, calls: DataFrame) -> DataFrame:
     routed = calls.join(m.select(F.col("id").alias("message_id"), "route"), "message_id")
     agg = routed.groupBy("route", "step_key").agg(
         F.count("*").alias("calls"),
-        F.sum((F.col("state") == "FAILED").cast("long")).alias("failed"),
+        F.sum((F.col("state") == State.FAILED.value).cast("long")).alias("failed"),
         F.sum("attempts").alias("attempts"),
         F.avg("duration_ms").alias("avg_duration_ms"),
     )

@@ -84,3 +84,11 @@ def test_the_routing_model_and_the_state_table_import_no_framework() -> None:
                     and not n.level} | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                                         for a in n.names}
         assert not imported & {"sqlalchemy", "celery", "kombu", "fastapi", "starlette"}, name
+
+
+def test_the_engine_side_asks_the_registry_for_a_messages_route() -> None:
+    """`Registry.route_of(row)` is the one way from a stored message to its route: the modules that
+    carry messages never rebuild the route's name from its columns."""
+    rebuilt = [(name, path) for name in ("engine", "lifecycle", "redrive", "poller", "operator", "funnel", "store")
+               if '.service}.{' in (path := PACKAGE / f"{name}.py").read_text()]
+    assert rebuilt == []

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import openhub
+
 from openhub.errors import StateConflict
-from openhub.states import FINAL, Action, Event, State, transition
+from openhub.states import FINAL, SETTLED_CONFIRMATIONS, Action, ConfirmationState, Event, State, transition
 
 S, E, A = State, Event, Action
 FIN = {A.CONFIRM, A.RELEASE_FUNNEL, A.NOTIFY_PARENT}
@@ -89,3 +93,18 @@ def test_refused(state: State, event: Event) -> None:
 
 def test_every_event_has_a_row() -> None:
     assert {row[1] for row in TABLE} == set(Event)
+
+
+def test_the_live_index_leaves_out_exactly_the_final_states() -> None:
+    """schema.py spells FINAL out (it imports no domain code): a state added to FINAL must reach the
+    partial index of live messages, and the index must stay the one migration 0006 created."""
+    from openhub.schema import LIVE_PREDICATE
+
+    assert LIVE_PREDICATE == f"state NOT IN ({', '.join(repr(s.value) for s in sorted(FINAL))})"
+    migration = (Path(openhub.__file__).parent / "migrations/versions/0006_finished_index.py").read_text()
+    assert f'LIVE = "{LIVE_PREDICATE}"' in migration
+
+
+def test_confirmation_states_settle_in_ok_or_parked() -> None:
+    assert SETTLED_CONFIRMATIONS == {ConfirmationState.OK, ConfirmationState.FAILED_END}
+    assert [s.value for s in ConfirmationState] == ["PENDING", "SENDING", "OK", "FAILED", "FAILED_END"]
