@@ -109,13 +109,10 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     log_config = json.loads(json.dumps(LOGGING_CONFIG))
     log_config["loggers"]["openhub"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
-    from .api.server import PROTOCOL
+    from .api.server import uvicorn_options
 
-    # Over OPENHUB_MAX_CONCURRENCY connections or requests (per worker) uvicorn answers 503 at once,
-    # instead of taking in work until the process runs out of memory.
     uvicorn.run("openhub.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, log_config=log_config, access_log=False, proxy_headers=True, http=PROTOCOL,
-                limit_concurrency=get_settings().max_concurrency)
+                log_level=log_level, log_config=log_config, access_log=False, **uvicorn_options())
 
 
 @main.command()
