@@ -110,13 +110,10 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     log_config = json.loads(json.dumps(LOGGING_CONFIG))
     log_config["loggers"]["openhub"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
-    from .api.server import PROTOCOL
+    from .api.server import uvicorn_options
 
-    # Over OPENHUB_MAX_CONCURRENCY connections or requests (per worker) uvicorn answers 503 at once,
-    # instead of taking in work until the process runs out of memory.
     uvicorn.run("openhub.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, log_config=log_config, access_log=False, proxy_headers=True, http=PROTOCOL,
-                limit_concurrency=get_settings().max_concurrency)
+                log_level=log_level, log_config=log_config, access_log=False, **uvicorn_options())
 
 
 @main.command()
@@ -247,18 +244,22 @@ def messages_show(message_id: int, as_json: bool) -> None:
         for row in rows:
             table.add_row(*(_verbatim(None if row.get(c) is None else _short(str(row[c]))) for c in columns))
         console.print(table)
+    from rich.text import Text
+
     for x in m.get("http_exchanges", []):
+        # URL, error, headers and bodies come from the step and the external system: Text, never markup.
         outcome = str(x["status"]) if x["status"] is not None else f"no response: {x['error']}"
-        console.print(f"[bold]HTTP[/bold] step {x['step']} attempt {x['attempt']}: {x['method']} {x['url']} -> "
-                      f"{outcome} ({x['duration_ms']} ms, {x['at']})", markup=True, highlight=False)
+        console.print(Text.assemble(("HTTP", "bold"), _verbatim(
+            f" step {x['step']} attempt {x['attempt']}: {x['method']} {x['url']} -> "
+            f"{outcome} ({x['duration_ms']} ms, {x['at']})")), highlight=False)
         for label, headers, body in (("request", x["request_headers"], x["request_body"]),
                                      ("response", x["response_headers"], x["response_body"])):
             lines = [f"  {k}: {v}" for k, v in headers.items()]
             if body:
                 lines.append(f"  {body}")
             if lines:
-                console.print(f"  [dim]{label}[/dim]", markup=True, highlight=False)
-                console.print("\n".join(lines), markup=False, highlight=False)
+                console.print(Text(f"  {label}", style="dim"), highlight=False)
+                console.print(_verbatim("\n".join(lines)), highlight=False)
 
 
 @main.command()
@@ -321,17 +322,18 @@ def _status_view(o: dict[str, Any]) -> Any:
     parts.append(f"confirmations not OK: {', '.join(f'{k} {v}' for k, v in sorted(c['by_state'].items())) or 'none'}"
                  + (f"; parked (FAILED_END) messages: {', '.join(str(p['message_id']) for p in c['parked'])}"
                     if c["parked"] else ""))
+    # Pause and drain reasons are operators' free text, worker names come from the broker: Text, not markup.
     paused = ", ".join(f"{p['route']} ({p['reason'] or 'no reason'})" for p in o["paused_routes"])
-    parts.append(f"paused routes: {paused or 'none'}")
+    parts.append(_verbatim(f"paused routes: {paused or 'none'}"))
     if o.get("open_breakers"):
-        parts.append("[red]circuit breakers open: " + ", ".join(f"{b['system']} (until {b['open_until'][11:19]})"
-                                                               for b in o["open_breakers"]) + "[/red]")
+        parts.append(_verbatim("circuit breakers open: " + ", ".join(f"{b['system']} (until {b['open_until'][11:19]})"
+                                                                     for b in o["open_breakers"]), style="red"))
     if o.get("draining"):
-        parts.append(f"[yellow]draining ({o['draining']}): new messages are refused, none starts[/yellow]")
+        parts.append(_verbatim(f"draining ({o['draining']}): new messages are refused, none starts", style="yellow"))
     w = o.get("workers")
     if w is not None:
-        parts.append(f"workers: {', '.join(w['workers']) or 'none answered'}" if w["available"]
-                     else "workers: unknown (the broker could not be asked)")
+        parts.append(_verbatim(f"workers: {', '.join(w['workers']) or 'none answered'}" if w["available"]
+                               else "workers: unknown (the broker could not be asked)"))
     return Group(*parts)
 
 
@@ -362,7 +364,7 @@ def drain(reason: str, off: bool, status_only: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(state if redriven is None else {**state, "redriven": redriven}))
     elif state["draining"]:
-        click.echo(f"draining ({state['reason']}): {state['under_way']} messages still under way")
+        click.echo(f"draining ({_escaped(state['reason'])}): {state['under_way']} messages still under way")
     else:
         click.echo("not draining" + (f"; {redriven} messages re-driven" if redriven is not None else ""))
 
@@ -669,12 +671,17 @@ def _state(state: Any) -> Any:
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _verbatim(value: Any) -> Any:
+def _escaped(value: Any) -> str:
+    """Stored data as plain text with its control characters escaped (`\\x9b`), for click.echo."""
+    text = "" if value is None else str(value)
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _verbatim(value: Any, style: str = "") -> Any:
     """Stored data as a rich Text: printed as it is (never read as markup), control characters escaped."""
     from rich.text import Text
 
-    text = "" if value is None else str(value)
-    return Text(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text))
+    return Text(_escaped(value), style=style)
 
 
 def _short(text: str, limit: int = 120) -> str:

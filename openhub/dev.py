@@ -97,10 +97,13 @@ def _start_ingress(host: str, port: int, announce: Any) -> Any:
         import uvicorn
 
         from .api.app import create_app  # the HTTP face
+        from .api.server import uvicorn_options
     except ImportError:
         announce("openhub dev: HTTP ingress not available; submit from Python or the CLI")
         return None
-    config = uvicorn.Config(create_app(dev=True, announce=announce), host=host, port=port, log_level="info")
+    # The same header bound, protocol and concurrency limit as `openhub serve`: dev may listen beyond loopback.
+    config = uvicorn.Config(create_app(dev=True, announce=announce), host=host, port=port, log_level="info",
+                            **uvicorn_options())
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     threading.Thread(target=server.run, name="ingress", daemon=True).start()

@@ -1,4 +1,5 @@
-"""uvicorn glue for `openhub serve`: the HTTP protocol class, hardened at the connection level.
+"""uvicorn glue for `openhub serve` and `openhub dev`: the HTTP protocol class, hardened at the
+connection level, and the options both commands run uvicorn with (`uvicorn_options`).
 
 - TCP_NODELAY on every connection. With `--workers N` uvicorn binds the listening socket itself
   without `proto=IPPROTO_TCP`, so asyncio does not enable it on accepted connections and every
@@ -30,6 +31,15 @@ MAX_HEADER_BYTES = 64 * 1024
 LINGER_BYTES = 256 * 1024 * 1024
 LINGER_SECONDS = 10.0
 LINGER_IDLE = 2.0
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """The connection-level options of every uvicorn the hub starts (`serve` and `dev` alike)."""
+    from ..config import get_settings
+
+    # Over OPENHUB_MAX_CONCURRENCY connections or requests (per worker) uvicorn answers 503 at once,
+    # instead of taking in work until the process runs out of memory.
+    return {"http": PROTOCOL, "limit_concurrency": get_settings().max_concurrency, "proxy_headers": True}
 
 
 class LingeringTransport:

@@ -50,6 +50,7 @@ PROCESS_TARGETS = {
     "beat": ("beat", ("Deployment", "openhub-beat"), "openhub-beat.service"),
     "flower": ("flower", ("Deployment", "openhub-flower"), "openhub-flower.service"),
     "archive": ("archive", ("CronJob", "openhub-archive"), "openhub-archive.service"),
+    "prune": ("prune", ("CronJob", "openhub-exchanges-prune"), "openhub-exchanges-prune.service"),
 }
 LONG_RUNNING = ("ingress", "worker", "beat", "flower")
 HEARTBEAT_MAX_AGE = 120  # seconds; the worker touches its heartbeat file at least every 30 s
@@ -142,6 +143,7 @@ def test_deploy_procfile_lists_every_process():
     assert processes["beat"].startswith("celery -A tasks beat")
     assert processes["flower"].startswith("celery -A tasks flower")
     assert processes["archive"].startswith("openhub archive ")
+    assert processes["prune"] == "openhub exchanges prune"
 
 
 @pytest.mark.parametrize("process", sorted(PROCESS_TARGETS))
@@ -400,7 +402,7 @@ def test_deploy_kubernetes_resources_set_everywhere():
     containers = [(path.name, c) for path, doc in k8s_manifests()
                   if doc["kind"] in ("Deployment", "Job", "CronJob")
                   for c in pod_spec(doc)["containers"]]
-    assert len(containers) == 6
+    assert len(containers) == 7
     for where, container in containers:
         for bound in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
@@ -409,6 +411,51 @@ def test_deploy_kubernetes_resources_set_everywhere():
         if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
             mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
             assert "/tmp" in mounts, f"{where}: read-only root needs a writable /tmp"
+
+
+def every_container() -> list[tuple[str, dict, dict]]:
+    """(where, pod spec, container) for every container and init container in deploy/k8s."""
+    return [(f"{path.name} {c['name']}", pod_spec(doc), c) for path, doc in k8s_manifests()
+            if doc["kind"] in ("Deployment", "Job", "CronJob", "StatefulSet", "DaemonSet")
+            for c in pod_spec(doc).get("initContainers", []) + pod_spec(doc)["containers"]]
+
+
+def test_deploy_kubernetes_containers_drop_every_capability_and_run_as_non_root():
+    """Issue 27: no container keeps Linux capabilities, can gain privileges or runs as root."""
+    containers = every_container()
+    assert len(containers) == 8  # 7 processes and Flower's login check
+    for where, pod, container in containers:
+        context = container.get("securityContext", {})
+        assert context.get("capabilities", {}).get("drop") == ["ALL"], where
+        assert context.get("allowPrivilegeEscalation") is False, where
+        assert context.get("runAsNonRoot", pod.get("securityContext", {}).get("runAsNonRoot")) is True, where
+
+
+def selects(policy: dict, labels: dict[str, str]) -> bool:
+    return policy["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+
+
+def test_deploy_kubernetes_network_policy_opens_only_the_api_and_flower_ports():
+    """Issue 27: ingress to the API on its port, to Flower on its; none to workers, beat or jobs; egress open."""
+    policies = [doc for _, doc in k8s_manifests() if doc["kind"] == "NetworkPolicy"]
+    assert policies and all(p["spec"]["policyTypes"] == ["Ingress"] for p in policies), \
+        "egress stays open: steps call external systems anywhere"
+    opened = {}
+    for _, doc in k8s_manifests():
+        if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+            continue
+        template = doc["spec"]["jobTemplate"]["spec"]["template"] if doc["kind"] == "CronJob" \
+            else doc["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        mine = [p for p in policies if selects(p, labels)]
+        assert mine, f"{doc['metadata']['name']}: no NetworkPolicy selects its pods (all ingress allowed)"
+        ports = {port["port"] for p in mine for rule in p["spec"].get("ingress", []) for port in rule.get("ports", [])}
+        assert all(rule.get("ports") for p in mine for rule in p["spec"].get("ingress", [])), "a rule opens every port"
+        opened[doc["metadata"]["name"]] = ports
+        container_ports = {p["containerPort"] for c in pod_spec(doc)["containers"] for p in c.get("ports", [])}
+        assert ports <= container_ports, f"{doc['metadata']['name']}: opens a port it does not serve"
+    assert opened.pop("openhub-ingress") == {8000} and opened.pop("openhub-flower") == {5555}
+    assert not any(opened.values()), f"pods that must accept no connections do: {opened}"
 
 
 def k8s_secret_example() -> dict[str, str]:
@@ -727,7 +774,8 @@ def test_deploy_systemd_units_verify(tmp_path):
     programs = set()
     for unit in SYSTEMD.iterdir():
         shutil.copy(unit, unit_dir / unit.name)
-        for exec_start in systemd_unit(unit.name).get("Service.ExecStart", []) if unit.suffix == ".service" else []:
+        values = systemd_unit(unit.name) if unit.suffix == ".service" else {}
+        for exec_start in values.get("Service.ExecStart", []) + values.get("Service.ExecStartPre", []):
             programs.add(shlex.split(exec_start)[0])
     for program in programs:
         fake = tmp_path / program.lstrip("/")
@@ -759,3 +807,41 @@ def test_deploy_systemd_flower_listens_on_loopback():
     """Issue 27: Flower under systemd bound to 127.0.0.1, not all interfaces."""
     unit = (DEPLOY / "systemd" / "openhub-flower.service").read_text()
     assert "Environment=FLOWER_ADDRESS=127.0.0.1" in unit.splitlines()
+
+
+def test_deploy_systemd_timers_start_procfile_commands():
+    """Every timer starts a one-shot service that runs a Procfile command; prune is scheduled (issue 27)."""
+    timers = sorted(p.name for p in SYSTEMD.glob("*.timer"))
+    assert "openhub-exchanges-prune.timer" in timers
+    known = {tuple(normalise_argv(shlex.split(c))) for c in read_procfile().values()}
+    for timer in timers:
+        service = (systemd_unit(timer).get("Timer.Unit") or [timer.replace(".timer", ".service")])[0]
+        unit = systemd_unit(service)
+        assert unit["Service.Type"] == ["oneshot"], service
+        (exec_start,) = unit["Service.ExecStart"]
+        assert tuple(normalise_argv(shlex.split(exec_start))) in known, exec_start
+    assert k8s_resource("CronJob", "openhub-exchanges-prune")["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def flower_login_checks() -> dict[str, list[str]]:
+    """The command systemd runs before Flower and the one Kubernetes runs in Flower's init container."""
+    (pre,) = systemd_unit("openhub-flower.service")["Service.ExecStartPre"]
+    (init,) = pod_spec(k8s_resource("Deployment", "openhub-flower"))["initContainers"]
+    return {"systemd": shlex.split(pre.replace("$$", "$")), "k8s": init["command"]}  # $$: systemd's literal $
+
+
+@pytest.mark.parametrize("value, starts", [
+    (None, False), ("", False), ("admin:change-me-flower", False), ("admin", False), ("admin:", False),
+    (":secret", False), ("ops:" + "s" * 32, True), ("ops:a:b,other:c", True)])
+def test_deploy_flower_refuses_a_missing_or_placeholder_login(value, starts):
+    """Issue 27: nothing refused a missing or placeholder FLOWER_BASIC_AUTH."""
+    placeholder = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
+                       if line.startswith("FLOWER_BASIC_AUTH="))["FLOWER_BASIC_AUTH"]
+    assert placeholder == k8s_secret_example()["FLOWER_BASIC_AUTH"] == "admin:change-me-flower"
+    env = {"PATH": "/usr/bin:/bin", **({} if value is None else {"FLOWER_BASIC_AUTH": value})}
+    checks = flower_login_checks()
+    assert checks["systemd"][1:] == checks["k8s"][1:]
+    for where, argv in checks.items():
+        result = subprocess.run(["sh", *argv[1:]], env=env, capture_output=True, text=True, timeout=30)
+        assert (result.returncode == 0) == starts, (where, value, result.stderr)
+        assert starts or "refusing to start Flower: FLOWER_BASIC_AUTH" in result.stderr

@@ -212,6 +212,21 @@ def test_messages_show_prints_each_exchange_per_step_and_attempt(hub, server) ->
     assert [x["status"] for x in json.loads(as_json.output)["http_exchanges"]] == [503, 200]
 
 
+def test_messages_show_prints_an_exchange_as_text_with_control_characters_escaped(hub, server) -> None:  # noqa: ANN001
+    """Issue 27: a URL with `[/]` crashed rich's markup parser; a C1 CSI in a body reached the terminal."""
+    from click.testing import CliRunner
+
+    from openhub.cli import main
+
+    server.answer("/x[/]y[bold]", 503, headers={"X-Note": "[/red]"}, body="busy \x9b2J \x1b[31m".encode())
+    view = run(hub, {"path": "/x[/]y[bold]"})
+    shown = CliRunner().invoke(main, ["messages", "show", str(view.id)], catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    assert f"POST {server.url}/x[/]y[bold] -> 503" in shown.output and "x-note: [/red]" in shown.output
+    assert "busy \\x9b2J \\x1b[31m" in shown.output
+    assert "\x9b" not in shown.output and "\x1b" not in shown.output
+
+
 def test_exchanges_prune_command(hub, server) -> None:  # noqa: ANN001
     from click.testing import CliRunner
 

@@ -42,6 +42,21 @@ def test_status_tables_and_json(store: str) -> None:
     assert figures["live_by_state"] == EXPECTED["live"] and figures["workers"] is None
 
 
+def test_status_and_drain_print_an_operators_reason_as_text(store: str) -> None:
+    """Issue 27: a reason with `[/]` crashed rich's markup parser; its control characters reached the terminal."""
+    from openhub import operator
+
+    operator.drain("upgrade [/] \x9b2J")
+    try:
+        shown = CliRunner().invoke(main, ["status", "--no-workers"], catch_exceptions=False)
+        told = CliRunner().invoke(main, ["drain", "--status"], catch_exceptions=False)
+    finally:
+        operator.undrain()
+    assert shown.exit_code == 0 and told.exit_code == 0, shown.output + told.output
+    assert "draining (upgrade [/] \\x9b2J)" in shown.output and "draining (upgrade [/] \\x9b2J)" in told.output
+    assert "\x9b" not in shown.output + told.output
+
+
 def test_status_says_when_workers_cannot_be_asked(store: str, monkeypatch) -> None:  # noqa: ANN001
     from openhub import dispatch
     from openhub.config import reset_settings

@@ -115,3 +115,25 @@ def test_access_log_carries_no_forged_or_oversized_ids(served):
     assert f"correlation_id={forged}" not in log and '"c-1 message_id=99 status=200"' in log
     assert "\x1b" not in log and "correlation_id=invalid" in log
     assert KEY not in log
+
+
+def test_dev_ingress_refuses_oversized_headers_as_serve_does(backend):
+    """Issue 27: `openhub dev` ran plain uvicorn, which read 5 MB of headers whole."""
+    import threading
+
+    from openhub.dev import _start_ingress
+
+    backend.activate()
+    port = backends.free_port()
+    server = _start_ingress("127.0.0.1", port, lambda text: None)
+    try:
+        wait_for(lambda: server.started, 60, "the dev ingress to start")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            try:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 5_000_000 + b"\r\n\r\n")
+            except OSError:
+                pass  # the hub stopped reading: the answer is already on its way
+            assert sock.recv(100).startswith(b"HTTP/1.1 431 ")
+    finally:
+        server.should_exit = True
+        wait_for(lambda: not any(t.name == "ingress" for t in threading.enumerate()), 30, "the dev ingress to stop")
