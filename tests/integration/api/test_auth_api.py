@@ -53,6 +53,17 @@ def test_admin_endpoints_need_the_admin_token(client, message_id):
         assert client.get(path, headers=ADMIN).status_code == 200, path
 
 
+def test_routes_and_drain_status_are_the_operators_alone(client):
+    # Issue 27: the route table (steps, pause reasons) and the drain status (messages under way)
+    # answered any source system's key.
+    for path in ("/api/v1/routes", "/api/v1/drain"):
+        for key in (CRM, SHOP):
+            r = client.get(path, headers=key)
+            assert r.status_code == 403, path
+            assert r.json() == {"status": 403, "detail": "this endpoint needs the admin token (OPENHUB_ADMIN_TOKEN)"}
+        assert client.get(path, headers=ADMIN).status_code == 200, path
+
+
 def test_a_source_system_reads_only_its_own_messages(client, message_id):
     assert client.get(f"/api/v1/messages/{message_id}", headers=CRM).status_code == 200
     assert client.get(f"/api/v1/messages/{message_id}", headers=SHOP).status_code == 404
