@@ -188,7 +188,7 @@ def _document_extra_schemas(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = generate()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(messages.extra_schemas())
-            app.openapi_schema = schema
+            app.openapi_schema = problems.document(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -375,6 +375,21 @@ def test_openapi_documents_every_endpoint(client):
     assert json.dumps(doc)  # serialisable
 
 
+def test_openapi_documents_400_with_the_problem_body_and_no_422(client):
+    # Issue 27: FastAPI documented 422 (HTTPValidationError) where the API answers 400 {"status", "detail"}.
+    doc = client.get("/openapi.json").json()
+    assert "422" not in json.dumps(doc["paths"])
+    assert not {"HTTPValidationError", "ValidationError"} & set(doc["components"]["schemas"])
+    problem = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            if operation.get("parameters") or "requestBody" in operation:  # FastAPI validates these
+                assert operation["responses"]["400"]["content"] == problem, (method, path)
+    assert doc["components"]["schemas"]["Problem"]["required"] == ["status", "detail"]
+    r = client.get("/api/v1/messages", params={"limit": "many"}, headers=ADMIN)
+    assert r.status_code == 400 and set(r.json()) == {"status", "detail"}
+
+
 def test_access_log_has_ids_and_no_keys(client, cid, flow_payload, caplog):
     caplog.set_level("INFO", logger="openhub")
     message_id = post(client, cid, flow_payload).json()["id"]
