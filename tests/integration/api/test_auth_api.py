@@ -128,6 +128,24 @@ def test_safe_secrets_start_the_ingress(api_env):
     assert app.state.credentials.api_keys["SHOP"] == "t" * 32
 
 
+@pytest.mark.parametrize("metrics_token, why", [("change-me-metrics-token", "OPENHUB_METRICS_TOKEN is the example"),
+                                                ("m" * 31, "OPENHUB_METRICS_TOKEN is shorter"),
+                                                ("a" * 40, "OPENHUB_ADMIN_TOKEN and OPENHUB_METRICS_TOKEN")])
+def test_an_unsafe_metrics_token_stops_the_ingress(api_env, monkeypatch, metrics_token, why):
+    from openhub.api.app import create_app, with_settings
+    from openhub.config import Settings
+    from openhub.errors import ConfigurationError
+
+    monkeypatch.setenv("OPENHUB_METRICS_TOKEN", metrics_token)
+    assert Settings.from_env().metrics_token == metrics_token
+    with pytest.raises(ConfigurationError, match=why):
+        create_app(settings=with_settings(api_keys={"CRM": STRONG}, admin_token="a" * 40,
+                                          metrics_token=metrics_token))
+    with make_client(credentials=None, settings=with_settings(api_keys={"CRM": STRONG}, admin_token="a" * 40,
+                                                              metrics_token="m" * 40)) as c:
+        assert c.get("/metrics", headers=bearer("m" * 40)).status_code == 200
+
+
 def test_a_route_takes_messages_only_from_its_declared_sources(api_env, client, cid, prefix):
     """Issue 27: test.wait declares sources=["CRM", "CONFIRMED"]; SHOP's key is refused there, in every door."""
     import openhub

@@ -339,7 +339,7 @@ def test_store_down_is_503_and_nothing_is_accepted(api_env, cid, flow_payload):
             # Driver text (host, port, database name) stays in the log, out of the answers.
             for answer in (r, ready):
                 assert str(closed) not in answer.text and "nowhere" not in answer.text and "psycopg" not in answer.text
-            assert c.get("/metrics").status_code == 200  # a scrape survives the store being down
+            assert c.get("/metrics", headers=ADMIN).status_code == 200  # a scrape survives the store being down
     finally:
         api_env.activate()
     assert stored(cid) == 0 and stored(cid + "b") == 0
