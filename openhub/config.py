@@ -129,6 +129,7 @@ class Settings:
     # Every (system, key) of OPENHUB_API_KEYS, a system named twice keeping both (a key rotation).
     api_key_pairs: tuple[tuple[str, str], ...] = ()
     admin_token: str | None = None
+    metrics_token: str | None = None  # Prometheus's bearer token for /metrics (the admin token opens it too)
     max_payload_bytes: int = 1_048_576
     throttling: str = ""
     redis_url: str | None = None
@@ -184,6 +185,7 @@ class Settings:
             auth_failures=_int("OPENHUB_AUTH_FAILURES", 20),
             auth_window=_seconds("OPENHUB_AUTH_WINDOW", 60),
             admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
+            metrics_token=os.environ.get("OPENHUB_METRICS_TOKEN") or None,
             max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
             throttling=_env("OPENHUB_THROTTLING", ""),
             redis_url=os.environ.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -24,7 +24,7 @@ from ..config import Settings, get_settings
 from ..errors import ConfigurationError, InputError
 from ..producer import identifier
 from . import confirmations, health, messages, metrics, overview, problems, routes
-from .auth import Credentials, FailureLimit, weaknesses
+from .auth import Credentials, FailureLimit, scraper, weaknesses
 from .batcher import AcceptBatcher
 from .throttle import Throttle
 
@@ -127,7 +127,8 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
                                        "print(secrets.token_urlsafe(32))'`.")
         if dev and not credentials.api_keys:
             generated = Credentials.for_development()
-            credentials = Credentials(generated.api_keys, settings.admin_token or generated.admin_token)
+            credentials = Credentials(generated.api_keys, settings.admin_token or generated.admin_token,
+                                      metrics_token=settings.metrics_token)
             announce("openhub dev: no OPENHUB_API_KEYS set, generated development credentials:\n"
                      f"  API key for source system CRM: {credentials.api_keys['CRM']}\n"
                      f"  admin token (for /admin):      {credentials.admin_token}\n"
@@ -138,6 +139,8 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
         log.warning("no OPENHUB_API_KEYS configured: every submission will be refused (401)")
     if not credentials.admin_token:
         log.warning("no OPENHUB_ADMIN_TOKEN configured: the operator endpoints and /admin are closed")
+    if not credentials.admin_token and not credentials.metrics_token:
+        log.warning("neither OPENHUB_METRICS_TOKEN nor OPENHUB_ADMIN_TOKEN configured: /metrics is closed")
     app = FastAPI(title="openhub", version="1", description=(
         "Asynchronous integration hub: source systems submit messages, which are persisted and carried "
         "through their route by Celery workers. Authenticate with `Authorization: Bearer <key>`: a source "
@@ -154,9 +157,11 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     for router in ROUTERS:
         app.include_router(router)
 
-    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,
+             dependencies=[Depends(scraper)], responses={401: {"description": "Missing or invalid credentials"},
+                                                         403: {"description": "Needs the metrics or admin token"}})
     def prometheus_metrics() -> Response:
-        """Every openhub metric in the Prometheus text format."""
+        """Every openhub metric in the Prometheus text format (the metrics token or the admin token)."""
         data, content_type = metrics.render()
         return Response(data, media_type=content_type)
 
@@ -188,7 +193,7 @@ def _document_extra_schemas(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = generate()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(messages.extra_schemas())
-            app.openapi_schema = schema
+            app.openapi_schema = problems.document(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -1,7 +1,8 @@
 """Who is calling: a source system's API key or the operators' admin token (Bearer).
 
 A source system's key (OPENHUB_API_KEYS) lets it submit messages as itself and read its own
-messages; the admin token (OPENHUB_ADMIN_TOKEN) opens the operator endpoints and /admin's data.
+messages; the admin token (OPENHUB_ADMIN_TOKEN) opens the operator endpoints and /admin's data;
+the metrics token (OPENHUB_METRICS_TOKEN) opens /metrics only, so Prometheus holds no more than that.
 Secrets are compared with `hmac.compare_digest` and never logged: a refusal names the reason,
 never the key.
 """
@@ -71,19 +72,24 @@ class Credentials:
     admin_token: str | None = field(default=None, repr=False)
     # More (system, key) pairs: a system's old and new key during a rotation.
     rotated: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
     digests: tuple[tuple[str, bytes], ...] = field(init=False, repr=False, compare=False)  # (system, SHA-256)
     admin_digest: bytes | None = field(init=False, repr=False, compare=False)
+    metrics_digest: bytes | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Requests are matched against SHA-256 digests only; a `sha256:<hex>` value is a key given by its digest.
         pairs = list(self.api_keys.items()) + [p for p in self.rotated if p not in self.api_keys.items()]
         object.__setattr__(self, "digests", tuple((system, _digest(key)) for system, key in pairs if key))
         object.__setattr__(self, "admin_digest", _digest(self.admin_token) if self.admin_token else None)
+        object.__setattr__(self, "metrics_digest", _digest(self.metrics_token) if self.metrics_token else None)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "Credentials":
-        """The secrets OPENHUB_API_KEYS (every key of a system named twice) and OPENHUB_ADMIN_TOKEN name."""
-        return cls(dict(settings.api_keys), settings.admin_token, tuple(settings.api_key_pairs))
+        """The secrets OPENHUB_API_KEYS (every key of a system named twice), OPENHUB_ADMIN_TOKEN and
+        OPENHUB_METRICS_TOKEN name."""
+        return cls(dict(settings.api_keys), settings.admin_token, tuple(settings.api_key_pairs),
+                   settings.metrics_token)
 
     @classmethod
     def for_development(cls) -> "Credentials":
@@ -110,6 +116,8 @@ def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
     named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in pairs]
     if credentials.admin_token:
         named.append(("OPENHUB_ADMIN_TOKEN", credentials.admin_token))
+    if credentials.metrics_token:
+        named.append(("OPENHUB_METRICS_TOKEN", credentials.metrics_token))
     holders: dict[str, list[str]] = {}
     for name, secret in named:
         holders.setdefault(secret, []).append(name)
@@ -198,3 +206,19 @@ async def admin(request: Request) -> Caller:
 async def reader(request: Request) -> Caller:
     """Dependency of the read endpoints: the admin token, or a source system reading its own messages."""
     return await authenticate(request)
+
+
+async def scraper(request: Request) -> None:
+    """Dependency of /metrics: the metrics token (OPENHUB_METRICS_TOKEN) or the admin token.
+
+    The series name every route, step and source system: not for anyone who can reach the port,
+    nor for a source system's key (403).
+    """
+    digest = request.app.state.credentials.metrics_digest
+    creds: HTTPAuthorizationCredentials | None = await bearer(request)
+    if digest is not None and creds is not None and creds.credentials \
+            and hmac.compare_digest(hashlib.sha256(creds.credentials.encode()).digest(), digest):
+        return
+    caller = await authenticate(request)
+    if not caller.admin:
+        raise ApiError(403, "/metrics needs the metrics token (OPENHUB_METRICS_TOKEN) or the admin token")

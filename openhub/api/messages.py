@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .. import operator, producer
 from ..context import MessageView
@@ -33,6 +33,25 @@ BATCH_MAX_MESSAGES = 1000
 BATCH_BODY_FACTOR = 10  # a batch body may be this many times OPENHUB_MAX_PAYLOAD_BYTES
 
 MessageId = Annotated[int, Path(ge=1, le=MAX_ID, description="The message's id.")]
+
+
+def _not_a_number(value: Any) -> Any:
+    # pydantic reads a number (or text that is one) as seconds since 1970: `received_to=0.5` would
+    # search up to 1970-01-01T00:00:00.5 instead of being refused as the mistake it is.
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, (int, float)) or text:
+        try:
+            float(value if text is None else text)
+        except ValueError:
+            return value
+        raise ValueError("must be an ISO 8601 timestamp, not a number")
+    return value
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_not_a_number)]
+"""A datetime given as ISO 8601 text (or a datetime); a number is refused, never read as epoch seconds."""
+# Fields below are strict where pydantic's lax mode would turn a wrong type into a value:
+# `{"total": 0}` a bool, `{"limit": "5"}` or `{"limit": 5.0}` an int.
 
 
 class Accepted(BaseModel):
@@ -87,7 +106,7 @@ class RestartRequest(BaseModel):
     """Options of a restart."""
 
     model_config = ConfigDict(extra="forbid")
-    total: bool = Field(False, description="Also forget OK external calls, so every call is made again.")
+    total: bool = Field(False, strict=True, description="Also forget OK external calls, so every call is made again.")
 
 
 class Matching(BaseModel):
@@ -103,10 +122,10 @@ class Matching(BaseModel):
     error_code: str | None = Field(None, max_length=100)
     process_id: str | None = Field(None, max_length=255)
     object_id: str | None = Field(None, max_length=255)
-    parent_id: int | None = Field(None, ge=1, le=MAX_ID)
-    received_from: datetime | None = None
-    received_to: datetime | None = None
-    limit: int = Field(operator.BULK_LIMIT, ge=1, le=operator.BULK_LIMIT)
+    parent_id: int | None = Field(None, strict=True, ge=1, le=MAX_ID)
+    received_from: Timestamp | None = None
+    received_to: Timestamp | None = None
+    limit: int = Field(operator.BULK_LIMIT, strict=True, ge=1, le=operator.BULK_LIMIT)
 
     def filters(self) -> dict[str, Any]:
         _no_nul(route=self.route, service=self.service, operation=self.operation, source_system=self.source_system,
@@ -128,7 +147,7 @@ class Matching(BaseModel):
 class RestartMatching(Matching):
     """A bulk restart: the filters, and whether every external call is made again."""
 
-    total: bool = Field(False, description="Also forget OK external calls, so every call is made again.")
+    total: bool = Field(False, strict=True, description="Also forget OK external calls, so every call is made again.")
 
 
 class BulkDone(BaseModel):
@@ -224,8 +243,8 @@ def message_filters(
     parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     error_code: Annotated[str | None, Query(max_length=100, description="The last failure's code.")] = None,
     process_id: Annotated[str | None, Query(max_length=255)] = None,
-    received_from: datetime | None = None,
-    received_to: datetime | None = None,
+    received_from: Timestamp | None = None,
+    received_to: Timestamp | None = None,
 ) -> dict[str, Any]:
     """The search filters of a request; a source system's key sees only its own messages."""
     _no_nul(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,

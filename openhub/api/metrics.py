@@ -25,7 +25,7 @@ Two kinds of series:
     per scrape (an index on it would make it a range read).
   Every ingress process computes the database series from the same tables, so across replicas
   take `max`, not `sum`, of them. They are read at most once per OPENHUB_METRICS_CACHE seconds
-  (default 5) per process: /metrics needs no credentials, and each read is several queries.
+  (default 5) per process: each read is several queries, whoever holds the token and however often.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ class StoreCollector:
     def collect(self) -> Iterator[Metric]:
         """Every database-derived family: queried at most once per OPENHUB_METRICS_CACHE seconds.
 
-        /metrics answers anyone; without the cache each request would cost several queries on the
-        message store, so a client polling it in a loop would load the database.
+        Without the cache each request would cost several queries on the message store, so a
+        scraper polling it in a loop (or several Prometheus replicas) would load the database.
         """
         with self._lock:
             database = get_settings().database_url

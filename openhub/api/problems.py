@@ -8,11 +8,14 @@ to a 500.
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from .. import errors
 
@@ -35,6 +38,13 @@ GENERIC_REASONS = {
     500: "the hub is misconfigured; the operators have been told in its log",
     503: "the message store is unavailable; nothing was stored, retry later",
 }
+
+
+class Problem(BaseModel):
+    """The body of every refusal and error the API answers."""
+
+    status: int
+    detail: str
 
 
 class ApiError(Exception):
@@ -93,3 +103,28 @@ def install(app: FastAPI) -> None:
             else:
                 parts.append(f"{'.'.join(loc)}: {e.get('msg')}")
         return problem(400, "; ".join(parts) or "invalid request")
+
+
+PROBLEM_REF = "#/components/schemas/Problem"
+INVALID_REQUEST = "Invalid request: a parameter, header or body field of the wrong type, missing or out of range"
+
+
+def document(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI `schema` as the API answers: 400 (not FastAPI's 422) for an invalid request,
+    and every error response with the `Problem` body. Changes `schema` in place and returns it."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            if responses.pop("422", None) is not None:  # the handler above answers these with 400
+                responses.setdefault("400", {"description": INVALID_REQUEST})
+            for status, response in responses.items():
+                if status[0] in "45":
+                    response["content"] = {"application/json": {"schema": {"$ref": PROBLEM_REF}}}
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    fastapis = ("HTTPValidationError", "ValidationError")  # the 422 body and its items: unused now
+    text = json.dumps([schema.get("paths"), {k: v for k, v in components.items() if k not in fastapis}])
+    if not any(f'"#/components/schemas/{name}"' in text for name in fastapis):
+        for name in fastapis:
+            components.pop(name, None)
+    components["Problem"] = Problem.model_json_schema()
+    return schema

@@ -578,9 +578,18 @@ def test_deploy_promtool_checks_the_alert_rules():
                      "OpenhubNoWorkerOnline", "OpenhubIngress5xx", "OpenhubAuthFailures"}
 
 
-def test_deploy_promtool_checks_the_scrape_config():
-    result = promtool("check", "config", "prometheus.yml")
+def test_deploy_promtool_checks_the_scrape_config(tmp_path):
+    # The token file the ingress job reads is the operator's (git-ignored): check a copy beside one.
+    copy = tmp_path / "prometheus"
+    shutil.copytree(PROMETHEUS, copy, ignore=shutil.ignore_patterns("openhub-metrics-token"))
+    (copy / "openhub-metrics-token").write_text("m" * 40)
+    result = promtool("check", "config", str(copy / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
+    (ingress,) = [job for job in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+                  if job["job_name"] == "openhub-ingress"]
+    assert ingress["authorization"] == {"type": "Bearer", "credentials_file": "openhub-metrics-token"}
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/prometheus/openhub-metrics-token"], cwd=ROOT)
+    assert ignored.returncode == 0, "the metrics token file must be git-ignored"
 
 
 def test_deploy_promtool_unit_tests_the_alerts():

@@ -145,7 +145,7 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
     ingress_port, flower_port = free_port(), free_port()
     procfile = tmp_path / "Procfile"
     commands = smoke_procfile(procfile, ingress_port, flower_port)
-    api_key, admin_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    api_key, admin_token, metrics_token = (secrets.token_urlsafe(32) for _ in range(3))
     flower_user, flower_password = "smoke", secrets.token_urlsafe(12)
     heartbeat = tmp_path / "worker.heartbeat"
     env = {
@@ -158,6 +158,7 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
         "OPENHUB_ROUTES": "tests.acceptance.smoke_routes",
         "OPENHUB_API_KEYS": f"SMOKE={api_key}",
         "OPENHUB_ADMIN_TOKEN": admin_token,
+        "OPENHUB_METRICS_TOKEN": metrics_token,
         "OPENHUB_POLL_INTERVAL": "1",
         "OPENHUB_VAR_DIR": str(tmp_path / "var"),
         "OPENHUB_WORKER_HEARTBEAT_FILE": str(heartbeat),
@@ -223,7 +224,8 @@ def test_deploy_smoke_procfile_processes_carry_a_message_to_ok(tmp_path, databas
         split = lines.index("# flower")
         hub_metrics = [n for n in lines[:split] if n and not n.startswith("#")]
         flower_metrics = [n for n in lines[split + 1:] if n and not n.startswith("#")]
-        scraped = ingress.get("/metrics")
+        assert ingress.get("/metrics").status_code == 401  # Prometheus scrapes with its own token
+        scraped = ingress.get("/metrics", headers={"Authorization": f"Bearer {metrics_token}"})
         assert scraped.status_code == 200
         missing = [n for n in hub_metrics if not re.search(rf"^# TYPE {n} ", scraped.text, re.M)]
         assert not missing, f"the ingress does not export {missing}"

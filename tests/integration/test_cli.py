@@ -194,7 +194,7 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
                 r = http.post("/api/v1/messages/test/flow", json={"prefix": prefix},
                               headers={"Authorization": f"Bearer {CLI_KEY}", "X-Correlation-Id": uuid.uuid4().hex})
                 assert r.status_code == 202, r.text
-            text = http.get("/metrics").text
+            text = http.get("/metrics", headers={"Authorization": f"Bearer {CLI_ADMIN}"}).text
         assert _sample(text, 'openhub_messages_accepted_total{route="test.flow",source_system="CRM"}') == 6.0
         # Database-derived counters agree whichever worker answers the scrape, even a worker whose
         # first scrape comes after the event (only one worker has been scraped so far).
@@ -206,7 +206,9 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
             openhub.cancel(held.id)
         finally:
             openhub.resume("test.held")
-        after = {_sample(httpx.get(f"{base}/metrics", timeout=10).text, finished) for _ in range(12)}  # new connections
+        scrape = {"Authorization": f"Bearer {CLI_ADMIN}"}
+        after = {_sample(httpx.get(f"{base}/metrics", headers=scrape, timeout=10).text, finished)
+                 for _ in range(12)}  # new connections
         assert after == {before + 1}
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient  # on httpx2 (the dev extra), as Starl
 CRM_KEY = "crm-" + uuid.uuid4().hex
 SHOP_KEY = "shop-" + uuid.uuid4().hex
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
-CREDENTIALS = Credentials({"CRM": CRM_KEY, "SHOP": SHOP_KEY}, ADMIN_TOKEN)
+METRICS_TOKEN = "metrics-" + uuid.uuid4().hex
+CREDENTIALS = Credentials({"CRM": CRM_KEY, "SHOP": SHOP_KEY}, ADMIN_TOKEN, metrics_token=METRICS_TOKEN)
 EXTRA_ROUTES = "tests.integration.api.extra_routes"
 
 
@@ -29,6 +30,7 @@ def bearer(secret: str) -> dict[str, str]:
 CRM = bearer(CRM_KEY)
 SHOP = bearer(SHOP_KEY)
 ADMIN = bearer(ADMIN_TOKEN)
+METRICS = bearer(METRICS_TOKEN)
 
 
 @pytest.fixture

@@ -53,6 +53,17 @@ def test_admin_endpoints_need_the_admin_token(client, message_id):
         assert client.get(path, headers=ADMIN).status_code == 200, path
 
 
+def test_routes_and_drain_status_are_the_operators_alone(client):
+    # Issue 27: the route table (steps, pause reasons) and the drain status (messages under way)
+    # answered any source system's key.
+    for path in ("/api/v1/routes", "/api/v1/drain"):
+        for key in (CRM, SHOP):
+            r = client.get(path, headers=key)
+            assert r.status_code == 403, path
+            assert r.json() == {"status": 403, "detail": "this endpoint needs the admin token (OPENHUB_ADMIN_TOKEN)"}
+        assert client.get(path, headers=ADMIN).status_code == 200, path
+
+
 def test_a_source_system_reads_only_its_own_messages(client, message_id):
     assert client.get(f"/api/v1/messages/{message_id}", headers=CRM).status_code == 200
     assert client.get(f"/api/v1/messages/{message_id}", headers=SHOP).status_code == 404
@@ -115,6 +126,24 @@ def test_safe_secrets_start_the_ingress(api_env):
 
     app = create_app(settings=with_settings(api_keys={"CRM": STRONG, "SHOP": "t" * 32}, admin_token="a" * 40))
     assert app.state.credentials.api_keys["SHOP"] == "t" * 32
+
+
+@pytest.mark.parametrize("metrics_token, why", [("change-me-metrics-token", "OPENHUB_METRICS_TOKEN is the example"),
+                                                ("m" * 31, "OPENHUB_METRICS_TOKEN is shorter"),
+                                                ("a" * 40, "OPENHUB_ADMIN_TOKEN and OPENHUB_METRICS_TOKEN")])
+def test_an_unsafe_metrics_token_stops_the_ingress(api_env, monkeypatch, metrics_token, why):
+    from openhub.api.app import create_app, with_settings
+    from openhub.config import Settings
+    from openhub.errors import ConfigurationError
+
+    monkeypatch.setenv("OPENHUB_METRICS_TOKEN", metrics_token)
+    assert Settings.from_env().metrics_token == metrics_token
+    with pytest.raises(ConfigurationError, match=why):
+        create_app(settings=with_settings(api_keys={"CRM": STRONG}, admin_token="a" * 40,
+                                          metrics_token=metrics_token))
+    with make_client(credentials=None, settings=with_settings(api_keys={"CRM": STRONG}, admin_token="a" * 40,
+                                                              metrics_token="m" * 40)) as c:
+        assert c.get("/metrics", headers=bearer("m" * 40)).status_code == 200
 
 
 def test_a_route_takes_messages_only_from_its_declared_sources(api_env, client, cid, prefix):

@@ -179,3 +179,38 @@ def test_a_nul_in_a_derived_object_id_is_400_naming_the_field(client):
     r = client.post("/api/v1/messages/test/entity", json={"id": "a\u0000b"}, headers={**CRM, "X-Correlation-Id": cid})
     assert r.status_code == 400 and "object_id" in r.text, r.text
     assert openhub.list_messages(correlation_id=cid) == []
+
+
+@pytest.mark.parametrize("path", ["/api/v1/messages", "/api/v1/messages:count"])
+@pytest.mark.parametrize("value", ["0.5", "0", "1700000000", " 1e3"])
+@pytest.mark.parametrize("name", ["received_from", "received_to"])
+def test_a_number_given_as_a_query_timestamp_is_400_naming_it(client, path, name, value):
+    # Issue 27: `received_to=0.5` was read as 0.5 s after 1970 and answered 200.
+    r = client.get(path, params={name: value}, headers=ADMIN)
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"] == f"query.{name}: Value error, must be an ISO 8601 timestamp, not a number"
+    assert client.get(path, params={name: "2026-11-21T00:00:00Z"}, headers=ADMIN).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/v1/messages:restart", "/api/v1/messages:cancel"])
+@pytest.mark.parametrize("field, value", [("received_to", 0.5), ("received_from", "1700000000"),
+                                          ("limit", "5"), ("limit", 5.0), ("parent_id", "1")])
+def test_a_bulk_filter_of_the_wrong_type_is_400_naming_it(client, path, field, value):
+    r = client.post(path, json={"state": "FAILED" if path.endswith("restart") else "NEW", field: value},
+                    headers=ADMIN)
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"].startswith(f"body.{field}: ")
+
+
+@pytest.mark.parametrize("total", [0, 1, "true", "yes", None])
+def test_restart_total_must_be_a_boolean(client, total):
+    # Issue 27: `{"total": 0}` was coerced to false (and "yes" to true) instead of refused.
+    message = openhub.submit("test.flow", {"prefix": "x", "n": 1}, source_system="CRM",
+                             correlation_id=uuid.uuid4().hex)
+    r = client.post(f"/api/v1/messages/{message.id}/restart", json={"total": total}, headers=ADMIN)
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"].startswith("body.total: ")
+    r = client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": total}, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["detail"].startswith("body.total: "), r.text
+    assert client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": True},
+                       headers=ADMIN).status_code == 200

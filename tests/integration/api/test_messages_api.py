@@ -339,7 +339,7 @@ def test_store_down_is_503_and_nothing_is_accepted(api_env, cid, flow_payload):
             # Driver text (host, port, database name) stays in the log, out of the answers.
             for answer in (r, ready):
                 assert str(closed) not in answer.text and "nowhere" not in answer.text and "psycopg" not in answer.text
-            assert c.get("/metrics").status_code == 200  # a scrape survives the store being down
+            assert c.get("/metrics", headers=ADMIN).status_code == 200  # a scrape survives the store being down
     finally:
         api_env.activate()
     assert stored(cid) == 0 and stored(cid + "b") == 0
@@ -373,6 +373,21 @@ def test_openapi_documents_every_endpoint(client):
     assert set(submit["requestBody"]["content"]) == {"application/json", "text/plain", "application/xml"}
     assert "Batch" in doc["components"]["schemas"]
     assert json.dumps(doc)  # serialisable
+
+
+def test_openapi_documents_400_with_the_problem_body_and_no_422(client):
+    # Issue 27: FastAPI documented 422 (HTTPValidationError) where the API answers 400 {"status", "detail"}.
+    doc = client.get("/openapi.json").json()
+    assert "422" not in json.dumps(doc["paths"])
+    assert not {"HTTPValidationError", "ValidationError"} & set(doc["components"]["schemas"])
+    problem = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            if operation.get("parameters") or "requestBody" in operation:  # FastAPI validates these
+                assert operation["responses"]["400"]["content"] == problem, (method, path)
+    assert doc["components"]["schemas"]["Problem"]["required"] == ["status", "detail"]
+    r = client.get("/api/v1/messages", params={"limit": "many"}, headers=ADMIN)
+    assert r.status_code == 400 and set(r.json()) == {"status", "detail"}
 
 
 def test_access_log_has_ids_and_no_keys(client, cid, flow_payload, caplog):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import openhub
 from openhub.testing import ExternalSystem
-from tests.integration.api.conftest import CRM, make_client
+from tests.integration.api.conftest import ADMIN, CRM, METRICS, SHOP, bearer, make_client
 from tests.support.waiting import wait_final, wait_for
 
 PROMISED = Path(__file__).resolve().parents[3] / "deploy" / "metrics.txt"
@@ -40,7 +40,7 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 def test_metrics_exports_every_promised_name(client, cid, flow_payload):
     client.post("/api/v1/messages/test/flow", json=flow_payload, headers={**CRM, "X-Correlation-Id": cid})
-    r = client.get("/metrics")
+    r = client.get("/metrics", headers=METRICS)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert promised_names() and promised_names() <= exported(r.text), promised_names() - exported(r.text)
     assert sample(r.text, "openhub_messages_accepted_total", route="test.flow", source_system="CRM") >= 1
@@ -52,7 +52,7 @@ def test_metrics_exports_every_promised_name(client, cid, flow_payload):
 
 def test_database_series_follow_the_work_of_workers(api_env, hub, external: ExternalSystem, prefix):
     with make_client() as client:
-        before = client.get("/metrics").text  # the first scrape starts the database-derived counters
+        before = client.get("/metrics", headers=METRICS).text  # the first scrape starts the database-derived counters
         external.fail(f"{prefix}/b", times=1)
         r = client.post("/api/v1/messages/test/flow", json={"prefix": prefix},
                         headers={**CRM, "X-Correlation-Id": uuid.uuid4().hex})
@@ -60,7 +60,7 @@ def test_database_series_follow_the_work_of_workers(api_env, hub, external: Exte
         assert wait_final(r.json()["id"]).state == "OK"
 
         def scraped() -> str | None:
-            text = client.get("/metrics").text
+            text = client.get("/metrics", headers=METRICS).text
             done = sample(text, "openhub_messages_finished_total", route="test.flow", state="OK")
             return text if done > sample(before, "openhub_messages_finished_total", route="test.flow", state="OK") \
                 else None
@@ -99,3 +99,25 @@ def test_database_series_are_read_at_most_once_per_cache_period(api_env):
         assert statements, "once the period is over the store is read again"
     finally:
         event.remove(engine, "before_cursor_execute", count)
+
+
+def test_metrics_need_the_metrics_or_the_admin_token(client):
+    # Issue 27: /metrics answered anyone who reached the port, naming every route, step and source system.
+    for headers in ({}, bearer("not-a-token")):
+        r = client.get("/metrics", headers=headers)
+        assert r.status_code == 401 and set(r.json()) == {"status", "detail"}
+        assert "openhub_" not in r.text
+    for key in (CRM, SHOP):  # a source system's key is valid, but not for this
+        r = client.get("/metrics", headers=key)
+        assert r.status_code == 403
+        assert r.json() == {"status": 403, "detail": "/metrics needs the metrics token (OPENHUB_METRICS_TOKEN) "
+                                                     "or the admin token"}
+    for headers in (METRICS, ADMIN):
+        r = client.get("/metrics", headers=headers)
+        assert r.status_code == 200 and "# TYPE openhub_messages gauge" in r.text
+
+
+def test_the_metrics_token_opens_nothing_else(client):
+    for method, path in [("GET", "/api/v1/messages"), ("GET", "/api/v1/overview"), ("GET", "/api/v1/routes"),
+                         ("POST", "/api/v1/messages:restart")]:
+        assert client.request(method, path, headers=METRICS).status_code == 401, path
