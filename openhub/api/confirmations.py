@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import confirm
 from .auth import Caller, admin
 from ..context import aware, error_line
+from ..states import ConfirmationState
 
 router = APIRouter(prefix="/api/v1/confirmations", tags=["confirmations"])
 _ERRORS = {s: {"description": d} for s, d in {
@@ -28,8 +29,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
 @router.get("", summary="Confirmations, newest first", responses=_ERRORS)
 def list_confirmations(
     _: Annotated[Caller, Depends(admin)],
-    state: Annotated[str | None, Query(max_length=20, description="PENDING, SENDING, OK, FAILED or FAILED_END "
-                                                                  "(parked: its attempts ran out).")] = None,
+    state: Annotated[ConfirmationState | None, Query(description="FAILED_END: parked, its attempts ran out.")] = None,
     source_system: Annotated[str | None, Query(max_length=100)] = None,
     message_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

@@ -226,6 +226,11 @@ def _utc(value: datetime | str | None, what: str) -> datetime | None:
         raise ApiError(400, f"{what} is out of range") from None
 
 
+# Documents what the store refuses (store.CONTROL) for the generated clients and fuzzers; the
+# check itself stays in the store, which says which field in its 400.
+NO_CONTROL = {"pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029]*$"}
+
+
 def _no_nul(**values: str | None) -> None:
     for name, value in values.items():
         if value is not None and "\x00" in value:
@@ -235,14 +240,16 @@ def _no_nul(**values: str | None) -> None:
 def message_filters(
     caller: Annotated[Caller, Depends(reader)],
     state: State | None = None,
-    service: Annotated[str | None, Query(max_length=100)] = None,
-    operation: Annotated[str | None, Query(max_length=100)] = None,
-    source_system: Annotated[str | None, Query(max_length=100)] = None,
-    correlation_id: Annotated[str | None, Query(max_length=320)] = None,  # a split child's id is longer
-    object_id: Annotated[str | None, Query(max_length=255)] = None,
+    service: Annotated[str | None, Query(max_length=100, json_schema_extra=NO_CONTROL)] = None,
+    operation: Annotated[str | None, Query(max_length=100, json_schema_extra=NO_CONTROL)] = None,
+    source_system: Annotated[str | None, Query(max_length=100, json_schema_extra=NO_CONTROL)] = None,
+    # a split child's correlation id is longer than a source system's
+    correlation_id: Annotated[str | None, Query(max_length=320, json_schema_extra=NO_CONTROL)] = None,
+    object_id: Annotated[str | None, Query(max_length=255, json_schema_extra=NO_CONTROL)] = None,
     parent_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-    error_code: Annotated[str | None, Query(max_length=100, description="The last failure's code.")] = None,
-    process_id: Annotated[str | None, Query(max_length=255)] = None,
+    error_code: Annotated[str | None, Query(max_length=100, description="The last failure's code.",
+                                            json_schema_extra=NO_CONTROL)] = None,
+    process_id: Annotated[str | None, Query(max_length=255, json_schema_extra=NO_CONTROL)] = None,
     received_from: Timestamp | None = None,
     received_to: Timestamp | None = None,
 ) -> dict[str, Any]:

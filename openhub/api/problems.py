@@ -16,6 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 
 from .. import errors
 
@@ -90,6 +92,15 @@ def install(app: FastAPI) -> None:
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return problem(exc.status, exc.detail, exc.headers)
 
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's own refusals (a body that is not JSON, no such path, a method the path lacks)
+        # get the same Problem body as every other refusal.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method the path has, not only those of the first route matched
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return problem(exc.status_code, str(exc.detail), headers or None)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # openhub/api/README.md promises 400 for a malformed request, not FastAPI's 422.
@@ -103,6 +114,14 @@ def install(app: FastAPI) -> None:
             else:
                 parts.append(f"{'.'.join(loc)}: {e.get('msg')}")
         return problem(400, "; ".join(parts) or "invalid request")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods the API documents for the request's path (FastAPI makes a route per method, and
+    Starlette's 405 names only those of the first route whose path matched)."""
+    path = request.scope.get("path", "")
+    return sorted(method.upper() for template, operations in request.app.openapi().get("paths", {}).items()
+                  if compile_path(template)[0].match(path) for method in operations)
 
 
 PROBLEM_REF = "#/components/schemas/Problem"
