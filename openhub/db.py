@@ -3,7 +3,9 @@
 SQLite (the embedded default) runs in WAL mode and takes its write lock at BEGIN (BEGIN
 IMMEDIATE), so concurrent worker processes queue for the lock instead of failing half-way;
 PostgreSQL runs READ COMMITTED with row locks. Engines are per process: a forked worker builds
-its own instead of sharing the parent's sockets.
+its own instead of sharing the parent's sockets. Under the gevent pool the greenlets of a process
+enter the store through a gate as wide as its connection pool (one for SQLite), so they wait for
+each other as greenlets, never inside SQLite's busy wait or SQLAlchemy's pool timeout.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from .concurrency import SQLITE_GATE, store_gate
 from .config import get_settings
 from .errors import StoreUnavailable
 
 _engines: dict[tuple[int, str], Engine] = {}
+
+
+PG_POOL_SIZE, PG_MAX_OVERFLOW = 5, 5  # connections per process to PostgreSQL: kept, and at most more
 
 
 def utcnow() -> datetime:
@@ -67,7 +73,7 @@ def get_engine(url: str | None = None) -> Engine:
         else:
             # No pre-ping round trip per checkout: a restarted server shows up as one
             # StoreUnavailable per process, after which SQLAlchemy recycles the whole pool.
-            engine = create_engine(url, pool_size=5, max_overflow=5)
+            engine = create_engine(url, pool_size=PG_POOL_SIZE, max_overflow=PG_MAX_OVERFLOW)
         _engines[key] = engine
     return engine
 
@@ -95,8 +101,10 @@ def insert_or_ignore(table: Table, pg: bool, **conflict: Any) -> Insert:
 def transaction(url: str | None = None) -> Iterator[Connection]:
     """One database transaction; a lost or refused connection, or a deadlock, becomes StoreUnavailable
     (the transaction had no effect and may be tried again)."""
+    url = url or get_settings().database_url
     try:
-        with get_engine(url).begin() as conn:
+        with store_gate(url, SQLITE_GATE if url.startswith("sqlite") else PG_POOL_SIZE + PG_MAX_OVERFLOW), \
+                get_engine(url).begin() as conn:
             yield conn
     except OperationalError as exc:
         if _is_connectivity(exc):

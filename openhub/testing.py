@@ -65,6 +65,8 @@ class ExternalSystem:
         self._applied: dict[tuple[str, str], dict] = {}
         self._active: dict[str, int] = defaultdict(int)
         self.overlaps: list[str] = []
+        self.in_flight = 0  # calls being answered now
+        self.peak_in_flight = 0  # the most calls that were being answered at one moment
         self._random = random.Random(seed)
         self._server: ThreadingHTTPServer | None = None
         self.started_events: dict[str, threading.Event] = defaultdict(threading.Event)
@@ -164,6 +166,8 @@ class ExternalSystem:
         started = time.monotonic()
         with self._lock:
             self.started_events[path].set()
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             delay = self._delays.get(path, 0.0)
             planned = self._failures[path].pop(0) if self._failures[path] else None
             if funnel is not None:
@@ -189,8 +193,9 @@ class ExternalSystem:
                 self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay))
                 return status, answer
         finally:
-            if funnel is not None:
-                with self._lock:
+            with self._lock:
+                self.in_flight -= 1
+                if funnel is not None:
                     self._active[funnel] -= 1
 
 

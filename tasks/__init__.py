@@ -7,11 +7,16 @@ confirmations `openhub.confirm`.
 
 import logging
 
+from openhub import concurrency
 from openhub.dispatch import celery_app
 
 from .steps import register_step_tasks
 from . import poll  # noqa: F401 - registers openhub.poll and openhub.chain_failed
 from . import heartbeat  # noqa: F401 - worker liveness file
+
+# `-P gevent`: kombu was imported before gevent finished patching (openhub/concurrency.py); rebind
+# what it took unpatched before the worker polls the broker with it.
+concurrency.repair_early_imports()
 
 app = celery_app()
 register_step_tasks(app)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, ContextManager, Iterator
 
 from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Queue
 
-from openhub import engine, workers
+from openhub import concurrency, engine, workers
 from openhub.config import get_settings
 from openhub.dispatch import task_options
 from openhub.errors import ConfigurationError, StoreUnavailable
@@ -53,11 +53,28 @@ def step_alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+@contextmanager
+def step_greenlet_limit(seconds: float) -> Iterator[None]:
+    """One step's soft time limit in the gevent pool, which keeps only Celery's hard limit: a
+    gevent.Timeout in the step's own greenlet, raising what Celery's soft limit raises elsewhere."""
+    with concurrency.step_time_limit(seconds, SoftTimeLimitExceeded,
+                                     f"the step ran over its timeout of {seconds:g} s"):
+        yield
+
+
+def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
+    """How a task of `steps` steps keeps each step's timeout: a greenlet timeout under gevent; else
+    SIGALRM for a fused task, and none for a task of one step (Celery's soft limit is the step's)."""
+    if concurrency.green():
+        return step_greenlet_limit
+    return step_alarm if steps > 1 else None
+
+
 def _step_task(app: Celery, route: Route, index: int) -> Task:
     end = route.task_end(index)
-    limit = step_alarm if end - index > 1 else None  # a task of one step: Celery's limit is the step's
 
     def run(self: Task, message_id: int, token: str) -> str:
+        limit = step_limit(end - index)  # chosen when the task runs: the pool is known by then
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
         try:
@@ -75,7 +92,7 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
         return report.outcome
 
     run.__name__ = route.steps[index].key
-    run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if limit is None else
+    run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if end - index == 1 else
                    f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused).")
     # Not shared: a process with two apps (tests) would otherwise register each step task in both.
     return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)

@@ -14,10 +14,11 @@ PROJECT = Path(__file__).resolve().parents[2]
 
 
 class Worker:
-    """One `celery -A tasks worker` process (optionally with an embedded beat)."""
+    """One `celery -A tasks worker` process (optionally with an embedded beat; `pool` as -P names it,
+    where gevent takes no embedded beat)."""
 
     def __init__(self, env: dict[str, str], workdir: Path, *, beat: bool = True, concurrency: int = 2,
-                 name: str | None = None, queues: str | None = None) -> None:
+                 name: str | None = None, queues: str | None = None, pool: str | None = None) -> None:
         self.name = name or f"w{uuid.uuid4().hex[:6]}"
         self.workdir = workdir
         self.heartbeat = workdir / f"{self.name}.heartbeat"
@@ -31,6 +32,8 @@ class Worker:
             self.args += ["-B", "--schedule", str(workdir / f"{self.name}-beat-schedule")]
         if queues:
             self.args += ["-Q", queues]
+        if pool:
+            self.args += ["--pool", pool]
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "Worker":
@@ -74,3 +77,34 @@ class Worker:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class Beat:
+    """One standalone `celery -A tasks beat` process, for workers that take no embedded one (gevent)."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.workdir = workdir
+        self.log_path = workdir / f"beat-{uuid.uuid4().hex[:6]}.log"
+        self.env = dict(os.environ, **env, PYTHONPATH=str(PROJECT))
+        self.args = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "--loglevel", "INFO",
+                     "--schedule", str(workdir / f"{self.log_path.stem}-schedule")]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "Beat":
+        """Start it (the poller's first tick follows within OPENHUB_POLL_INTERVAL)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)

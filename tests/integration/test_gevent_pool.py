@@ -1,0 +1,97 @@
+"""Routes under `celery -A tasks worker -P gevent`, on both backends: many calls in flight in one
+process, each still made once, and a step's timeout kept per greenlet.
+
+On main such a worker printed its banner and ran no step: kombu had been imported before gevent
+patched `time` and `select`, and the worker's pidbox greenlet blocked the process (openhub/concurrency.py).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterator
+
+import pytest
+from sqlalchemy import select
+
+import openhub
+from openhub.db import transaction
+from openhub.schema import workers
+from openhub.testing import ExternalSystem
+from tests.support import backends
+from tests.support.waiting import wait_final, wait_for
+from tests.support.workers import Beat, Worker
+
+pytest.importorskip("gevent")
+
+CONCURRENCY = 50
+MESSAGES = 30
+CALL_SECONDS = 1.0  # the external system's answer time on step a: what keeps calls in flight
+
+
+@pytest.fixture
+def system() -> Iterator[ExternalSystem]:
+    """An external system of this test's own, so its peak of calls in flight is this test's."""
+    server = ExternalSystem().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["embedded", "redis-pg"])
+def gevent_hub(request: pytest.FixtureRequest, tmp_path, system: ExternalSystem) -> Iterator[backends.Backend]:  # noqa: ANN001
+    """A store and broker of this test's own with a gevent worker and a standalone beat on them (the
+    session's prefork worker would otherwise take the step tasks)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
+    with backends.backend(request.param, tmp_path / "store", {"OPENHUB_TEST_EXTERNAL_URL": system.url}) as b:
+        worker = Worker(b.env, tmp_path, beat=False, concurrency=CONCURRENCY, pool="gevent")
+        beat = Beat(b.env, tmp_path)
+        try:
+            worker.start()
+            beat.start()
+            b.workers.append(worker)
+            yield b
+        finally:
+            beat.stop()
+            worker.stop()
+    backends.activate(saved)
+
+
+def _submit(route: str, prefix: str) -> openhub.MessageView:
+    return openhub.submit(route, {"prefix": prefix}, source_system="CRM", correlation_id=f"c-{uuid.uuid4().hex}")
+
+
+def _last_heartbeats() -> dict[str, object]:
+    with transaction() as conn:
+        return {row.id: row.last_seen for row in conn.execute(select(workers.c.id, workers.c.last_seen))}
+
+
+@pytest.mark.parametrize("svc", ["test", "fused"], ids=["chain", "fused"])
+def test_a_gevent_worker_keeps_many_slow_calls_in_flight_and_makes_each_once(
+        gevent_hub: backends.Backend, system: ExternalSystem, svc: str) -> None:
+    prefix = f"/t{uuid.uuid4().hex[:10]}"
+    system.delay(f"{prefix}/a", CALL_SECONDS)
+    before = _last_heartbeats()
+    ids = [_submit(f"{svc}.flow", prefix).id for _ in range(MESSAGES)]
+    done = [wait_final(i, timeout=120) for i in ids]
+    log = gevent_hub.workers[0].log()[-3000:]
+    assert [m.state for m in done] == ["OK"] * MESSAGES, log
+    for step in "abc":  # each step of each message called once
+        assert system.count(f"{prefix}/{step}") == MESSAGES and system.effects(f"{prefix}/{step}") == MESSAGES
+    # One process of -c 50 kept many one-second calls open at once (prefork -c 2 would keep 2).
+    assert system.peak_in_flight >= 10, (system.peak_in_flight, log)
+    after = _last_heartbeats()  # and the worker's heartbeat went on meanwhile
+    assert any(seen > before.get(worker, seen) or worker not in before for worker, seen in after.items()), after
+
+
+def test_a_step_over_its_timeout_is_interrupted_in_its_greenlet(gevent_hub: backends.Backend,
+                                                               system: ExternalSystem) -> None:
+    prefix = f"/t{uuid.uuid4().hex[:10]}"
+    system.delay(f"{prefix}/slow", 6)  # the step's timeout is 2 s; Celery's gevent pool kills only at 62 s
+    m = _submit("test.slow", prefix)
+    wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 20,
+             f"the slow step to time out; worker log: {gevent_hub.workers[0].log()[-3000:]}")
+    assert "TimeLimitExceeded" in (openhub.get_message(m.id).failed_error or "")
+    system.delay(f"{prefix}/slow", 0)
+    done = wait_final(m.id, timeout=60)  # the poller (standalone beat) retries it
+    assert done.state == "OK" and done.failed_count >= 1
+    assert system.count(f"{prefix}/a") == 1 and system.count(f"{prefix}/c") == 1
