@@ -32,6 +32,7 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.StateConflict: 409,
     errors.StoreUnavailable: 503,
     errors.Draining: 503,
+    errors.WebhookSignatureError: 400,  # raised by receivers' verify_signature, never by the hub's own API
     errors.ConfigurationError: 500,  # a broken route module: the operator's problem, not the caller's
 }
 
