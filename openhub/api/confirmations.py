@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .. import confirm
 from .auth import Caller, admin
+from .problems import NO_CONTROL
 from ..context import aware, error_line
 from ..states import ConfirmationState
 
@@ -30,7 +31,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
 def list_confirmations(
     _: Annotated[Caller, Depends(admin)],
     state: Annotated[ConfirmationState | None, Query(description="FAILED_END: parked, its attempts ran out.")] = None,
-    source_system: Annotated[str | None, Query(max_length=100)] = None,
+    source_system: Annotated[str | None, Query(max_length=100, json_schema_extra=NO_CONTROL)] = None,
     message_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
@@ -50,7 +51,8 @@ class Parked(BaseModel):
     """Which parked confirmations to send again."""
 
     model_config = ConfigDict(extra="forbid")
-    source_system: str | None = Field(None, max_length=100, description="Only this source system's.")
+    source_system: str | None = Field(None, max_length=100, description="Only this source system's.",
+                                      json_schema_extra=NO_CONTROL)
 
 
 @router.post(":resend", summary="Send every parked confirmation again", responses=_ERRORS)

@@ -25,7 +25,7 @@ from ..states import State
 from . import body, metrics
 from .auth import Caller, admin, reader, source_system
 from .detail import message_detail, source_view
-from .problems import ApiError
+from .problems import NO_CONTROL, ApiError
 from .summary import message_summaries
 
 MAX_ID = 2**63 - 1
@@ -224,11 +224,6 @@ def _utc(value: datetime | str | None, what: str) -> datetime | None:
         return producer.to_utc(value, what)
     except OverflowError:
         raise ApiError(400, f"{what} is out of range") from None
-
-
-# Documents what the store refuses (store.CONTROL) for the generated clients and fuzzers; the
-# check itself stays in the store, which says which field in its 400.
-NO_CONTROL = {"pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029]*$"}
 
 
 def _no_nul(**values: str | None) -> None:

@@ -50,6 +50,12 @@ class Problem(BaseModel):
     detail: str
 
 
+# The JSON schema of a text the store refuses with control characters in it (store.CONTROL), for the
+# OpenAPI document's generated clients and fuzzers; the check itself stays in the store, whose 400
+# names the field.
+NO_CONTROL = {"pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029]*$"}
+
+
 class ApiError(Exception):
     """An HTTP-level refusal raised by the API itself (auth, media type, throttling)."""
 

@@ -449,3 +449,12 @@ def test_a_source_system_sees_its_message_without_the_hubs_internals(client, cid
     mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
     assert "http_exchanges" not in mine and mine["history"][0]["event"] == "accepted"
     assert "http_exchanges" in client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
+
+
+def test_a_control_character_in_a_confirmations_filter_is_400_not_500(client):
+    # Found by the in-suite fuzz on PostgreSQL: ?source_system=%00 reached the driver as a DataError (500).
+    for name in ("\x00", "a\x1bb"):
+        r = client.get("/api/v1/confirmations", params={"source_system": name}, headers=ADMIN)
+        assert r.status_code == 400 and r.json()["detail"] == "source_system must not contain control characters"
+        r = client.post("/api/v1/confirmations:resend", json={"source_system": name}, headers=ADMIN)
+        assert r.status_code == 400 and r.json()["detail"] == "source_system must not contain control characters"
