@@ -77,11 +77,8 @@ def step_time_limit(seconds: float, expired: type[BaseException], message: str) 
 
 @contextmanager
 def store_gate(url: str, size: int) -> Iterator[None]:
-    """Under greenlets, let at most `size` greenlets at a time into the store at `url` (a greenlet
-    already inside enters again at once: a nested transaction never waits for itself)."""
-    if not green():
-        yield
-        return
+    """Let at most `size` greenlets at a time into the store at `url` (a greenlet already inside enters
+    again at once: a nested transaction never waits for itself). Only for a process under gevent."""
     depth = getattr(_depth, "value", 0)
     if depth:
         _depth.value = depth + 1

@@ -28,7 +28,7 @@ from .policy import confirmation_lease, confirmation_retry, outage_pause
 from .registry import Confirmer, get_registry
 from .schema import confirmations, messages
 from .states import ConfirmationState as CS
-from .store import CONTROL, message_view
+from .store import message_view, refuse_control
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
@@ -137,7 +137,7 @@ def list_confirmations(state: str | None = None, message_id: int | None = None, 
     `state="FAILED_END"` lists the parked ones for operators."""
     if state is not None and state not in CS.__members__:
         raise InputError(f"unknown confirmation state {state!r}: one of {', '.join(CS)}")
-    _no_control(source_system)
+    refuse_control(source_system=source_system)
     M = messages.c
     query = (select(confirmations, M.source_system, M.correlation_id).join(messages, M.id == C.message_id)
              .order_by(C.id.desc()).limit(max(1, min(int(limit), 1000))))
@@ -165,15 +165,9 @@ def resend(confirmation_id: int) -> dict[str, Any]:
     return next(c for c in list_confirmations(message_id=row.message_id, limit=1000) if c["id"] == confirmation_id)
 
 
-def _no_control(source_system: str | None) -> None:
-    # A NUL would reach PostgreSQL as a DataError (a 500): no stored source system has one anyway.
-    if source_system is not None and CONTROL.search(source_system):
-        raise InputError("source_system must not contain control characters")
-
-
 def resend_parked(source_system: str | None = None) -> list[int]:
     """Make every parked confirmation (of one source system) due again; the poller sends them. Their ids."""
-    _no_control(source_system)
+    refuse_control(source_system=source_system)
     where = C.state == CS.FAILED_END
     if source_system is not None:
         where = and_(where, C.message_id.in_(select(messages.c.id).where(messages.c.source_system == source_system)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from .concurrency import SQLITE_GATE, store_gate
+from .concurrency import SQLITE_GATE, green, store_gate
 from .config import get_settings
 from .errors import StoreUnavailable
 
@@ -103,8 +103,10 @@ def transaction(url: str | None = None) -> Iterator[Connection]:
     (the transaction had no effect and may be tried again)."""
     url = url or get_settings().database_url
     try:
-        with store_gate(url, SQLITE_GATE if url.startswith("sqlite") else PG_POOL_SIZE + PG_MAX_OVERFLOW), \
-                get_engine(url).begin() as conn:
+        # Prefork and threads pass straight on: the gate is for greenlets only.
+        gate = store_gate(url, SQLITE_GATE if url.startswith("sqlite") else PG_POOL_SIZE + PG_MAX_OVERFLOW) \
+            if green() else nullcontext()
+        with gate, get_engine(url).begin() as conn:
             yield conn
     except OperationalError as exc:
         if _is_connectivity(exc):

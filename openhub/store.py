@@ -174,6 +174,14 @@ def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> 
     return view_of(row, calls, duplicate)
 
 
+def refuse_control(**texts: Any) -> None:
+    """InputError naming the first of `texts` (a filter's name and value) with a control character:
+    PostgreSQL cannot even compare a NUL, so a search answers "bad filter" rather than failing in the driver."""
+    for name, value in texts.items():
+        if value is not None and CONTROL.search(str(value)):
+            raise InputError(f"{name} must not contain control characters")
+
+
 def filtered(query: Any, *, state: str | None = None, service: str | None = None, operation: str | None = None,
              source_system: str | None = None, correlation_id: str | None = None, object_id: str | None = None,
              parent_id: int | None = None, error_code: str | None = None, received_from: datetime | None = None,
@@ -187,12 +195,8 @@ def filtered(query: Any, *, state: str | None = None, service: str | None = None
     """
     if state is not None and state not in State.__members__:
         raise InputError(f"unknown state {state!r}")
-    texts = {"service": service, "operation": operation, "source_system": source_system,
-             "correlation_id": correlation_id, "object_id": object_id, "error_code": error_code,
-             "process_id": process_id}
-    for name, value in texts.items():
-        if value is not None and CONTROL.search(str(value)):
-            raise InputError(f"{name} must not contain control characters")
+    refuse_control(service=service, operation=operation, source_system=source_system, correlation_id=correlation_id,
+                   object_id=object_id, error_code=error_code, process_id=process_id)
     for column, value in ((M.state, state), (M.service, service), (M.operation, operation),
                           (M.source_system, source_system), (M.correlation_id, correlation_id),
                           (M.object_id, object_id), (M.parent_id, parent_id), (M.error_code, error_code),

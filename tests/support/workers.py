@@ -13,7 +13,39 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[2]
 
 
-class Worker:
+class _CeleryProcess:
+    """A `celery -A tasks ...` subprocess in its own session, its output in `log_path`."""
+
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    workdir: Path
+    process: subprocess.Popen | None = None
+
+    def _launch(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (main process and pool) at once, as a crashed machine would."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 30) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class Worker(_CeleryProcess):
     """One `celery -A tasks worker` process (optionally with an embedded beat; `pool` as -P names it,
     where gevent takes no embedded beat)."""
 
@@ -39,10 +71,8 @@ class Worker:
     def start(self, timeout: float = 60) -> "Worker":
         """Start the worker and wait until it is ready to consume."""
         self.heartbeat.unlink(missing_ok=True)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self._launch()
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while not self.heartbeat.exists():
             if self.process.poll() is not None:
@@ -62,24 +92,8 @@ class Worker:
         out = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]
 
-    def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool) at once, as a crashed machine would."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
 
-    def stop(self, timeout: float = 30) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL if it does not exit in time."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-class Beat:
+class Beat(_CeleryProcess):
     """One standalone `celery -A tasks beat` process, for workers that take no embedded one (gevent)."""
 
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
@@ -92,19 +106,5 @@ class Beat:
 
     def start(self) -> "Beat":
         """Start it (the poller's first tick follows within OPENHUB_POLL_INTERVAL)."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self._launch()
         return self
-
-    def stop(self, timeout: float = 30) -> None:
-        """SIGTERM, then SIGKILL if it does not exit in time."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
