@@ -14,20 +14,15 @@ from kombu import Queue
 from openhub import concurrency, engine, workers
 from openhub.config import get_settings
 from openhub.dispatch import task_options
-from openhub.errors import ConfigurationError, StoreUnavailable
+from openhub.errors import ConfigurationError, StepFailed, StoreUnavailable
 from openhub.model import Route
 from openhub.registry import get_registry
+
+from .exceptions import translate
 
 
 STORE_RETRY_SECONDS = 2
 STORE_RETRIES = 30
-
-
-class StepFailed(Exception):
-    """The step's attempt failed and the hub recorded it (retried later, or the message FAILED).
-
-    Raised after the outcome is safely written, only so that Flower shows the task as failed.
-    """
 
 
 @contextmanager
@@ -79,7 +74,7 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
         workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
         try:
             step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered=redelivered,
-                                            limit=limit)
+                                            limit=limit, translate=translate)
         except StoreUnavailable as exc:
             # The database restarted or is briefly away: try the same task again, same token
             # (steps it already carried through are found OK and skipped).

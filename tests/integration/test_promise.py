@@ -147,11 +147,11 @@ def test_a_message_takes_few_statements_on_postgresql(route: str, statements: in
 def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
     real, failures = engine._prepare, []
 
-    def fails_once_at_the_second_step(conn, route, index, *args):  # noqa: ANN001, ANN002, ANN202
-        if index == 1 and not failures:
-            failures.append(index)
+    def fails_once_at_the_second_step(tx, run, *args):  # noqa: ANN001, ANN002, ANN202
+        if run.index == 1 and not failures:
+            failures.append(run.index)
             raise RuntimeError("a bug in entering the step")
-        return real(conn, route, index, *args)
+        return real(tx, run, *args)
 
     monkeypatch.setattr(engine, "_prepare", fails_once_at_the_second_step)
     view = hub.submit("p.fused", {})
