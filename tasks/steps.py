@@ -13,7 +13,7 @@ from kombu import Queue
 
 from openhub import concurrency, engine, workers
 from openhub.config import get_settings
-from openhub.dispatch import task_options
+from openhub.dispatch import task_end, task_name, task_options
 from openhub.errors import ConfigurationError, StepFailed, StoreUnavailable
 from openhub.model import Route
 from openhub.registry import get_registry
@@ -66,7 +66,7 @@ def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
 
 
 def _step_task(app: Celery, route: Route, index: int) -> Task:
-    end = route.task_end(index)
+    end = task_end(route, index)
 
     def run(self: Task, message_id: int, token: str) -> str:
         limit = step_limit(end - index)  # chosen when the task runs: the pool is known by then
@@ -90,7 +90,7 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
     run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if end - index == 1 else
                    f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused).")
     # Not shared: a process with two apps (tests) would otherwise register each step task in both.
-    return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
+    return app.task(name=task_name(route, route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
 
 
 def register_step_tasks(app: Celery) -> None:
@@ -101,7 +101,7 @@ def register_step_tasks(app: Celery) -> None:
         for index, item in enumerate(route.steps):
             timeout = task_options(route, index)["soft_time_limit"]
             if timeout >= limit:
-                raise ConfigurationError(f"task {route.task_name(item)} may run {timeout:.0f} s, longer than the "
+                raise ConfigurationError(f"task {task_name(route, item)} may run {timeout:.0f} s, longer than the "
                                          f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
             queues.add(route.step_queue(item) or app.conf.task_default_queue)
             _step_task(app, route, index)
