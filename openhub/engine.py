@@ -222,17 +222,17 @@ def _hand_over(run: StepRun, entered: Entered, verdict: Verdict, next_run: str,
 
 
 def _record_and_enter(tx: _Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
-    row = entered.row
+    row, following = entered.row, run.next()
     errors = loads(row.business_errors, []) + entered.ctx.business_errors
     # The compare-and-set of `_record`, taking the next step's lease in the same statement.
     taken, call_taken = leases.write_outcome(tx.conn, run, entered, verdict, dict(
-        leases.lease(run.next().item, next_run, tx.now),
+        leases.lease(following.item, next_run, tx.now),
         custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
         business_errors=dumps(errors) if errors else None), tx.now, hand_over=True)
     if taken is None:  # the lease was lost: discard the outcome as `_record` does
         return _record(tx, run, entered, verdict)
     admission.call_ended(tx.conn, run.item, entered.run_id, verdict, tx.now)
-    return _prepare(tx, run.next(), taken, next_run, call_taken)
+    return _prepare(tx, following, taken, next_run, call_taken)
 
 
 def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[FollowUps, bool, Verdict]:

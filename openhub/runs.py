@@ -9,7 +9,7 @@ its lease is ours. Pure data: no I/O here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Callable, ContextManager
@@ -51,7 +51,8 @@ class StepRun:
 
     def next(self) -> StepRun:
         """The run of the route's next step, for the same message and chain."""
-        return replace(self, index=self.index + 1)
+        return StepRun(self.route, self.index + 1, self.message_id, self.token, self.clock, self.redelivered,
+                       self.limit, self.translate)
 
 
 @dataclass
