@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Collection
 
 from .config import get_settings
 from .errors import ConfigurationError
-from .model import Route
+from .model import Route, RouteStep
 from .policy import step_timeout
 
 if TYPE_CHECKING:
@@ -73,13 +73,42 @@ def reset_app() -> None:
     sys.modules.pop(os.environ.get("OPENHUB_CELERY_CONFIG", "celeryconfig"), None)
 
 
+def task_name(route: Route, item: RouteStep) -> str:
+    """The Celery task name of one of the route's steps (what Flower shows)."""
+    return f"openhub.{route.name}.{item.name}"
+
+
+def task_end(route: Route, index: int) -> int:
+    """Where the Celery task that starts at step `index` stops: after that step in chain mode; in
+    fused mode after the last of the consecutive steps that share its queue.
+
+    Every step is still claimed, leased, guarded by its external-call record and recorded on its
+    own; fused mode only saves the broker round trip between steps.
+    """
+    end = index + 1
+    if route.fused:
+        queue = route.step_queue(route.steps[index])
+        while end < len(route.steps) and route.step_queue(route.steps[end]) == queue:
+            end += 1
+    return end
+
+
+def task_starts(route: Route, start: int = 0) -> list[int]:
+    """The steps, from `start` on, at which a Celery task of the route begins."""
+    starts = []
+    while start < len(route.steps):
+        starts.append(start)
+        start = task_end(route, start)
+    return starts
+
+
 def task_options(route: Route, index: int) -> dict[str, Any]:
     """Celery options of the task that starts at step `index`: queue, priority and time limits.
 
     A fused task may run as long as all its steps together; each step keeps its own limit inside it.
     """
     settings = get_settings()
-    steps = route.steps[index:route.task_end(index)]
+    steps = route.steps[index:task_end(route, index)]
     timeout = sum(step_timeout(item, settings).total_seconds() for item in steps)
     options: dict[str, Any] = {"soft_time_limit": timeout, "time_limit": timeout + HARD_LIMIT_MARGIN}
     queue = route.step_queue(route.steps[index])
@@ -98,9 +127,9 @@ def step_signatures(route: Route, message_id: int, token: str, start: int = 0) -
     # What Flower shows as the arguments, given (Celery's documented argsrepr) rather than computed by
     # Celery's saferepr for every task published: that was a tenth of publishing a chain.
     shown = {"argsrepr": repr((message_id, token)), "kwargsrepr": "{}"}
-    return [app.signature(route.task_name(route.steps[index]), args=(message_id, token), immutable=True,
+    return [app.signature(task_name(route, route.steps[index]), args=(message_id, token), immutable=True,
                           options={**task_options(route, index), **shown}).on_error(errback)
-            for index in route.task_starts(start)]
+            for index in task_starts(route, start)]
 
 
 def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:

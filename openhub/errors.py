@@ -20,6 +20,12 @@ Step outcomes are exceptions a step raises to tell the hub what happened:
     └── TransientError          a temporary fault: retried later, counts a failure
 
 Any other exception raised by a step is treated as transient too (a bug to retry, not a verdict).
+
+Between the Celery tasks (tasks/) and the engine, never answered by the API:
+
+    Interrupted                 a time limit stopped the work where it stood (Celery's soft time limit,
+                                as tasks/exceptions.py translates it)
+    StepFailed                  a step's attempt failed and the hub recorded it (a task raises it for Flower)
 """
 
 from __future__ import annotations
@@ -65,6 +71,18 @@ class StoreUnavailable(OpenHubError):
 
 class Draining(OpenHubError):
     """An operator is draining the hub (`openhub drain`): new messages are refused until it ends."""
+
+
+class Interrupted(Exception):
+    """A time limit stopped the work where it stood: what a driver's own limit (Celery's
+    SoftTimeLimitExceeded) is read as, at the boundary (tasks/exceptions.py)."""
+
+
+class StepFailed(Exception):
+    """The step's attempt failed and the hub recorded it (retried later, or the message FAILED).
+
+    Raised by a step task after the outcome is safely written, only so that Flower shows the task as failed.
+    """
 
 
 class WebhookSignatureError(OpenHubError, ValueError):

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, select
+from sqlalchemy import Connection, and_, select
 
 from .config import get_settings
 from .confirm import queue_confirmation
+from .leases import dropped
 from .model import Route, RouteStep, Split
 from .policy import chain_wait, retry_due, retry_policy
 from .registry import get_registry
@@ -52,7 +53,7 @@ class FollowUps:
             getattr(self, f.name).extend(getattr(other, f.name))
 
 
-def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, item: RouteStep | None,
+def apply_event(conn: Connection, row: Any, event: Event, route: Route | None, item: RouteStep | None,
                 now: datetime, follow: FollowUps, detail: str | None = None, *, keep_run: bool = False,
                 settle: bool = True, **values: Any) -> State:
     """Write the transition of `event` with the state table's verdict and carry out its actions:
@@ -69,7 +70,7 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, i
     if result.state in FINAL:
         values.update(due_at=None, finished_at=now)
         if not keep_run:
-            values.update(step_run=None, worker=None)
+            values.update(dropped())
     if Action.CONFIRM in result.actions:
         if confirmed_to_source(conn, row):
             queue_confirmation(conn, row.id, result.state.value, now)
@@ -90,20 +91,20 @@ def apply_event(conn: Connection, row: Row, event: Event, route: Route | None, i
     return result.state
 
 
-def redispatch(conn: Connection, row: Row, event: Event, now: datetime, follow: FollowUps, start: int = 0,
+def redispatch(conn: Connection, row: Any, event: Event, now: datetime, follow: FollowUps, start: int = 0,
                detail: str | None = None) -> None:
     """Give a message a new fencing token and state IN_QUEUE; its chain (from step `start`) is published
     after commit. A run still in flight from a cancelled chain keeps its lease: the new chain waits for it.
     """
     route = get_registry().route_of(row)
     token = str(uuid.uuid4())
-    handed_over = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
+    handed_over: dict[str, Any] = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
     apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
                 due_at=now + chain_wait(event, now - row.updated_at, get_settings()), **handed_over)
     follow.chains.append((route, row.id, token, start))
 
 
-def cancel_family(conn: Connection, row: Row, now: datetime, follow: FollowUps) -> None:
+def cancel_family(conn: Connection, row: Any, now: datetime, follow: FollowUps) -> None:
     """Cancel a message, then its children not final yet (and theirs).
 
     A new token makes any chain still carrying the message stop without effect. A step already
@@ -206,7 +207,7 @@ def resume_split(conn: Connection, parent: Any, item: Split, now: datetime, foll
         apply_event(conn, child, Event.RESTARTED, None, None, now, follow, detail=f"parent {parent.id} restarted",
                     due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))
     route = get_registry().route_of(parent)
-    apply_event(conn, parent, Event.SPLIT, route, item, now, follow, step_run=None, due_at=None,
+    apply_event(conn, parent, Event.SPLIT, route, item, now, follow, **dropped(keep_worker=True), due_at=None,
                 detail=f"waiting again for its children ({len(again)} restarted)")
     follow.redrive.extend(c.id for c in again[:1 if item.sequential else len(again)])
     return False

@@ -206,7 +206,7 @@ class Route:
     queue: str | None = None
     order_timeout: timedelta | None = None
     fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail its messages at once, in every step
-    fused: bool = False  # consecutive steps on one queue run in one Celery task (see `task_end`)
+    fused: bool = False  # consecutive steps on one queue run in one Celery task (`dispatch.task_end`)
     expires_after: timedelta | None = None  # a message not started by then ends FAILED (error code EXPIRED)
     # The source systems whose keys may submit its messages (empty: any source system's key).
     sources: tuple[str, ...] = ()
@@ -273,35 +273,9 @@ class Route:
         """The part of the name after the dot."""
         return self.name.split(".", 1)[1]
 
-    def task_name(self, item: RouteStep) -> str:
-        """The Celery task name of one of this route's steps (what Flower shows)."""
-        return f"openhub.{self.name}.{item.name}"
-
     def step_queue(self, item: RouteStep) -> str | None:
         """The queue a step's task goes to (None: Celery's default queue)."""
         return item.queue or self.queue
-
-    def task_end(self, index: int) -> int:
-        """Where the Celery task that starts at step `index` stops: after that step in chain mode; in
-        fused mode after the last of the consecutive steps that share its queue.
-
-        Every step is still claimed, leased, guarded by its external-call record and recorded on its
-        own; fused mode only saves the broker round trip between steps.
-        """
-        end = index + 1
-        if self.fused:
-            queue = self.step_queue(self.steps[index])
-            while end < len(self.steps) and self.step_queue(self.steps[end]) == queue:
-                end += 1
-        return end
-
-    def task_starts(self, start: int = 0) -> list[int]:
-        """The steps, from `start` on, at which a Celery task of this route begins."""
-        starts = []
-        while start < len(self.steps):
-            starts.append(start)
-            start = self.task_end(start)
-        return starts
 
     def index_of(self, key: str) -> int:
         """Position of the step with `key` in this route."""

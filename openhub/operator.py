@@ -6,8 +6,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sqlalchemy import and_, delete, func, not_, or_, select, update
+from sqlalchemy import and_, delete, func, not_, select, update
 
+from . import leases
 from .context import MessageView
 from .db import transaction, utcnow
 from .errors import InputError, NotFound, StateConflict
@@ -16,10 +17,10 @@ from .model import Route
 from .producer import get_message, shallow
 from .redrive import carry_out, redrive_due_messages
 from .registry import get_registry
-from .schema import ext_calls, messages, route_pauses
-from .states import FINAL, NON_FINAL, CallState, Event, Note, State, allowed
+from .schema import messages, route_pauses
+from .states import FINAL, NON_FINAL, Event, Note, State, allowed
 from .store import (DRAIN, drain_reason, dumps, filtered, lock_message, message_view, pause_route, paused_routes,
-                    record_transition, update_message)
+                    record_transition)
 
 M = messages.c
 RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
@@ -47,12 +48,7 @@ def restart(message_id: int, total: bool = False) -> MessageView:
                                       error_code=None, blocked_since=None, attempt_id=str(uuid.uuid4()),
                                       expires_at=None)  # restarted: carried out anyway
         if total:
-            # Its own records go; one it took over from an older message that had succeeded (an entity
-            # record) keeps that success, or the older message's retry would call again.
-            conn.execute(delete(ext_calls).where(and_(ext_calls.c.message_id == row.id, or_(
-                ext_calls.c.ok_message_id.is_(None), ext_calls.c.ok_message_id == row.id))))
-            conn.execute(update(ext_calls).where(ext_calls.c.ok_message_id == row.id)
-                         .values(ok_message_id=None, ok_msg_timestamp=None))
+            leases.forget_calls(conn, row)
             values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
         # StateConflict unless OK, FAILED or CANCEL, and then the transaction writes nothing.
         apply_event(conn, row, Event.RESTARTED, _route_of(row), None, now, follow,
@@ -148,16 +144,13 @@ def respond(message_id: int, payload: Any, *, by: str | None = None) -> MessageV
             return message_view(conn, row.id)
         if row.state == State.PROCESSING and row.step_run is not None:
             # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
-            update_message(conn, row.id, response=text)
+            leases.keep_response(conn, row.id, text)
             record_transition(conn, row.id, Note.RESPONSE_EARLY.value, row.state, row.state, detail=detail)
             return message_view(conn, row.id)
         if not allowed(State(row.state), Event.RESPONDED):
             raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
-        update_message(conn, row.id, response=text)
-        waiting = and_(ext_calls.c.message_id == row.id, ext_calls.c.state == CallState.WAITING.value)
-        conn.execute(update(ext_calls).where(waiting)
-                     .values(state=CallState.OK.value, ok_message_id=row.id, ok_msg_timestamp=row.msg_timestamp,
-                             updated_at=utcnow()))
+        leases.keep_response(conn, row.id, text)
+        leases.responded(conn, row, utcnow())
         now = utcnow()
         follow = FollowUps()
         redispatch(conn, row, Event.RESPONDED, now, follow, detail=detail)

@@ -17,18 +17,19 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, select
 
 from .config import get_settings
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
+from .leases import dropped, orphan_chains_due, release_run
 from .lifecycle import FollowUps, apply_event
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
 from .registry import get_registry
 from .schema import messages
 from .states import Event, State
-from .store import is_paused, paused_routes, update_message
+from .store import is_paused, paused_routes
 from .workers import liveness
 
 log = logging.getLogger("openhub.poller")
@@ -80,9 +81,7 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
             # Between two steps the worker that ran the first is the one that publishes the second's
             # task: if it died, that task may never have been sent, or died with it unstarted. Due
             # now, the chain is published again at once (no failure) instead of after the lease grace.
-            conn.execute(update(messages).where(
-                M.worker.in_(live.dead), M.step_run.is_(None),
-                M.state.in_((State.PROCESSING.value, State.IN_QUEUE.value))).values(worker=None, due_at=now))
+            orphan_chains_due(conn, live.dead, now)
         for row in rows:
             if live.run_in_flight(row.worker, row.step_run, row.updated_at) is not False:
                 continue
@@ -92,9 +91,9 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
                 reason = (f"step run {row.step_run} ended without an outcome: "
                           f"worker {row.worker} died or its task crashed")
                 apply_event(conn, row, Event.LEASE_EXPIRED, route, None, now, follow, detail=reason,
-                            step_run=None, worker=None, due_at=now, failed_error=reason, error_code="WORKER_LOST")
+                            **dropped(), due_at=now, failed_error=reason, error_code="WORKER_LOST")
             else:  # a cancelled message's last run is over: its funnel may go on
-                update_message(conn, row.id, step_run=None, worker=None, updated_at=now)
+                release_run(conn, row.id, now)
                 if row.funnel is not None:
                     follow.funnels.append(row.id)
         if lost and get_settings().system_limits:  # the calls in flight they held are over too

@@ -13,20 +13,19 @@ import logging
 from datetime import datetime
 from typing import Any, Callable
 
-from sqlalchemy import and_, not_, select, update
+from sqlalchemy import Select, and_, not_, select
 
-from . import dispatch
-from .config import get_settings
+from . import dispatch, leases
 from .confirm import send_confirmations
 from .db import is_postgres, transaction
 from .errors import UnknownRouteError
 from .funnel import release_funnel
 from .lifecycle import FollowUps, apply_event, redispatch
-from .policy import UNKNOWN_ROUTE_BACKOFF, handover_due
+from .policy import UNKNOWN_ROUTE_BACKOFF
 from .registry import get_registry
-from .schema import ext_calls, messages
+from .schema import messages
 from .split import dispatch_children
-from .states import CallState, Event, State
+from .states import Event, State
 from .store import DRAIN, paused_routes, update_message
 from .workers import liveness
 
@@ -71,7 +70,7 @@ def _attempt(message_id: int, what: str, fn: Callable[..., Any], *args: Any) -> 
         return None
 
 
-def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None):  # noqa: ANN202
+def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None) -> Select[Any]:
     # `due_at <= now` implies the partial index's `due_at IS NOT NULL`: only live rows are read.
     # (No state filter here: SQLite would rather use the state index for it.)
     query = select(messages).where(M.due_at <= now)
@@ -121,7 +120,7 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
             stepping = row.state == State.PROCESSING and row.step_run is not None
             if stepping and live is not None and live.run_in_flight(row.worker, row.step_run, row.updated_at):
                 # slow, not lost: its worker's heartbeat still lists the run
-                update_message(conn, row.id, due_at=handover_due(now, get_settings()))
+                leases.extend(conn, row.id, now)
                 continue
             if row.state in (State.IN_QUEUE, State.PROCESSING) and not stepping:
                 redispatch(conn, row, Event.CHAIN_LOST, now, follow)
@@ -129,15 +128,13 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
                 continue
             if row.state == State.WAITING_FOR_RES:  # the request is sent again on the next attempt
                 reason = "no response before the timeout"
-                conn.execute(update(ext_calls).where(and_(ext_calls.c.message_id == row.id,
-                                                          ext_calls.c.state == CallState.WAITING.value))
-                             .values(state=CallState.FAILED.value, last_error=reason, updated_at=now))
+                leases.waiting_calls_failed(conn, row.id, reason, now)
                 apply_event(conn, row, Event.TRANSIENT, route, None, now, follow, detail=reason, failed_error=reason,
                             error_code="RESPONSE_TIMEOUT")
             else:
                 reason = f"lease expired in step run {row.step_run}: its worker is gone"
                 apply_event(conn, row, Event.LEASE_EXPIRED, route, None, now, follow, detail=reason, due_at=now,
-                            step_run=None, worker=None, failed_error=reason, error_code="WORKER_LOST")
+                            **leases.dropped(), failed_error=reason, error_code="WORKER_LOST")
             repaired += 1
     carry_out(follow, now)
     return redriven, repaired

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
+from typing import cast
+
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Table, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -262,13 +264,18 @@ class HttpExchange(Base):
     )
 
 
-messages = Message.__table__
-ext_calls = ExtCall.__table__
-transitions = Transition.__table__
-confirmations = Confirmation.__table__
-route_pauses = RoutePause.__table__
-breakers = Breaker.__table__
-system_slots = SystemSlot.__table__
-system_rates = SystemRate.__table__
-workers = Worker.__table__
-http_exchanges = HttpExchange.__table__
+def _table(model: type[Base]) -> Table:
+    """A model's table, typed as the Table it is (SQLAlchemy types `__table__` as any FromClause)."""
+    return cast(Table, model.__table__)
+
+
+messages = _table(Message)
+ext_calls = _table(ExtCall)
+transitions = _table(Transition)
+confirmations = _table(Confirmation)
+route_pauses = _table(RoutePause)
+breakers = _table(Breaker)
+system_slots = _table(SystemSlot)
+system_rates = _table(SystemRate)
+workers = _table(Worker)
+http_exchanges = _table(HttpExchange)

@@ -275,8 +275,8 @@ class LocalHub:
         while dispatch.local_chains and done < limit:
             name, message_id, token, start = dispatch.local_chains.pop(0)
             route = get_registry().route(name)
-            for index in route.task_starts(start):  # task by task, as the workers would
-                if not run_steps(name, index, route.task_end(index), message_id, token, clock=clock)[1]:
+            for index in dispatch.task_starts(route, start):  # task by task, as the workers would
+                if not run_steps(name, index, dispatch.task_end(route, index), message_id, token, clock=clock)[1]:
                     break
             done += 1
         return done

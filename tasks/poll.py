@@ -6,6 +6,7 @@ import logging
 
 from openhub import poller, workers
 from openhub.confirm import send_confirmations
+from openhub.errors import StepFailed
 from openhub.store import record_crash
 from openhub.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app, restore_orphans
 
@@ -76,7 +77,7 @@ def chain_failed(request, exc, traceback, message_id: int, token: str) -> None: 
 
     The message keeps its state: its lease expires and the poller repairs it as a lost chain.
     """
-    if type(exc).__name__ == "StepFailed":  # a failed attempt the engine recorded, shown as such in Flower
+    if isinstance(exc, StepFailed):  # a failed attempt the engine recorded, shown as such in Flower
         return
     task = getattr(request, "task", "?")
     log.error("message %s: task %s crashed outside the step (%r); the poller repairs it when its lease expires",

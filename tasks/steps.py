@@ -13,21 +13,16 @@ from kombu import Queue
 
 from openhub import concurrency, engine, workers
 from openhub.config import get_settings
-from openhub.dispatch import task_options
-from openhub.errors import ConfigurationError, StoreUnavailable
+from openhub.dispatch import task_end, task_name, task_options
+from openhub.errors import ConfigurationError, StepFailed, StoreUnavailable
 from openhub.model import Route
 from openhub.registry import get_registry
+
+from .exceptions import translate
 
 
 STORE_RETRY_SECONDS = 2
 STORE_RETRIES = 30
-
-
-class StepFailed(Exception):
-    """The step's attempt failed and the hub recorded it (retried later, or the message FAILED).
-
-    Raised after the outcome is safely written, only so that Flower shows the task as failed.
-    """
 
 
 @contextmanager
@@ -71,7 +66,7 @@ def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
 
 
 def _step_task(app: Celery, route: Route, index: int) -> Task:
-    end = route.task_end(index)
+    end = task_end(route, index)
 
     def run(self: Task, message_id: int, token: str) -> str:
         limit = step_limit(end - index)  # chosen when the task runs: the pool is known by then
@@ -79,7 +74,7 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
         workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
         try:
             step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered=redelivered,
-                                            limit=limit)
+                                            limit=limit, translate=translate)
         except StoreUnavailable as exc:
             # The database restarted or is briefly away: try the same task again, same token
             # (steps it already carried through are found OK and skipped).
@@ -95,7 +90,7 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
     run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if end - index == 1 else
                    f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused).")
     # Not shared: a process with two apps (tests) would otherwise register each step task in both.
-    return app.task(name=route.task_name(route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
+    return app.task(name=task_name(route, route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
 
 
 def register_step_tasks(app: Celery) -> None:
@@ -106,7 +101,7 @@ def register_step_tasks(app: Celery) -> None:
         for index, item in enumerate(route.steps):
             timeout = task_options(route, index)["soft_time_limit"]
             if timeout >= limit:
-                raise ConfigurationError(f"task {route.task_name(item)} may run {timeout:.0f} s, longer than the "
+                raise ConfigurationError(f"task {task_name(route, item)} may run {timeout:.0f} s, longer than the "
                                          f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
             queues.add(route.step_queue(item) or app.conf.task_default_queue)
             _step_task(app, route, index)

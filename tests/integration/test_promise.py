@@ -5,7 +5,9 @@ fault placed exactly where it hurt: in the middle of a step's call, or right aft
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import timedelta
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -20,6 +22,9 @@ from openhub.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 from tests.support.backends import postgres_database
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -144,14 +149,43 @@ def test_a_message_takes_few_statements_on_postgresql(route: str, statements: in
         assert counted["statements"] == statements
 
 
+def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a_failure(
+        hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    """The engine reads Celery's SoftTimeLimitExceeded as openhub's Interrupted through the task's
+    `translate` (tasks/exceptions.py): the step is done, so its outcome is written, not replaced."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    spec = importlib.util.spec_from_file_location("tasks_exceptions", ROOT / "tasks" / "exceptions.py")
+    assert spec is not None and spec.loader is not None
+    boundary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(boundary)
+    real, limit = engine.transaction, {"left": 0}
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the limit fires as recording starts
+        if limit["left"]:
+            limit["left"] -= 1
+            raise SoftTimeLimitExceeded()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "transaction", interrupted)
+    routes.HOOKS["first"] = lambda ctx: limit.update(left=1)
+    view = hub.submit("p.flow", {})
+    name, message_id, token, _start = dispatch.local_chains.pop(0)
+    report = engine.run_step(name, 0, message_id, token, translate=boundary.translate)
+    assert limit["left"] == 0 and (report.go_on, report.outcome) == (True, "ok")
+    assert engine.run_step(name, 1, message_id, token).outcome == "ok"  # the chain's next, last task
+    assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0
+    assert routes.calls("first") == 1
+
+
 def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
     real, failures = engine._prepare, []
 
-    def fails_once_at_the_second_step(conn, route, index, *args):  # noqa: ANN001, ANN002, ANN202
-        if index == 1 and not failures:
-            failures.append(index)
+    def fails_once_at_the_second_step(tx, run, *args):  # noqa: ANN001, ANN002, ANN202
+        if run.index == 1 and not failures:
+            failures.append(run.index)
             raise RuntimeError("a bug in entering the step")
-        return real(conn, route, index, *args)
+        return real(tx, run, *args)
 
     monkeypatch.setattr(engine, "_prepare", fails_once_at_the_second_step)
     view = hub.submit("p.fused", {})

@@ -127,8 +127,8 @@ def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, t
     assert len(tasks) == 50
     for task in tasks:  # the first step's task, carrying the second step's task as the rest of its chain
         (message_id, token), _kwargs, embed = json.loads(base64.b64decode(task["body"]))
-        assert task["headers"]["task"] == route.task_name(route.steps[0]) and token == f"token-{message_id}"
-        assert [sig["task"] for sig in embed["chain"]] == [route.task_name(route.steps[1])]
+        assert task["headers"]["task"] == dispatch.task_name(route, route.steps[0]) and token == f"token-{message_id}"
+        assert [sig["task"] for sig in embed["chain"]] == [dispatch.task_name(route, route.steps[1])]
         assert embed["chain"][0]["args"] == [message_id, token]
         # What Flower lists as the arguments, the first task's and the next one's when a worker sends it
         assert task["headers"]["argsrepr"] == embed["chain"][0]["options"]["argsrepr"] == repr((message_id, token))

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from openhub import Route, step
 from openhub.config import get_settings
-from openhub.dispatch import HARD_LIMIT_MARGIN, task_options
+from openhub.dispatch import HARD_LIMIT_MARGIN, task_options, task_starts
 
 
 @step(timeout=timedelta(seconds=30), queue="mno")
@@ -40,11 +40,11 @@ def test_no_queue_means_the_default_queue() -> None:
 
 def test_a_fused_route_runs_the_steps_of_one_queue_in_one_task() -> None:
     chained = Route("customer.set", steps=[plain, quick, activate, step(plain.fn, key="again")])
-    assert chained.task_starts() == [0, 1, 2, 3]
+    assert task_starts(chained) == [0, 1, 2, 3]
     fused = Route("customer.set", steps=chained.steps, fused=True)
     # plain and quick share the default queue, activate goes to "mno", the last step back to the default.
-    assert fused.task_starts() == [0, 2, 3]
-    assert fused.task_starts(1) == [1, 2, 3]  # resuming inside a run of fused steps starts a task there
+    assert task_starts(fused) == [0, 2, 3]
+    assert task_starts(fused, 1) == [1, 2, 3]  # resuming inside a run of fused steps starts a task there
     # The task may take all its steps' time; each step keeps its own limit inside it.
     default = get_settings().step_timeout.total_seconds()
     assert task_options(fused, 0)["soft_time_limit"] == default + 5.0

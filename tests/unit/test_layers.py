@@ -4,6 +4,7 @@ that imports it back (DESIGN.md §1). A cycle is how plumbing starts looping bac
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import openhub
@@ -78,7 +79,8 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
 
 
 def test_the_routing_model_and_the_state_table_import_no_framework() -> None:
-    for name in ("model", "states", "errors", "context"):
+    # With them the pure parts of the engine: the retry policy, verdicts and keys, the step run.
+    for name in ("model", "states", "errors", "context", "policy", "verdicts", "runs"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         imported = {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                     and not n.level} | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
@@ -92,3 +94,12 @@ def test_the_engine_side_asks_the_registry_for_a_messages_route() -> None:
     rebuilt = [(name, path) for name in ("engine", "lifecycle", "redrive", "poller", "operator", "funnel", "store")
                if '.service}.{' in (path := PACKAGE / f"{name}.py").read_text()]
     assert rebuilt == []
+
+
+def test_the_lease_and_call_record_columns_have_one_writer() -> None:
+    """`openhub.leases` is the only module that writes a message's step lease (`step_run`, `worker`)
+    and the external-call records; the others ask it. (limits.py's `step_run` is a system slot's.)"""
+    writes = re.compile(r"(update|delete|insert|insert_or_ignore)\(ext_calls\b|\bstep_run=|\bworker=None\b")
+    writers = sorted(_module_name(path) for path in PACKAGE.rglob("*.py")
+                     if path.name not in ("leases.py", "limits.py") and writes.search(path.read_text()))
+    assert writers == []

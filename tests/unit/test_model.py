@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from openhub import Child, ConfigurationError, RetryPolicy, Route, Split, step
+from openhub.dispatch import task_name
 from openhub.registry import build_registry
 
 
@@ -87,7 +88,7 @@ def test_retry_policy_backoff_is_capped() -> None:
 def test_route_is_printable_and_names_its_tasks() -> None:
     route = Route("customer.setCustomer", steps=[one, other])
     assert (route.service, route.operation) == ("customer", "setCustomer")
-    assert [route.task_name(s) for s in route.steps] == ["openhub.customer.setCustomer.one",
+    assert [task_name(route, s) for s in route.steps] == ["openhub.customer.setCustomer.one",
                                                           "openhub.customer.setCustomer.two"]
     assert "customer.setCustomer" in repr(route)
 
