@@ -219,7 +219,7 @@ def messages_show(message_id: int, as_json: bool) -> None:
     past = m["state"] == State.OK and bool(m["failed_error"])  # retried, then OK: the error is history
     fields = Table(show_header=False, box=None)
     for name in ("id", "route", "state", "correlation_id", "source_system", "object_id", "process_id", "parent_id",
-                 "failed_count", "failed_step", "received_at", "finished_at"):
+                 "failed_count", "failed_step", "received_at", "finished_at", "trace_id", "trace_url"):
         value = m.get(name)
         label = "step_that_failed_earlier" if name == "failed_step" and past else name
         fields.add_row(label, _state(value) if name == "state" else _verbatim(value))

@@ -43,6 +43,7 @@ from .split import prepare_children, write_children
 from .states import CallState, Event, Note, State
 from .store import (dumps, execute_noted, history_entry, history_where, is_paused, loads, lock_message,
                     paused_routes, update_message)
+from .tracing import step_span
 from .workers import current_id, current_node, fenced, liveness, running
 
 log = logging.getLogger("openhub.engine")
@@ -224,7 +225,9 @@ def _outcome(route: Route, index: int, entered: Entered, clock: Callable[[], dat
              limit: TimeLimit | None) -> Verdict:
     """Run the step (outside any transaction) and tell how it ended."""
     item = route.steps[index]
-    verdict = _run(route, item, entered.ctx, limit)
+    with step_span(route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
+        verdict = _run(route, item, entered.ctx, limit)
+        traced.ended(verdict.event and verdict.event.value, verdict.code, error_line(verdict.error))
     if verdict.event is Event.SPLIT:
         try:
             verdict.children = prepare_children(entered.row, item, verdict.children, clock())

@@ -7,7 +7,7 @@ confirmations `openhub.confirm`.
 
 import logging
 
-from openhub import concurrency
+from openhub import concurrency, tracing
 from openhub.dispatch import celery_app
 
 from .steps import register_step_tasks
@@ -20,6 +20,9 @@ concurrency.repair_early_imports()
 
 app = celery_app()
 register_step_tasks(app)
+# Workers and beat trace when OTEL_TRACES_EXPORTER says so (openhub/tracing.py); a prefork pool's
+# children inherit the instrumentation, and the SDK starts its export thread anew in each.
+tracing.setup("openhub-worker")
 
 # httpx logs each request at INFO with its full URL, a webhook's or an external system's credentials
 # included (user:password@, ?token=): the hub's own lines say what was called, redacted.
