@@ -10,6 +10,7 @@ with tracing off.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -42,12 +43,12 @@ class Hub:
     """The hub's processes on one backend, exporting to `receiver` when `traced`."""
 
     def __init__(self, backend: backends.Backend, external: ExternalSystem, receiver: Receiver,
-                 traced: bool) -> None:
+                 traced: bool, log_format: str = "text") -> None:
         otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                 "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_TRACES_EXPORTER": "otlp" if traced else "none"}
         self.env = {**backend.env, **otel, "OPENHUB_TEST_HTTP_URL": external.url,
                     "OPENHUB_API_KEYS": f"SHOP={KEY}", "OPENHUB_ADMIN_TOKEN": ADMIN,
-                    "OPENHUB_TRACE_URL": "https://traces.example/trace/{trace_id}"}
+                    "OPENHUB_TRACE_URL": "https://traces.example/trace/{trace_id}", "OPENHUB_LOG_FORMAT": log_format}
         workdir = backend.workdir
         self.worker = Worker(self.env, workdir, beat=False, concurrency=2)
         self.beat = Beat(self.env, workdir)
@@ -181,35 +182,48 @@ def test_one_trace_from_the_request_through_a_retry_to_the_confirmation(backend,
     assert _orphans(spans) == []
 
 
+def _json_lines(log: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
 def test_an_incoming_traceparent_is_the_trace_the_message_joins(backend, external, receiver) -> None:
     caller_trace, caller_span = secrets.token_hex(16), secrets.token_hex(8)
-    hub = Hub(backend, external, receiver, traced=True).start()
+    external.fail("/confirm", times=1)  # logged as a warning about the message, then retried
+    hub = Hub(backend, external, receiver, traced=True, log_format="json").start()
     try:
         message_id = hub.submit({"order": 2}, headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"})
         assert wait_final(message_id, timeout=60).state == "OK"
-        assert hub.message(message_id)["trace_id"] == caller_trace
+        detail = hub.message(message_id)
+        assert detail["trace_id"] == caller_trace
         server = wait_for(lambda: next((s for s in receiver.trace(caller_trace) if s.kind == SERVER), None), 30,
                           "the request's span")
-        wait_for(lambda: any(s.name == "step trace.order/ship" for s in receiver.trace(caller_trace)), 30,
-                 "the last step's span")
+        wait_for(lambda: external.count("/confirm", 200) == 1, 30, "the confirmation's second attempt")
     finally:
         hub.stop()
     assert server.parent_id == caller_span  # the caller's span, which the hub does not export
     assert {c.headers["traceparent"].split("-")[1] for c in external.calls} == {caller_trace}
+    # The worker's JSON log line about the failed confirmation joins the trace.
+    failed = [x for x in _json_lines(hub.worker.log()) if "confirmation to SHOP" in x["message"]]
+    assert failed and failed[0]["level"] == "WARNING", hub.worker.log()[-3000:]
+    assert (failed[0]["message_id"], failed[0]["correlation_id"], failed[0]["trace_id"]) == (
+        message_id, detail["correlation_id"], caller_trace)
 
 
 def test_with_tracing_off_nothing_is_exported(backend, external, receiver) -> None:
+    external.fail("/confirm", times=1)
     hub = Hub(backend, external, receiver, traced=False).start()
     try:
         message_id = hub.submit({"order": 3})
         assert wait_final(message_id, timeout=60).state == "OK"
         detail = hub.message(message_id)
-        wait_for(lambda: len(external.calls) == 4, 30, "the confirmation's call")
+        wait_for(lambda: external.count("/confirm", 200) == 1, 30, "the confirmation's second attempt")
     finally:
         hub.stop()  # a process holding spans would export them at exit
     assert detail["trace_id"] is None and detail["trace_url"] is None
     assert receiver.requests == 0 and receiver.spans == []
     assert not any("traceparent" in c.headers for c in external.calls)
+    # Lines about the message still say which one (text format, no trace).
+    assert f"[message {message_id} {detail['correlation_id']}]" in hub.worker.log()
 
 
 # ---- span shape at unit level: LocalHub in this process, the SDK's in-memory exporter -----------------
