@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("openhub.tracing")
 
 TRACER = "openhub"
+# The OpenTelemetry variables a deployment sets for the hub (README.md, "Tracing"); the SDK reads the rest.
+STANDARD_VARIABLES = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                      "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME",
+                      "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SDK_DISABLED")
 POLL_TICKS = frozenset({"apply_async/openhub.poll", "run/openhub.poll"})  # one a second: never sampled
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
