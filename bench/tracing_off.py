@@ -22,6 +22,7 @@ import sys
 import timeit
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,7 +37,8 @@ def hooks_ns() -> dict[str, float]:
     from openhub import tracing
 
     rows = [{"service": "bench", "operation": "flow", "correlation_id": "c", "source_system": "S"}]
-    ctx = object()
+    message = SimpleNamespace(id=1, correlation_id="c")
+    ctx = SimpleNamespace(message=message)
 
     def submit() -> None:
         with tracing.submitting(rows) as stored:
@@ -51,7 +53,7 @@ def hooks_ns() -> dict[str, float]:
             traced.ended(None, None, None)
 
     def confirm() -> None:
-        with tracing.message_span("confirm S", ctx, None, outcome="OK"):
+        with tracing.message_span("confirm S", message, None, outcome="OK"):
             pass
 
     n = 200_000

@@ -23,17 +23,19 @@ about: ContextVar[tuple[int, str, str | None] | None] = ContextVar("openhub_mess
 
 
 class MessageScope:
-    """The block runs about one message: log records made in it carry its ids (see the module doc)."""
+    """The block runs about one message: log records made in it carry its ids (see the module doc).
+    `with` gives `yields`."""
 
-    __slots__ = ("value", "token")
+    __slots__ = ("value", "token", "yields")
 
-    def __init__(self, message_id: int, correlation_id: str, trace_id: str | None) -> None:
+    def __init__(self, message_id: int, correlation_id: str, trace_id: str | None, yields: Any = None) -> None:
         self.value = (message_id, correlation_id, trace_id)
+        self.yields = yields
         self.token: Any = None
 
-    def __enter__(self) -> MessageScope:
+    def __enter__(self) -> Any:
         self.token = about.set(self.value)
-        return self
+        return self.yields
 
     def __exit__(self, *_: object) -> None:
         about.reset(self.token)

@@ -330,25 +330,16 @@ class StepSpan:
 _OFF_STEP = StepSpan()
 
 
-class _About(MessageScope):
-    """Tracing off: only the log records' message ids (openhub.logs) for the block."""
-
-    __slots__ = ("yields",)
-
-    def __init__(self, message: Any, traceparent: str | None, yields: Any) -> None:
-        super().__init__(message.id, message.correlation_id, traceparent[3:35] if traceparent else None)
-        self.yields = yields
-
-    def __enter__(self) -> Any:
-        super().__enter__()
-        return self.yields
+def _about_message(message: Any, traceparent: str | None, yields: Any) -> MessageScope:
+    """The log records' message ids (openhub.logs) for the block; all there is of tracing when it is off."""
+    return MessageScope(message.id, message.correlation_id, traceparent[3:35] if traceparent else None, yields)
 
 
 def step_span(route: str, step: str, ctx: StepContext, traceparent: str | None) -> ContextManager[StepSpan]:
     """The span around one attempt of a step, in its message's trace; HTTP calls made in it are its
     children, and log records made in it carry the message's ids."""
     if not ON:
-        return _About(ctx.message, traceparent, _OFF_STEP)
+        return _about_message(ctx.message, traceparent, _OFF_STEP)
     return _step_span(route, step, ctx, traceparent)
 
 
@@ -356,7 +347,7 @@ def step_span(route: str, step: str, ctx: StepContext, traceparent: str | None) 
 def _step_span(route: str, step: str, ctx: StepContext, traceparent: str | None) -> Iterator[StepSpan]:
     attributes = {**message_attributes(ctx.message), "openhub.step": step, "openhub.attempt": ctx.attempt,
                   "openhub.message.failed_count": ctx.message.failed_count, "openhub.redelivered": ctx.redelivered}
-    with _About(ctx.message, traceparent, None), \
+    with _about_message(ctx.message, traceparent, None), \
             _tracer().start_as_current_span(f"step {route}/{step}", context=_context_of(traceparent),
                                             attributes=attributes, record_exception=True) as span:
         yield StepSpan(span)
@@ -366,14 +357,14 @@ def message_span(name: str, message: Any, traceparent: str | None, **attributes:
     """A span about a message (its confirmation, a hook's notification) in its trace; None when off.
     Log records made in it carry the message's ids."""
     if not ON:
-        return _About(message, traceparent, None)
+        return _about_message(message, traceparent, None)
     return _message_span(name, message, traceparent, attributes)
 
 
 @contextmanager
 def _message_span(name: str, message: Any, traceparent: str | None, attributes: dict[str, Any]) -> Iterator[Any]:
     attrs = {**message_attributes(message), **{f"openhub.{k}": v for k, v in attributes.items() if v is not None}}
-    with _About(message, traceparent, None), \
+    with _about_message(message, traceparent, None), \
             _tracer().start_as_current_span(name, context=_context_of(traceparent), attributes=attrs) as span:
         yield span
 
