@@ -7,7 +7,7 @@ confirmations `openhub.confirm`.
 
 import logging
 
-from celery.signals import after_setup_logger, after_setup_task_logger
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
 
 from openhub import concurrency, logs, tracing
 from openhub.dispatch import celery_app
@@ -39,5 +39,7 @@ def _message_fields(logger: logging.Logger, **_: object) -> None:
 
 after_setup_logger.connect(_message_fields, weak=False)
 after_setup_task_logger.connect(_message_fields, weak=False)
+# A pool process ends without running atexit handlers: export the spans it still holds first.
+worker_process_shutdown.connect(lambda **_: tracing.flush(), weak=False)
 
 __all__ = ["app"]

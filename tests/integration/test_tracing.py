@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from openhub import tracing
+from openhub import list_messages, tracing
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import backends
 from tests.support.otlp import Receiver, Span
@@ -274,6 +274,18 @@ def test_span_shape_of_a_message_with_a_retry(memory, external) -> None:
     calls = [s for s in spans if s.kind.name == "CLIENT"]
     assert len(calls) == len(external.calls) == 5
     assert {c.parent.span_id for c in calls} == {s.context.span_id for s in steps} | {confirm.context.span_id}
+
+
+def test_a_splits_children_join_their_parents_trace(memory, external) -> None:
+    with LocalHub(ROUTES, source_system="SHOP") as hub:
+        parent = hub.submit("trace.lines", {"lines": [{"n": 1}, {"n": 2}]})
+        hub.run()
+        assert hub.get(parent.id).state == "OK"
+        children = list_messages(parent_id=parent.id)
+    assert len(children) == 2 and {c.traceparent for c in children} == {parent.traceparent}
+    books = [s for s in memory.get_finished_spans() if s.name == "step trace.line/book_line"]
+    assert len(books) == 2 and {f"{s.context.trace_id:032x}" for s in books} == {parent.trace_id}
+    assert {c.headers["traceparent"][3:35] for c in external.calls} == {parent.trace_id}
 
 
 def test_tracing_is_off_unless_an_exporter_is_named(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from openhub import Outcome, Route, StepContext, confirmation, step
+from openhub import Child, Outcome, Route, Split, StepContext, confirmation, step
 from openhub.http import HttpCall, pooled_client
 
 system = HttpCall(timeout=5)
@@ -40,4 +40,17 @@ def confirm_shop(outcome: Outcome) -> None:
     pooled_client().post(f"{server()}/confirm", json=outcome.as_dict(), timeout=5).raise_for_status()
 
 
-routes = [Route("trace.order", steps=[reserve, charge, ship])]
+def lines(ctx: StepContext) -> list[Child]:
+    """One child per line of the order."""
+    return [Child("trace.line", payload=line) for line in ctx.payload["lines"]]
+
+
+@step
+def book_line(ctx: StepContext) -> None:
+    """Book one line."""
+    system.post(ctx, f"{server()}/line", json=ctx.payload)
+
+
+routes = [Route("trace.order", steps=[reserve, charge, ship]),
+          Route("trace.lines", steps=[Split(lines, key="lines")]),
+          Route("trace.line", steps=[book_line])]
