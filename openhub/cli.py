@@ -97,6 +97,7 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
     """Serve the HTTP API, /admin and /metrics with uvicorn."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
+    from uvicorn.logging import DefaultFormatter
 
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == "":
         del os.environ["PROMETHEUS_MULTIPROC_DIR"]  # set but empty would make prometheus_client write to the cwd
@@ -110,6 +111,14 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     log_config = json.loads(json.dumps(LOGGING_CONFIG))
     log_config["loggers"]["openhub"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
+    # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/logs.py).
+    log_config["filters"] = {"message_fields": {"()": "openhub.logs.MessageFields"}}
+    log_config["handlers"]["default"]["filters"] = ["message_fields"]
+    if get_settings().log_format == "json":
+        log_config["formatters"]["default"] = {"()": "openhub.logs.JsonFormatter"}
+    else:
+        inner = DefaultFormatter(LOGGING_CONFIG["formatters"]["default"]["fmt"])
+        log_config["formatters"]["default"] = {"()": "openhub.logs.TextFormatter", "inner": inner}
     from .api.server import uvicorn_options
 
     uvicorn.run("openhub.api.app:create_app", factory=True, host=host, port=port, workers=workers,
@@ -219,7 +228,7 @@ def messages_show(message_id: int, as_json: bool) -> None:
     past = m["state"] == State.OK and bool(m["failed_error"])  # retried, then OK: the error is history
     fields = Table(show_header=False, box=None)
     for name in ("id", "route", "state", "correlation_id", "source_system", "object_id", "process_id", "parent_id",
-                 "failed_count", "failed_step", "received_at", "finished_at"):
+                 "failed_count", "failed_step", "received_at", "finished_at", "trace_id", "trace_url"):
         value = m.get(name)
         label = "step_that_failed_earlier" if name == "failed_step" and past else name
         fields.add_row(label, _state(value) if name == "state" else _verbatim(value))

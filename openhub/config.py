@@ -104,6 +104,13 @@ def _redact_bodies() -> str:
     return mode
 
 
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _env(name, default).strip().lower() or default
+    if value not in choices:
+        raise ConfigurationError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """The hub's settings, read once from the environment."""
@@ -153,6 +160,9 @@ class Settings:
     # The HMAC keys the stock webhook signs with (OPENHUB_WEBHOOK_SECRET; none: unsigned); kept out of repr.
     webhook_secrets: tuple[bytes, ...] = field(default=(), repr=False)
     breaker_open: timedelta = timedelta(seconds=60)
+    # A link to a message's trace (Jaeger, Grafana Tempo...): a URL template with {trace_id} (None: no link).
+    trace_url: str | None = None
+    log_format: str = "text"  # text | json: how the hub's processes write their log lines (openhub.logs)
 
     @property
     def embedded(self) -> bool:
@@ -207,6 +217,8 @@ class Settings:
             webhook_states=frozenset(s.strip().upper() for s in _env("OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),
             webhook_secrets=secret_keys(_env("OPENHUB_WEBHOOK_SECRET", ""), "OPENHUB_WEBHOOK_SECRET"),
+            trace_url=os.environ.get("OPENHUB_TRACE_URL") or None,
+            log_format=_choice("OPENHUB_LOG_FORMAT", "text", ("text", "json")),
         )
 
 

@@ -62,6 +62,12 @@ class MessageView(MessageInfo):
     expires_at: datetime | None = None  # not started after this, it ends FAILED with error code EXPIRED
     ext_calls: list[ExtCallView] = field(default_factory=list)
     duplicate: bool = False
+    traceparent: str | None = None  # the W3C trace context its spans continue (openhub.tracing)
+
+    @property
+    def trace_id(self) -> str | None:
+        """The id of the message's trace (32 hex digits), None when it has none."""
+        return self.traceparent[3:35] if self.traceparent else None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (timestamps as ISO 8601 UTC)."""
@@ -74,6 +80,7 @@ class MessageView(MessageInfo):
                 value = [vars(c) for c in value]
             out[name] = value
         out["route"] = self.route
+        out["trace_id"] = self.trace_id
         return out
 
 

@@ -19,6 +19,7 @@ from .config import get_settings
 from .errors import ConfigurationError
 from .model import Route, RouteStep
 from .policy import step_timeout
+from .tracing import continuing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -143,25 +144,26 @@ def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any
 local_chains: list[tuple[str, int, str, int]] | None = None
 
 
-def publish(route: Route, message_id: int, token: str, start: int = 0) -> bool:
+def publish(route: Route, message_id: int, token: str, start: int = 0, traceparent: str | None = None) -> bool:
     """Publish the message's chain; False (and a log line) when the broker refused it.
 
     A message whose chain was not published stays due in the store, so the poller re-drives it.
     """
-    return bool(publish_many([(route, message_id, token, start)]))
+    return bool(publish_many([(route, message_id, token, start, traceparent)]))
 
 
-def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
-    """Publish several messages' chains (route, message id, token, first step); the ids the broker took.
+def publish_many(chains: list[tuple[Route, int, str, int, str | None]]) -> set[int]:
+    """Publish several messages' chains (route, message id, token, first step, traceparent); the ids the
+    broker took. Each is published in its message's trace (openhub.tracing), wherever that happens.
 
     One producer publishes them all inside kombu's publish batch: on Redis every chain's first task
     message goes out in one pipelined round trip instead of a round trip per chain (other transports
     publish one by one). A refused batch is refused whole: its messages stay due in the
     store and the poller re-drives them.
     """
-    ids = {message_id for _route, message_id, _token, _start in chains}
+    ids = {message_id for _route, message_id, _token, _start, _trace in chains}
     if local_chains is not None:
-        local_chains.extend((route.name, message_id, token, start) for route, message_id, token, start in chains)
+        local_chains.extend((route.name, message_id, token, start) for route, message_id, token, start, _ in chains)
         return ids
     if not chains:
         return ids
@@ -169,7 +171,7 @@ def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
         app = celery_app()
         declared: set[str] = set()
         with app.producer_or_acquire() as producer, producer.batch():
-            for route, message_id, token, start in chains:
+            for route, message_id, token, start, traceparent in chains:
                 first, *rest = step_signatures(route, message_id, token, start)
                 # Each queue is declared once per batch, not once per message (kombu's cached
                 # declaration still copies and binds the queue on every publish).
@@ -179,7 +181,8 @@ def publish_many(chains: list[tuple[Route, int, str, int]]) -> set[int]:
                     declared.add(queue)
                 # A chain's own apply_async takes its first task's producer from the pool, outside the
                 # batch: sent here, the first task carries the rest as Celery's message protocol does.
-                first.apply_async(producer=producer, chain=rest[::-1] or None, declare=())
+                with continuing(traceparent):  # in the message's trace, even from a poller's tick
+                    first.apply_async(producer=producer, chain=rest[::-1] or None, declare=())
         return ids
     except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
         log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)

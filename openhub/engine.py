@@ -29,7 +29,7 @@ from sqlalchemy import Connection, and_, select
 from . import admission, leases
 from .admission import Refusal
 from .config import get_settings
-from .context import NoEffect, StepContext, WaitForResponse
+from .context import NoEffect, StepContext, WaitForResponse, error_line
 from .db import transaction, utcnow
 from .errors import Holdback, Interrupted, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
@@ -44,6 +44,7 @@ from .schema import transitions
 from .split import prepare_children, write_children
 from .states import Event, Note, State
 from .store import dumps, loads, lock_message
+from .tracing import step_span
 from .verdicts import UNRECORDED, StepReport, Verdict, call_key, idempotency_key, message_info
 from .workers import current_id, fenced, running
 
@@ -141,7 +142,9 @@ def _new_run(runs: ExitStack) -> str:
 def _outcome(run: StepRun, entered: Entered) -> Verdict:
     """Run the step (outside any transaction) and tell how it ended."""
     item = run.item
-    verdict = _run(run, entered.ctx)
+    with step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
+        verdict = _run(run, entered.ctx)
+        traced.ended(verdict.event and verdict.event.value, verdict.code, error_line(verdict.error))
     if verdict.event is Event.SPLIT:
         assert isinstance(item, Split)
         try:

@@ -46,7 +46,8 @@ class FollowUps:
     children: list[int] = field(default_factory=list)  # split parents whose NEW children were written
     funnels: list[int] = field(default_factory=list)  # messages that left their funnel: the next one goes on
     redrive: list[int] = field(default_factory=list)  # messages made due now
-    chains: list[tuple[Route, int, str, int]] = field(default_factory=list)  # (route, message, token, step)
+    # (route, message, token, first step, the message's traceparent)
+    chains: list[tuple[Route, int, str, int, str | None]] = field(default_factory=list)
 
     def merge(self, other: FollowUps) -> None:
         for f in fields(self):
@@ -101,7 +102,7 @@ def redispatch(conn: Connection, row: Any, event: Event, now: datetime, follow: 
     handed_over: dict[str, Any] = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
     apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
                 due_at=now + chain_wait(event, now - row.updated_at, get_settings()), **handed_over)
-    follow.chains.append((route, row.id, token, start))
+    follow.chains.append((route, row.id, token, start, getattr(row, "traceparent", None)))
 
 
 def cancel_family(conn: Connection, row: Any, now: datetime, follow: FollowUps) -> None:

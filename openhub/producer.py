@@ -13,7 +13,7 @@ import pydantic
 from sqlalchemy import ARRAY, Connection, String, Text, and_, bindparam, func, insert, literal, select
 from sqlalchemy.exc import DataError
 
-from . import dispatch
+from . import dispatch, tracing
 from .config import get_settings
 from .context import MessageView
 from .db import insert_or_ignore, is_postgres, transaction, utcnow
@@ -152,8 +152,11 @@ def _derived(route: Route, payload: Any, what: str) -> str | None:
 def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id: Any, process_id: Any = None,
             msg_timestamp: datetime | str | None = None, parent_id: int | None = None, object_id: Any = None,
             funnel: Any = None, entity_type: str | None = None, expires_at: datetime | str | None = None,
-            now: datetime | None = None) -> dict[str, Any]:
-    """Check one message and turn it into the columns of a NEW row; InputError names what is wrong."""
+            now: datetime | None = None, traceparent: str | None = None) -> dict[str, Any]:
+    """Check one message and turn it into the columns of a NEW row; InputError names what is wrong.
+
+    `traceparent`: the W3C trace context the message continues (a malformed one is ignored, as W3C asks).
+    """
     route = get_registry().route(route_name)
     source_system = identifier(source_system, "source_system", 100)
     if route.sources and parent_id is None and source_system not in route.sources:
@@ -189,7 +192,8 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
         parent_id=parent_id, payload=text, state=State.NEW.value, failed_count=0, attempts=0, generation=0,
         attempt_id=str(uuid.uuid4()), due_at=handover_due(now, get_settings()),
         received_at=now, msg_timestamp=_timestamp(msg_timestamp, now, parent_id), updated_at=now,
-        expires_at=_expiry(route, expires_at, now, parent_id))
+        expires_at=_expiry(route, expires_at, now, parent_id),
+        traceparent=tracing.valid(traceparent) if isinstance(traceparent, str) else None)
 
 
 def _expiry(route: Route, value: datetime | str | None, now: datetime, parent_id: int | None) -> datetime | None:
@@ -343,23 +347,27 @@ def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
     """
     registry = get_registry()
     return dispatch.publish_many([(registry.route(f"{row['service']}.{row['operation']}"), message_id,
-                                   row["attempt_id"], 0) for message_id, row in fresh])
+                                   row["attempt_id"], 0, row.get("traceparent")) for message_id, row in fresh])
 
 
 def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,
-           msg_timestamp: datetime | str | None = None, expires_at: datetime | str | None = None) -> MessageView:
+           msg_timestamp: datetime | str | None = None, expires_at: datetime | str | None = None,
+           traceparent: str | None = None) -> MessageView:
     """Accept one message: persisted NEW in one transaction, its chain published after commit.
 
     The same (source system, correlation id) again returns the stored message with
     `duplicate=True` and stores nothing. A message not started by `expires_at` (or its route's
     `expires_after`) ends FAILED with error code EXPIRED, confirmed to its source system.
+    With tracing on (openhub.tracing) the message joins the trace of `traceparent` (W3C), else the
+    current span's, else a new one.
     """
     return submit_many([dict(route=route, payload=payload, source_system=source_system,
                              correlation_id=correlation_id, process_id=process_id,
-                             msg_timestamp=msg_timestamp, expires_at=expires_at)])[0]
+                             msg_timestamp=msg_timestamp, expires_at=expires_at, traceparent=traceparent)])[0]
 
 
-_SUBMIT_KEYS = {"route", "payload", "source_system", "correlation_id", "process_id", "msg_timestamp", "expires_at"}
+_SUBMIT_KEYS = {"route", "payload", "source_system", "correlation_id", "process_id", "msg_timestamp", "expires_at",
+                "traceparent"}
 
 
 def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
@@ -387,7 +395,8 @@ def prepare_item(item: Any, now: datetime) -> dict[str, Any]:
         raise InputError("route is required")
     return prepare(item["route"], item.get("payload"), source_system=item.get("source_system"),
                    correlation_id=item.get("correlation_id"), process_id=item.get("process_id"),
-                   msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"), now=now)
+                   msg_timestamp=item.get("msg_timestamp"), expires_at=item.get("expires_at"), now=now,
+                   traceparent=item.get("traceparent"))
 
 
 def store_new(rows: list[dict[str, Any]]) -> list[MessageView]:
@@ -395,16 +404,18 @@ def store_new(rows: list[dict[str, Any]]) -> list[MessageView]:
     already stored (source system, correlation id) answers with the stored message, marked duplicate)."""
     # One transaction: the new rows, and what the duplicates answer with. The chains are published after
     # it commits; nothing after the commit touches the store, so nothing can fail the stored messages.
-    try:
-        with transaction() as conn:
-            ids = _insert_unless_draining(conn, rows)
-            stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
-                                      duplicate=True)
-                      for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
-    except DataError as exc:  # a value the checks above let through and the database refuses: the caller's
-        raise InputError(f"the message store refused a value of the message: {str(exc.orig).splitlines()[0]}") \
-            from None
-    publish_new([(i, row) for i, row in zip(ids, rows) if i is not None])
+    with tracing.submitting(rows) as stored_as:  # each row's traceparent: its submit span's
+        try:
+            with transaction() as conn:
+                ids = _insert_unless_draining(conn, rows)
+                stored = {n: message_view(conn, existing_id(conn, row["source_system"], row["correlation_id"]),
+                                          duplicate=True)
+                          for n, (row, i) in enumerate(zip(rows, ids)) if i is None}
+        except DataError as exc:  # a value the checks above let through and the database refuses: the caller's
+            raise InputError(f"the message store refused a value of the message: "
+                             f"{str(exc.orig).splitlines()[0]}") from None
+        stored_as(ids)
+        publish_new([(i, row) for i, row in zip(ids, rows) if i is not None])
     views: list[MessageView] = []
     for n, (row, message_id) in enumerate(zip(rows, ids)):
         if message_id is None:

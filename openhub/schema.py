@@ -71,6 +71,8 @@ class Message(Base):
     error_code: Mapped[str | None] = mapped_column(String(100))  # of the last failure (openhub.failures)
     # Past this, the message is no longer started (a retry, a postponed or queued message): FAILED, EXPIRED.
     expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # The message's W3C trace context (openhub.tracing): every span of its life continues this trace.
+    traceparent: Mapped[str | None] = mapped_column(String(55))
 
     __table_args__ = (
         # A source system's own ids, and its split children's ids per parent: two namespaces, so an id a

@@ -40,7 +40,8 @@ def prepare_children(parent: Any, item: Split, children: list[Any], now: datetim
                                 correlation_id=f"{parent.correlation_id}#{parent.generation}.{i + 1}",
                                 process_id=parent.process_id, msg_timestamp=parent.msg_timestamp,
                                 parent_id=parent.id, object_id=child.object_id, funnel=child.funnel,
-                                entity_type=child.entity_type, expires_at=parent.expires_at, now=now))
+                                entity_type=child.entity_type, expires_at=parent.expires_at, now=now,
+                                traceparent=getattr(parent, "traceparent", None)))  # the family's one trace
         except InputError as exc:
             raise Reject(f"child #{i + 1} of split {item.key!r}: {exc}") from None
     return rows

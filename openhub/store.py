@@ -162,7 +162,7 @@ def view_of(row: Any, calls: Iterable[Row] = (), duplicate: bool = False) -> Mes
         failed_step=row.failed_step, failed_error=row.failed_error, finished_at=aware(row.finished_at),
         error_code=getattr(row, "error_code", None), expires_at=aware(getattr(row, "expires_at", None)),
         ext_calls=[ExtCallView(key=c.key, step=c.step_key, state=c.state, attempts=c.attempts) for c in calls],
-        duplicate=duplicate)
+        duplicate=duplicate, traceparent=getattr(row, "traceparent", None))
 
 
 def message_view(conn: Connection, message_id: int, duplicate: bool = False) -> MessageView:

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,6 +51,7 @@ class Call:
     started: float
     ended: float
     replay: bool
+    headers: dict[str, str] = field(default_factory=dict)  # as received (names lower-cased): traceparent...
 
 
 class ExternalSystem:
@@ -85,7 +86,8 @@ class ExternalSystem:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 status, answer = system._handle(self.path, self.headers.get("Idempotency-Key"),
-                                                self.headers.get("X-Funnel"), body)
+                                                self.headers.get("X-Funnel"), body,
+                                                {k.lower(): v for k, v in self.headers.items()})
                 data = json.dumps(answer).encode()
                 self._answer(status, data)
 
@@ -162,7 +164,8 @@ class ExternalSystem:
             return out
 
     # --- the server's side -------------------------------------------------------------------
-    def _handle(self, path: str, key: str | None, funnel: str | None, body: Any) -> tuple[int, Any]:
+    def _handle(self, path: str, key: str | None, funnel: str | None, body: Any,
+                headers: dict[str, str] | None = None) -> tuple[int, Any]:
         started = time.monotonic()
         with self._lock:
             self.started_events[path].set()
@@ -190,7 +193,7 @@ class ExternalSystem:
                     else:
                         answer = {"id": f"{path.strip('/').replace('/', '-')}-{len(self._applied) + 1}"}
                         self._applied[(path, key or f"anonymous-{len(self.calls)}")] = answer
-                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay))
+                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay, headers or {}))
                 return status, answer
         finally:
             with self._lock:

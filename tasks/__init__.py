@@ -7,7 +7,9 @@ confirmations `openhub.confirm`.
 
 import logging
 
-from openhub import concurrency
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
+
+from openhub import concurrency, logs, tracing
 from openhub.dispatch import celery_app
 
 from .steps import register_step_tasks
@@ -20,9 +22,24 @@ concurrency.repair_early_imports()
 
 app = celery_app()
 register_step_tasks(app)
+# Workers and beat trace when OTEL_TRACES_EXPORTER says so (openhub/tracing.py); a prefork pool's
+# children inherit the instrumentation, and the SDK starts its export thread anew in each.
+tracing.setup("openhub-worker")
 
 # httpx logs each request at INFO with its full URL, a webhook's or an external system's credentials
 # included (user:password@, ?token=): the hub's own lines say what was called, redacted.
 logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+
+def _message_fields(logger: logging.Logger, **_: object) -> None:
+    # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/logs.py).
+    logs.install(logger.handlers)
+
+
+after_setup_logger.connect(_message_fields, weak=False)
+after_setup_task_logger.connect(_message_fields, weak=False)
+# A pool process ends without running atexit handlers: export the spans it still holds first.
+worker_process_shutdown.connect(lambda **_: tracing.flush(), weak=False)
 
 __all__ = ["app"]

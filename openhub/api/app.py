@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from .. import tracing
 from ..config import Settings, get_settings
 from ..errors import ConfigurationError, InputError
 from ..producer import identifier
@@ -172,6 +173,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
 
     app.mount("/admin/", AdminFiles(directory=ADMIN_DIR, html=True), name="admin")
     app.add_middleware(RequestLog)
+    tracing.instrument_app(app)  # outermost: the request's span covers the request log too
     return app
 
 

@@ -7,11 +7,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from ..config import get_settings
 from ..context import aware, error_line
 from ..db import transaction
 from ..exchanges import message_exchanges
 from ..schema import confirmations, ext_calls, messages, transitions
 from ..store import message_view
+from ..tracing import trace_url
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -47,6 +49,7 @@ def message_detail(message_id: int) -> dict[str, Any]:
              "step": r.step_key, "detail": r.detail}
             for r in conn.execute(select(transitions).where(T.message_id == message_id).order_by(T.id))]
         out["http_exchanges"] = message_exchanges(conn, message_id)
+    out["trace_url"] = trace_url(out["trace_id"], get_settings().trace_url)
     return out
 
 

@@ -16,7 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from .. import operator, producer
+from .. import operator, producer, tracing
 from ..context import MessageView
 from ..model import Route
 from ..errors import InputError
@@ -408,9 +408,11 @@ async def submit_message(
         await run_in_threadpool(_throttled, request, system, {route.operation: 1})
     data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
+    # The request's trace context travels with the item: the batcher stores it among other requests'.
     view = await request.app.state.batcher.submit(dict(
         route=route.name, payload=payload, source_system=system, correlation_id=x_correlation_id,
-        process_id=x_process_id, msg_timestamp=x_message_timestamp, expires_at=x_expires_at))
+        process_id=x_process_id, msg_timestamp=x_message_timestamp, expires_at=x_expires_at,
+        traceparent=tracing.current_traceparent()))
     request.state.message_id = view.id
     if not view.duplicate:
         metrics.accepted(route.name, system)
@@ -462,6 +464,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
     batch = await run_in_threadpool(_parse_batch, data, charset)
     items = []
     counts: dict[str, int] = {}
+    traceparent = tracing.current_traceparent()  # every message of the batch joins the request's trace
     for i, item in enumerate(batch.messages):
         if item.source_system is not None and item.source_system != system:
             raise ApiError(403, f"message #{i}: this API key belongs to {system}, not {item.source_system}")
@@ -477,7 +480,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
         counts[route.operation] = counts.get(route.operation, 0) + 1
         items.append(dict(route=route.name, payload=item.payload, source_system=system,
                           correlation_id=item.correlation_id, process_id=item.process_id,
-                          msg_timestamp=item.msg_timestamp, expires_at=item.expires_at))
+                          msg_timestamp=item.msg_timestamp, expires_at=item.expires_at, traceparent=traceparent))
 
     def accept() -> list[MessageView]:
         _throttled(request, system, counts)

@@ -180,7 +180,9 @@ def test_deploy_runs_no_command_outside_the_procfile():
     for path, doc in k8s_manifests():
         if doc["kind"] in ("Deployment", "Job", "CronJob", "StatefulSet", "DaemonSet"):
             for container in pod_spec(doc)["containers"]:
-                found.append((f"{path.name} {container['name']}", container["command"] + container.get("args", [])))
+                if container["image"].startswith("openhub"):  # not the OpenTelemetry collector's
+                    found.append((f"{path.name} {container['name']}",
+                                  container["command"] + container.get("args", [])))
     for unit in sorted(SYSTEMD.glob("*.service")):
         for exec_start in systemd_unit(unit.name).get("Service.ExecStart", []):
             found.append((unit.name, shlex.split(exec_start)))
@@ -321,13 +323,24 @@ def hub_setting_names() -> set[str]:
     return names
 
 
+def tracing_variable_names() -> set[str]:
+    """The standard OTEL_* variables a deployment sets for the hub (openhub.tracing.STANDARD_VARIABLES)."""
+    source = (ROOT / "openhub" / "tracing.py").read_text()
+    block = source.split("STANDARD_VARIABLES = (", 1)[1].split(")", 1)[0]
+    names = set(re.findall(r"\"(OTEL_[A-Z_]+)\"", block))
+    assert {"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"} <= names
+    return names
+
+
 def test_deploy_compose_configures_the_hub_only_through_openhub_variables():
     services = compose()["services"]
-    settings = hub_setting_names()
+    settings = hub_setting_names() | tracing_variable_names()
     for name in ("migrate", "ingress", "worker", "beat", "flower", "archive"):
         environment = services[name]["environment"]
         for key in environment:
-            assert key.startswith(("OPENHUB_", "FLOWER_")), f"{name}: {key} is not an OPENHUB_* setting"
+            assert key.startswith(("OPENHUB_", "FLOWER_", "OTEL_")), f"{name}: {key} is not an OPENHUB_* setting"
+            if key.startswith("OTEL_"):
+                assert key in settings, f"{name}: {key} is not a tracing variable openhub documents"
             if key.startswith("OPENHUB_"):
                 assert key in settings, f"{name}: {key} is not a setting openhub reads"
         assert {"OPENHUB_DATABASE_URL", "OPENHUB_BROKER_URL"} <= set(environment)
@@ -402,10 +415,12 @@ def test_deploy_kubernetes_resources_set_everywhere():
     containers = [(path.name, c) for path, doc in k8s_manifests()
                   if doc["kind"] in ("Deployment", "Job", "CronJob")
                   for c in pod_spec(doc)["containers"]]
-    assert len(containers) == 7
+    assert len(containers) == 8  # 7 processes of the hub and the OpenTelemetry collector
     for where, container in containers:
         for bound in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
+        if not container["image"].startswith("openhub"):
+            continue  # the collector reads none of the hub's settings
         sources = {next(iter(s)): next(iter(s.values()))["name"] for s in container["envFrom"]}
         assert sources == {"configMapRef": "openhub-config", "secretRef": "openhub-secrets"}, where
         if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
@@ -423,7 +438,7 @@ def every_container() -> list[tuple[str, dict, dict]]:
 def test_deploy_kubernetes_containers_drop_every_capability_and_run_as_non_root():
     """Issue 27: no container keeps Linux capabilities, can gain privileges or runs as root."""
     containers = every_container()
-    assert len(containers) == 8  # 7 processes and Flower's login check
+    assert len(containers) == 9  # 7 processes, Flower's login check and the OpenTelemetry collector
     for where, pod, container in containers:
         context = container.get("securityContext", {})
         assert context.get("capabilities", {}).get("drop") == ["ALL"], where
@@ -455,6 +470,10 @@ def test_deploy_kubernetes_network_policy_opens_only_the_api_and_flower_ports():
         container_ports = {p["containerPort"] for c in pod_spec(doc)["containers"] for p in c.get("ports", [])}
         assert ports <= container_ports, f"{doc['metadata']['name']}: opens a port it does not serve"
     assert opened.pop("openhub-ingress") == {8000} and opened.pop("openhub-flower") == {5555}
+    assert opened.pop("openhub-otel-collector") == {4317, 4318}  # from the hub's pods only (below)
+    (collector,) = [p for p in policies if p["metadata"]["name"] == "openhub-otel-collector"]
+    assert [rule["from"] for rule in collector["spec"]["ingress"]] == [
+        [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "openhub"}}}]]
     assert not any(opened.values()), f"pods that must accept no connections do: {opened}"
 
 
@@ -486,7 +505,7 @@ def test_deploy_kubernetes_secret_is_generated_never_applied_from_placeholders(t
     assert secret["metadata"]["name"].startswith("openhub-secrets-")  # content hash: pods roll on change
     assert "change-me" not in rendered.stdout
     refs = {s["secretRef"]["name"] for d in docs if d["kind"] in ("Deployment", "Job", "CronJob")
-            for c in pod_spec(d)["containers"] for s in c["envFrom"] if "secretRef" in s}
+            for c in pod_spec(d)["containers"] for s in c.get("envFrom", []) if "secretRef" in s}
     assert refs == {secret["metadata"]["name"]}
     for real_file in ("deploy/k8s/secrets.env", "deploy/.env"):
         ignored = subprocess.run(["git", "check-ignore", "-q", real_file], cwd=ROOT)
@@ -497,7 +516,7 @@ def test_deploy_kubernetes_configuration_is_openhub_variables():
     settings = hub_setting_names()
     config = k8s_resource("ConfigMap", "openhub-config")["data"]
     secret = k8s_secret_example()
-    assert set(config) <= settings
+    assert set(config) <= settings | tracing_variable_names()
     assert float(config["OPENHUB_VISIBILITY_TIMEOUT"]) > float(config["OPENHUB_STEP_TIMEOUT"])
     # The root filesystem is read-only: scratch files must land on the /tmp emptyDir.
     assert config["OPENHUB_VAR_DIR"].startswith("/tmp/")
@@ -549,7 +568,7 @@ def test_deploy_worker_heartbeat_probe_is_the_same_everywhere(tmp_path):
 def test_deploy_services_select_their_pods():
     deployments = {d["metadata"]["name"]: d for _, d in k8s_manifests() if d["kind"] == "Deployment"}
     services = [d for _, d in k8s_manifests() if d["kind"] == "Service"]
-    assert {s["metadata"]["name"] for s in services} == {"openhub-ingress", "openhub-flower"}
+    assert {s["metadata"]["name"] for s in services} == {"openhub-ingress", "openhub-flower", "openhub-otel-collector"}
     for service in services:
         target = deployments[service["metadata"]["name"]]
         labels = target["spec"]["template"]["metadata"]["labels"]
@@ -557,6 +576,37 @@ def test_deploy_services_select_their_pods():
         (container,) = pod_spec(target)["containers"]
         port_names = {p["name"] for p in container["ports"]}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+
+def test_deploy_hub_exports_traces_to_the_collector_in_compose_and_kubernetes():
+    """Issue 23: the hub's OTLP endpoint is the collector's OTLP/HTTP receiver, and the collector's
+    pipeline receives OTLP and exports it; Kubernetes runs the compose configuration but its exporter."""
+    collector = yaml.safe_load((DEPLOY / "otel" / "collector.yaml").read_text())
+    http_port = int(collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rsplit(":", 1)[1])
+    assert collector["service"]["pipelines"]["traces"]["receivers"] == ["otlp"]
+    services = compose()["services"]
+    env = compose_env_defaults(services["worker"]["environment"])
+    assert env["OTEL_TRACES_EXPORTER"] == "otlp" and env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://otel-collector:{http_port}"
+    assert "./otel/collector.yaml:/etc/otelcol/config.yaml:ro" in services["otel-collector"]["volumes"]
+    (exporter,) = collector["service"]["pipelines"]["traces"]["exporters"]
+    assert collector["exporters"][exporter]["endpoint"].split(":")[0] in services
+    assert "{trace_id}" in env["OPENHUB_TRACE_URL"]
+
+    config = k8s_resource("ConfigMap", "openhub-config")["data"]
+    service = k8s_resource("Service", "openhub-otel-collector")
+    assert config["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{service['metadata']['name']}:{http_port}"
+    assert http_port in {p["port"] for p in service["spec"]["ports"]}
+    k8s_collector = yaml.safe_load(k8s_resource("ConfigMap", "openhub-otel-collector")["data"]["config.yaml"])
+    assert {k: v for k, v in k8s_collector.items() if k != "exporters"} == \
+        {k: v for k, v in collector.items() if k != "exporters"}
+    assert "{trace_id}" in config["OPENHUB_TRACE_URL"]
+
+
+def test_deploy_dashboard_links_to_traces():
+    dashboard = json.loads((DEPLOY / "grafana" / "openhub.json").read_text())
+    links = [link for link in dashboard.get("links", []) if "trace" in link["title"].lower()]
+    assert links and all(link["url"].startswith(("http", "/explore")) for link in links)
 
 
 # --------------------------------------------------------------------------- Prometheus

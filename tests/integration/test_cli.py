@@ -117,6 +117,28 @@ def test_messages_list_show_cancel_restart(cli, prefix, held):
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
 
 
+def test_show_names_the_messages_trace_and_links_it(cli, prefix, held, monkeypatch):
+    """Issue 23: a message submitted in a caller's trace shows its trace id, and the link OPENHUB_TRACE_URL makes."""
+    from openhub.config import reset_settings
+
+    monkeypatch.setenv("OPENHUB_TRACE_URL", "https://jaeger.example/trace/{trace_id}")
+    reset_settings()
+    trace = uuid.uuid4().hex
+    try:
+        view = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex,
+                              traceparent=f"00-{trace}-{'b7ad6b7169203331'}-01")
+        shown = json.loads(cli("messages", "show", str(view.id), "--json").output)
+        assert (shown["trace_id"], shown["trace_url"]) == (trace, f"https://jaeger.example/trace/{trace}")
+        assert trace in cli("messages", "show", str(view.id)).output
+        untraced = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI",
+                                  correlation_id=uuid.uuid4().hex, traceparent="not a traceparent")
+        shown = json.loads(cli("messages", "show", str(untraced.id), "--json").output)
+        assert (shown["trace_id"], shown["trace_url"]) == (None, None)  # tracing off, and nothing valid given
+    finally:
+        monkeypatch.delenv("OPENHUB_TRACE_URL")
+        reset_settings()
+
+
 def test_show_calls_the_error_of_a_message_ok_after_a_retry_an_earlier_attempts(cli, hub, prefix, external):
     external.fail(f"{prefix}/b", times=1)
     view = openhub.submit("test.flow", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex)

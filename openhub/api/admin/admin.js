@@ -201,13 +201,20 @@ async function showMessage(id, quiet) {
       ["parent", m.parent_id], ["failed count", m.failed_count],
       [past ? "step that failed earlier" : "failed step", m.failed_step],
       ["received", fmt(m.received_at)], ["message timestamp", fmt(m.msg_timestamp)], ["finished", fmt(m.finished_at)],
-      ["funnel", m.funnel]];
+      ["funnel", m.funnel], ["trace", m.trace_id]];
     const ftbody = $("#d-fields tbody");
     ftbody.textContent = "";
     fields.forEach(([k, v]) => {
       const tr = document.createElement("tr");
       const th = document.createElement("th"); th.textContent = k; tr.appendChild(th);
-      cell(tr, v);
+      // The trace id links to the tracing UI when OPENHUB_TRACE_URL is set (only http(s) links are made).
+      if (k === "trace" && v && /^https?:\/\//.test(m.trace_url || "")) {
+        const td = document.createElement("td"), a = document.createElement("a");
+        a.href = m.trace_url; a.textContent = v; a.id = "d-trace"; a.target = "_blank"; a.rel = "noopener";
+        td.appendChild(a); tr.appendChild(td);
+      } else {
+        cell(tr, v);
+      }
       ftbody.appendChild(tr);
     });
     $("#d-error").textContent = m.failed_error || "—";

@@ -1,0 +1,102 @@
+"""Log lines that say which message they are about, as text or JSON (OPENHUB_LOG_FORMAT=text|json).
+
+While a step or a confirmation of a message runs, every log record made in that context (the hub's,
+the step's own, a library's) carries `message_id`, `correlation_id` and `trace_id` (the id of the
+message's trace, openhub.tracing; None when it has none). The text format appends them to the line
+(`[message 12 c-1 trace 4bf9…]`); the JSON format writes one object per line with them as fields,
+for a log pipeline (Loki, Elasticsearch) to join the lines to the trace.
+
+`install()` sets both up for a process's handlers (the Celery worker's after its logging is set
+up, `openhub serve` through uvicorn's log configuration).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextvars import ContextVar
+from datetime import datetime, timezone
+from typing import Any
+
+FIELDS = ("message_id", "correlation_id", "trace_id")
+about: ContextVar[tuple[int, str, str | None] | None] = ContextVar("openhub_message", default=None)
+
+
+class MessageScope:
+    """The block runs about one message: log records made in it carry its ids (see the module doc).
+    `with` gives `yields`."""
+
+    __slots__ = ("value", "token", "yields")
+
+    def __init__(self, message_id: int, correlation_id: str, trace_id: str | None, yields: Any = None) -> None:
+        self.value = (message_id, correlation_id, trace_id)
+        self.yields = yields
+        self.token: Any = None
+
+    def __enter__(self) -> Any:
+        self.token = about.set(self.value)
+        return self.yields
+
+    def __exit__(self, *_: object) -> None:
+        about.reset(self.token)
+
+
+class MessageFields(logging.Filter):
+    """A handler's filter that gives each record made about a message its ids (it lets every record pass)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = about.get()
+        if current is not None:
+            if getattr(record, "message_id", None) is None:  # a step's ctx.log names them already
+                record.message_id, record.correlation_id = current[0], current[1]
+            if getattr(record, "trace_id", None) is None:
+                record.trace_id = current[2]
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """The handler's own format, with `[message <id> <correlation id> trace <trace id>]` appended to
+    lines about a message."""
+
+    def __init__(self, inner: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        message_id = getattr(record, "message_id", None)
+        if message_id is None:
+            return line
+        trace = getattr(record, "trace_id", None)
+        return f"{line} [message {message_id} {getattr(record, 'correlation_id', '')}" + \
+            (f" trace {trace}]" if trace else "]")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, the message's ids, and the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                out[name] = value
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def install(handlers: list[logging.Handler] | None = None, log_format: str | None = None) -> None:
+    """Make `handlers` (default: the root logger's) give records the ids of the message they are about
+    and format them as OPENHUB_LOG_FORMAT says."""
+    if log_format is None:
+        from .config import get_settings
+
+        log_format = get_settings().log_format
+    for handler in logging.getLogger().handlers if handlers is None else handlers:
+        if isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
+            continue
+        handler.addFilter(MessageFields())
+        handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(handler.formatter))

@@ -1,0 +1,85 @@
+"""An OTLP/HTTP trace receiver on loopback: what the hub's processes export, decoded with opentelemetry-proto."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                        ExportTraceServiceResponse)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One exported span, as the receiver decoded it."""
+
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str  # "" for a root
+    kind: int
+    attributes: dict[str, Any]
+    status: int  # 0 unset, 1 ok, 2 error
+
+
+def _value(v: Any) -> Any:
+    return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+
+
+class Receiver:
+    """Accepts POST /v1/traces (application/x-protobuf) and keeps every span."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    data = gzip.decompress(data)
+                receiver._take(ExportTraceServiceRequest.FromString(data))
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, name="otlp-receiver", daemon=True).start()
+
+    def _take(self, request: ExportTraceServiceRequest) -> None:
+        found = []
+        for resource_spans in request.resource_spans:
+            resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                for s in scope_spans.spans:
+                    found.append(Span(service=str(resource.get("service.name")), name=s.name,
+                                      trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
+                                      parent_id=s.parent_span_id.hex(), kind=s.kind,
+                                      attributes={a.key: _value(a.value) for a in s.attributes},
+                                      status=s.status.code))
+        with self._lock:
+            self.requests += 1
+            self.spans.extend(found)
+
+    def trace(self, trace_id: str) -> list[Span]:
+        """The spans of one trace received so far."""
+        with self._lock:
+            return [s for s in self.spans if s.trace_id == trace_id]
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
