@@ -11,6 +11,7 @@ from openhub import concurrency
 from openhub.dispatch import celery_app
 
 from .steps import register_step_tasks
+from .store_gate import StoreGate
 from . import poll  # noqa: F401 - registers openhub.poll and openhub.chain_failed
 from . import heartbeat  # noqa: F401 - worker liveness file
 
@@ -20,6 +21,7 @@ concurrency.repair_early_imports()
 
 app = celery_app()
 register_step_tasks(app)
+app.steps["consumer"].add(StoreGate)  # no task taken while the message store is away
 
 # httpx logs each request at INFO with its full URL, a webhook's or an external system's credentials
 # included (user:password@, ?token=): the hub's own lines say what was called, redacted.

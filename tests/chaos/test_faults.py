@@ -245,3 +245,72 @@ def test_a_killed_worker_holds_no_queued_message_until_the_lease_grace(svc, tmp_
         record_property("repair_seconds", round(time.monotonic() - killed_at, 2))
         _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
 
+
+@pytest.mark.parametrize("when", ["running", "at start"])
+def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # noqa: ANN001
+    """Issue 22, item 4: while its PostgreSQL is stopped, a worker leaves the tasks published meanwhile
+    in the broker's queue (and says so in its log and on its metrics endpoint); once the store is back
+    they all run, each call once. Before, it took them at once and held them, unrecordable; and a
+    worker started while its store was away never heartbeat from its main process at all."""
+    import httpx
+    from sqlalchemy import select
+
+    from openhub import dispatch
+    from openhub.db import dispose_engines, transaction
+    from openhub.producer import insert_new, prepare
+    from openhub.registry import get_registry
+    from openhub.schema import workers
+
+    metrics = f"127.0.0.1:{backends.free_port()}"
+    with _hub(tmp_path / "hub", own_postgres=True, OPENHUB_WORKER_METRICS=metrics) as (backend, external, pg):
+        assert pg is not None and backend.redis is not None
+        prefix = "/storeaway"
+        route = get_registry().route("test.flow")  # the gate is the worker's, whatever the route's mode
+        chains = []
+        for _ in range(6):
+            row = prepare(route.name, {"prefix": prefix}, source_system="CRM",
+                          correlation_id=f"away-{uuid.uuid4().hex}")
+            with transaction() as conn:
+                message_id = insert_new(conn, row)
+            assert message_id is not None
+            chains.append((route, message_id, row["attempt_id"], 0))
+        ids = [c[1] for c in chains]
+        redis = backend.redis.client()
+
+        def taking() -> str:
+            text = httpx.get(f"http://{metrics}/metrics", timeout=5).text
+            return next(line.split()[1] for line in text.splitlines()
+                        if line.startswith("openhub_worker_taking_tasks "))
+
+        def stop_store() -> None:
+            pg.pg_ctl("stop")
+            dispose_engines()  # this process's pool held connections to the stopped server
+
+        if when == "at start":
+            stop_store()
+        worker = Worker(backend.env, tmp_path / "w", beat=False).start()  # no poller: nothing else is queued
+        backend.workers.append(worker)
+        if when == "running":
+            def main_process_beats() -> bool:
+                with transaction() as conn:
+                    nodes = conn.execute(select(workers.c.node)).scalars().all()
+                return any(n.endswith(f":{worker.process.pid}") for n in nodes)  # type: ignore[union-attr]
+
+            wait_for(main_process_beats, 30, "the worker's main process to heartbeat")
+            assert taking() == "1.0"
+            stop_store()
+        wait_for(lambda: taking() == "0.0", 30, "the worker to say it takes no task")
+        assert "taking no new task" in worker.log()
+        # A BRPOP sent before the pause may still pop one task (kombu keeps it for when the worker takes
+        # tasks again): publish once none waits, so every task published during the outage is seen in the queue.
+        wait_for(lambda: not [c for c in redis.client_list() if "b" in c["flags"]], 10, "no BRPOP waiting")
+        assert dispatch.publish_many(chains) == set(ids)
+        outage_end = time.monotonic() + 3  # the outage's length (the fault): the queue must keep them all
+        while time.monotonic() < outage_end:
+            assert redis.llen("openhub") == len(ids) and redis.hlen("unacked") == 0, "a task was taken"
+            time.sleep(0.1)  # how often the queue is looked at during the outage, not a synchronisation
+        pg.pg_ctl("start")
+        wait_for(lambda: taking() == "1.0", 30, "the worker to take tasks again")
+        _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+        assert "taking tasks again" in worker.log()
+        assert redis.llen("openhub") == 0
