@@ -24,16 +24,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(k: str, prop: str, xml: Path) -> tuple[dict[str, float | None], list[str], float]:
-    """One pytest run: ({test id: figure, None when it failed}, failure texts, seconds)."""
+def one_run(k: str, prop: str, xml: Path) -> tuple[dict[str, float | None], list[str], list[str], float]:
+    """One pytest run: ({test id: figure, None when it failed}, failure texts, every property as
+    name=value, seconds)."""
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/chaos/test_faults.py",
                     "-k", k, f"--junitxml={xml}"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     figures: dict[str, float | None] = {}
     failures = []
+    shown = []
     for case in ET.parse(xml).iter("testcase"):
         name = case.get("name", "?")
+        shown += [f"{name}.{p.get('name')}={p.get('value')}" for p in case.iter("property")]
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
             figures[name] = None
@@ -41,7 +44,7 @@ def one_run(k: str, prop: str, xml: Path) -> tuple[dict[str, float | None], list
             continue
         value = next((p.get("value") for p in case.iter("property") if p.get("name") == prop), None)
         figures[name] = float(value) if value is not None else None
-    return figures, failures, time.monotonic() - started
+    return figures, failures, shown, time.monotonic() - started
 
 
 def main() -> None:
@@ -58,11 +61,10 @@ def main() -> None:
             if time.monotonic() > deadline:
                 print(f"stopped after {n - 1} runs: --minutes {args.minutes:g} reached")
                 break
-            figures, failures, seconds = one_run(args.k, args.property, Path(tmp) / f"run{n}.xml")
+            figures, failures, shown, seconds = one_run(args.k, args.property, Path(tmp) / f"run{n}.xml")
             for name, value in figures.items():
                 results.setdefault(name, []).append(value)
-            shown = ", ".join(f"{name}={value}" for name, value in figures.items())
-            print(f"run {n}: {shown} ({seconds:.0f} s)", flush=True)
+            print(f"run {n}: {', '.join(shown)} ({seconds:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
             for text in failures:
                 print(f"  FAILED {text}", flush=True)
     for name, values in results.items():

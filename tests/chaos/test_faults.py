@@ -6,6 +6,7 @@ external effect applied once per idempotency key.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from contextlib import contextmanager
@@ -244,6 +245,9 @@ def test_a_killed_worker_holds_no_queued_message_until_the_lease_grace(svc, tmp_
             raise AssertionError(f"not OK 30 s after the kill: {not_ok()}") from None
         record_property("repair_seconds", round(time.monotonic() - killed_at, 2))
         _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+        # The case this test is for: how many deliveries the dead worker had taken and not started
+        # the survivor's poller handed back (a run with none repaired only steps in flight).
+        record_property("handed_back", sum(int(n) for n in re.findall(r"handed back (\d+) deliveries", second.log())))
 
 
 @pytest.mark.parametrize("when", ["running", "at start"])
