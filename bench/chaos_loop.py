@@ -55,7 +55,8 @@ def main() -> None:
     parser.add_argument("--property", default="repair_seconds")
     args = parser.parse_args()
     deadline = time.monotonic() + args.minutes * 60
-    results: dict[str, list[float | None]] = {}
+    results: dict[str, list[float | None]] = {}  # test id -> its figure per run (None: failed, or none recorded)
+    failed: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(1, args.runs + 1):
             if time.monotonic() > deadline:
@@ -67,9 +68,11 @@ def main() -> None:
             print(f"run {n}: {', '.join(shown)} ({seconds:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
             for text in failures:
                 print(f"  FAILED {text}", flush=True)
+                failed[text.split(":", 1)[0]] = failed.get(text.split(":", 1)[0], 0) + 1
     for name, values in results.items():
+        passed = len(values) - failed.get(name, 0)
         ok = [v for v in values if v is not None]
-        line = f"{name}: {len(ok)} of {len(values)} passed"
+        line = f"{name}: {passed} of {len(values)} passed"
         if ok:
             line += (f"; {args.property} min {min(ok):.1f}, median {statistics.median(ok):.1f}, "
                      f"max {max(ok):.1f}")
