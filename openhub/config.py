@@ -144,6 +144,8 @@ class Settings:
     # repaired at once instead of at the end of their lease. It heartbeats every fifth of it.
     worker_dead_after: timedelta = timedelta(seconds=15)
     max_clock_skew: timedelta = timedelta(seconds=300)
+    # HOST:PORT of a worker's own /metrics (tasks/store_gate.py; ":9808" on every address); empty: not served
+    worker_metrics: str = ""
     max_nesting: int = 64
     max_concurrency: int = 256
     metrics_cache: timedelta = timedelta(seconds=5)
@@ -201,6 +203,7 @@ class Settings:
             redis_url=os.environ.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),
             worker_dead_after=_seconds("OPENHUB_WORKER_DEAD_AFTER", 15),
             max_clock_skew=_seconds("OPENHUB_MAX_CLOCK_SKEW", 300),
+            worker_metrics=_env("OPENHUB_WORKER_METRICS", ""),
             max_nesting=_int("OPENHUB_MAX_NESTING", 64),
             max_concurrency=_int("OPENHUB_MAX_CONCURRENCY", 256),
             metrics_cache=_seconds("OPENHUB_METRICS_CACHE", 5),

@@ -51,6 +51,7 @@ _runs: set[str] = set()  # the step runs in flight in this process
 FENCE = 0.75  # of OPENHUB_WORKER_DEAD_AFTER: a heartbeat this old stops this process's step calls
 _renewed: float | None = None  # monotonic time just before this process's last heartbeat that was written
 _gap_ended = float("-inf")  # monotonic time its heartbeat was last written after a gap longer than the fence
+_store_away = False  # this process's last heartbeat failed: the store could not be reached
 
 
 @contextmanager
@@ -82,13 +83,15 @@ def current_node() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:255]
 
 
-def start_heartbeat(url: str | None = None) -> str:
+def start_heartbeat(url: str | None = None, *, keep_trying: bool = False) -> str:
     """Make sure this process heartbeats (once per process); returns its worker id.
 
     Called by the Celery adapter before a task runs. Processes that never call it (a web app
     submitting, `openhub.testing.LocalHub`) have no row: their leases end only when they expire.
+    `keep_trying` (a worker's main process, which takes no step): a first heartbeat that fails is
+    not raised; the thread goes on trying, and the store counts as away (`store_reachable`) meanwhile.
     """
-    global _beating, _heart
+    global _beating, _heart, _store_away
     worker_id = current_id()
     pid = os.getpid()
     if _beating != pid:
@@ -96,10 +99,18 @@ def start_heartbeat(url: str | None = None) -> str:
             if _beating != pid:
                 url = url or get_settings().database_url
                 node = current_node()
-                beat(worker_id, node, url, broken=True)  # the first row is written before any step runs
+                try:
+                    beat(worker_id, node, url, broken=True)  # the first row is written before any step runs
+                    away = False
+                except Exception as exc:  # noqa: BLE001 - the store is away: the thread goes on trying
+                    if not keep_trying:
+                        raise
+                    log.warning("worker %s: first heartbeat failed (%s)", worker_id, exc)
+                    away = True
                 stop = threading.Event()
-                thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url, stop), daemon=True,
+                thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url, stop, away), daemon=True,
                                           name="openhub-heartbeat")
+                _store_away = away
                 thread.start()
                 _beating, _heart = pid, (thread, stop)
     return worker_id
@@ -146,6 +157,14 @@ def fenced(since: float) -> bool:
     return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since
 
 
+def store_reachable() -> bool:
+    """Whether this process's last heartbeat reached the store (True where it does not heartbeat).
+
+    A worker's main process takes no task from the broker while it is False (tasks/store_gate.py).
+    """
+    return _beating != os.getpid() or not _store_away
+
+
 def stop_heartbeat() -> None:
     """Stop this process's heartbeat (an in-process test worker that is done); a later step starts it anew."""
     global _beating, _heart
@@ -157,9 +176,9 @@ def stop_heartbeat() -> None:
         _beating, _heart = None, None
 
 
-def _heartbeat(worker_id: str, node: str, url: str, stop: threading.Event) -> None:
+def _heartbeat(worker_id: str, node: str, url: str, stop: threading.Event, broken: bool = False) -> None:
+    global _store_away
     interval = max(get_settings().worker_dead_after.total_seconds() / 5, 0.05)
-    broken = False
     while not stop.wait(interval):
         try:
             beat(worker_id, node, url, broken=broken)
@@ -168,6 +187,7 @@ def _heartbeat(worker_id: str, node: str, url: str, stop: threading.Event) -> No
             if not broken:
                 log.warning("worker %s: heartbeat failed (%s)", worker_id, exc)
             broken = True
+        _store_away = broken
 
 
 def dead_among(rows: Iterable[Any], dead_after: timedelta) -> set[str]:

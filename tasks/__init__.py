@@ -13,6 +13,7 @@ from openhub import concurrency, logs, tracing
 from openhub.dispatch import celery_app
 
 from .steps import register_step_tasks
+from .store_gate import StoreGate
 from . import poll  # noqa: F401 - registers openhub.poll and openhub.chain_failed
 from . import heartbeat  # noqa: F401 - worker liveness file
 
@@ -25,6 +26,7 @@ register_step_tasks(app)
 # Workers and beat trace when OTEL_TRACES_EXPORTER says so (openhub/tracing.py); a prefork pool's
 # children inherit the instrumentation, and the SDK starts its export thread anew in each.
 tracing.setup("openhub-worker")
+app.steps["consumer"].add(StoreGate)  # no task taken while the message store is away
 
 # httpx logs each request at INFO with its full URL, a webhook's or an external system's credentials
 # included (user:password@, ?token=): the hub's own lines say what was called, redacted.

@@ -25,7 +25,7 @@ def _touch(**_: object) -> None:
 
 def _ready(**_: object) -> None:
     _touch()
-    workers.start_heartbeat()
+    workers.start_heartbeat(keep_trying=True)  # a store away at start: no task is taken until it is back
 
 
 worker_ready.connect(_ready, weak=False)

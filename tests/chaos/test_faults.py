@@ -6,11 +6,13 @@ external effect applied once per idempotency key.
 
 from __future__ import annotations
 
+import ast
+import json
 import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -219,3 +221,123 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
         assert done.state == "OK" and done.failed_count == 0
         assert time.monotonic() - killed_at < 60
         assert [external.effects(f"/orphan/{s}") for s in "abc"] == [1, 1, 1]
+
+
+def _held_unstarted(redis: Any, victim: Worker) -> int:
+    """How many of the deliveries the Redis broker notes as held by `victim`'s main process are for
+    messages with no step run under way (taken, not started); read right after its SIGKILL."""
+    from sqlalchemy import select
+
+    from openhub.db import transaction
+    from openhub.schema import messages, workers
+
+    assert victim.process is not None
+    with transaction() as conn:
+        ids = {w for w, node in conn.execute(select(workers.c.id, workers.c.node))
+               if node.endswith(f":{victim.process.pid}")}
+        tags = [tag for tag, owner in redis.hgetall("unacked.owners").items() if owner.decode() in ids]
+        headers = [json.loads(raw)[0]["headers"] for raw in (redis.hmget("unacked", tags) if tags else [])
+                   if raw is not None]
+        held = [ast.literal_eval(h["argsrepr"])[0] for h in headers
+                if h["task"].count(".") >= 3]  # a step's task (openhub.<service>.<operation>.<step>), not the poller's
+        return len(conn.execute(select(messages.c.id).where(messages.c.id.in_(held),
+                                                            messages.c.step_run.is_(None))).all())
+
+
+def test_a_killed_worker_holds_no_queued_message_until_the_lease_grace(svc, tmp_path, record_property) -> None:  # noqa: ANN001
+    """Issue 22, item 3: with the default lease grace (300 s), every message of a run is final again
+    within 30 s of a worker's SIGKILL, those whose next task the dead worker had taken (prefetched) and
+    not started too (removed in a73a72e when one run in twenty waited for the chain-lost check).
+
+    The time from the kill until every message is final is recorded as `repair_seconds`
+    (bench/chaos_loop.py runs this test again and again and collects it)."""
+    with _hub(tmp_path, OPENHUB_LEASE_GRACE="300") as (backend, external, _pg):
+        prefix = "/held"
+        first = Worker(backend.env, tmp_path / "w1", beat=True).start()
+        second = Worker(backend.env, tmp_path / "w2", beat=True).start()
+        backend.workers += [first, second]
+        ids, _in_flight, killed_at = _killed_mid_step(svc, external, prefix, first)
+        assert backend.redis is not None
+        # The case this test is for: tasks the dead worker had taken and not started (no step run).
+        record_property("held_unstarted", _held_unstarted(backend.redis.client(), first))
+
+        def not_ok() -> list[tuple[int, str]]:
+            return [(i, v.state) for i, v in ((i, openhub.get_message(i)) for i in ids) if v.state != "OK"]
+
+        try:
+            wait_for(lambda: not not_ok(), 30, "every message, the dead worker's queued ones too")
+        except AssertionError:
+            raise AssertionError(f"not OK 30 s after the kill: {not_ok()}") from None
+        record_property("repair_seconds", round(time.monotonic() - killed_at, 2))
+        _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+
+
+
+@pytest.mark.parametrize("when", ["running", "at start"])
+def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # noqa: ANN001
+    """Issue 22, item 4: while its PostgreSQL is stopped, a worker leaves the tasks published meanwhile
+    in the broker's queue (and says so in its log and on its metrics endpoint); once the store is back
+    they all run, each call once. Before, it took them at once and held them, unrecordable; and a
+    worker started while its store was away never heartbeat from its main process at all."""
+    import httpx
+    from sqlalchemy import select
+
+    from openhub import dispatch
+    from openhub.db import dispose_engines, transaction
+    from openhub.producer import insert_new, prepare
+    from openhub.registry import get_registry
+    from openhub.schema import workers
+
+    metrics = f"127.0.0.1:{backends.free_port()}"
+    with _hub(tmp_path / "hub", own_postgres=True, OPENHUB_WORKER_METRICS=metrics) as (backend, external, pg):
+        assert pg is not None and backend.redis is not None
+        prefix = "/storeaway"
+        route = get_registry().route("test.flow")  # the gate is the worker's, whatever the route's mode
+        chains = []
+        for _ in range(6):
+            row = prepare(route.name, {"prefix": prefix}, source_system="CRM",
+                          correlation_id=f"away-{uuid.uuid4().hex}")
+            with transaction() as conn:
+                message_id = insert_new(conn, row)
+            assert message_id is not None
+            chains.append((route, message_id, row["attempt_id"], 0))
+        ids = [c[1] for c in chains]
+        redis = backend.redis.client()
+
+        def taking() -> str:
+            text = httpx.get(f"http://{metrics}/metrics", timeout=5).text
+            return next(line.split()[1] for line in text.splitlines()
+                        if line.startswith("openhub_worker_taking_tasks "))
+
+        def stop_store() -> None:
+            pg.pg_ctl("stop")
+            dispose_engines()  # this process's pool held connections to the stopped server
+
+        if when == "at start":
+            stop_store()
+        worker = Worker(backend.env, tmp_path / "w", beat=False).start()  # no poller: nothing else is queued
+        backend.workers.append(worker)
+        if when == "running":
+            def main_process_beats() -> bool:
+                with transaction() as conn:
+                    nodes = conn.execute(select(workers.c.node)).scalars().all()
+                return any(n.endswith(f":{worker.process.pid}") for n in nodes)  # type: ignore[union-attr]
+
+            wait_for(main_process_beats, 30, "the worker's main process to heartbeat")
+            assert taking() == "1.0"
+            stop_store()
+        wait_for(lambda: taking() == "0.0", 30, "the worker to say it takes no task")
+        assert "taking no new task" in worker.log()
+        # A BRPOP sent before the pause may still pop one task (kombu keeps it for when the worker takes
+        # tasks again): publish once none waits, so every task published during the outage is seen in the queue.
+        wait_for(lambda: not [c for c in redis.client_list() if "b" in c["flags"]], 10, "no BRPOP waiting")
+        assert dispatch.publish_many(chains) == set(ids)
+        outage_end = time.monotonic() + 3  # the outage's length (the fault): the queue must keep them all
+        while time.monotonic() < outage_end:
+            assert redis.llen("openhub") == len(ids) and redis.hlen("unacked") == 0, "a task was taken"
+            time.sleep(0.1)  # how often the queue is looked at during the outage, not a synchronisation
+        pg.pg_ctl("start")
+        wait_for(lambda: taking() == "1.0", 30, "the worker to take tasks again")
+        _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+        assert "taking tasks again" in worker.log()
+        assert redis.llen("openhub") == 0
