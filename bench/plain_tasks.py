@@ -16,17 +16,17 @@ _done = redis.Redis.from_url(os.environ.get("BENCH_COUNTER_URL", "redis://127.0.
 @app.task(name="bench.plain.first")
 def plain_first(i: int) -> None:
     """Task 1."""
-    http_call()
+    http_call(f"first/{i}")
 
 
 @app.task(name="bench.plain.second")
 def plain_second(i: int) -> None:
     """Task 2."""
-    http_call()
+    http_call(f"second/{i}")
 
 
 @app.task(name="bench.plain.third")
 def plain_third(i: int) -> None:
     """Task 3: counts the finished chain."""
-    http_call()
+    http_call(f"third/{i}")
     _done.incr("bench:plain:done")
