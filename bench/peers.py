@@ -31,6 +31,11 @@ Also per variant and run: whether each step of every message (warm-up included) 
 exactly once (the HTTP server's count per path: calls == distinct paths == 3 x messages), the peak
 of calls in flight at the server during the measured part, and the peak RSS of all the worker's
 processes together (sum of VmRSS, sampled every 0.5 s: shared pages are counted in every process).
+With --profile DIR, the measured part of each variant is also profiled: `py-spy record` on the
+worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top functions by bench/collapsed.py
+printed), CPU ms/message of the redis-server, the HTTP server and this process from /proc, and, if
+the PostgreSQL server preloads pg_stat_statements (a private cluster: OPENHUB_TEST_PG), the SQL
+statements per message.
 Then submit figures with no worker running: openhub.submit() one per message from one
 thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
 """
@@ -60,7 +65,9 @@ from tests.support.workers import Worker  # noqa: E402
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 WARMUP = 200  # --warmup
-HTTP = {"port": 0}  # the slow server's port, set by main()
+HTTP = {"port": 0, "pid": 0}  # the slow server's, set by main()
+ENV: dict[str, int] = {}  # the current variant's redis-server pid
+PROFILE: dict = {"dir": None, "rate": 100, "tag": ""}  # --profile; tag: the variant and run being measured
 
 
 # ---------------------------------------------------------------- measuring
@@ -207,6 +214,7 @@ class Env:
         self.redis = RedisServer.start(workdir / "redis")
         self.url, self.workdir = url, workdir
         self.pool, self.concurrency = pool, concurrency
+        ENV["redis"] = self.redis.process.pid
         self.env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": self.redis.url,
                     "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
                     "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
@@ -230,8 +238,74 @@ def machine_ms() -> tuple[float, float]:
     return (sum(ticks) - idle) * TICK_MS, sum(ticks) * TICK_MS
 
 
+class Profile:
+    """py-spy on the worker, /proc CPU of the other processes and pg_stat_statements, over the measured part."""
+
+    def __init__(self, pg: PgMeter, roots: list[int], others: dict[str, int]) -> None:
+        self.pg, self.roots, self.others = pg, roots, others
+        self.out = Path(PROFILE["dir"]) / f"{PROFILE['tag']}.txt"
+        with pg.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_stat_statements_reset()") if self._statements(conn) else None
+        self.cpu = {k: _stat(pid)[1] * TICK_MS for k, pid in others.items()}  # each process alone
+        spy = str(Path(sys.executable).parent / "py-spy")
+        self.spy = [subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
+                                      "--rate", str(PROFILE["rate"]), "--format", "raw",
+                                      "--output", str(self.out.with_suffix(f".{pid}.txt"))],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in roots]
+        self.worker_cpu = tree_cpu_ms(roots)
+
+    def _statements(self, conn) -> bool:  # noqa: ANN001
+        try:
+            conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.exec_driver_sql("SELECT 1 FROM pg_stat_statements LIMIT 1")
+            return True
+        except sqlalchemy.exc.DBAPIError:
+            return False
+
+    def stop(self, n: int) -> dict[str, float]:
+        """Stop profiling after n messages: print and write the summary, return CPU ms/message per process."""
+        from bench.collapsed import report
+
+        cpu = {f"{k}_ms": (_stat(pid)[1] * TICK_MS - self.cpu[k]) / n for k, pid in self.others.items()}
+        cpu["pyspy_ms"] = sum(tree_cpu_ms([spy.pid]) for spy in self.spy) / n
+        worker_ms = (tree_cpu_ms(self.roots) - self.worker_cpu) / n
+        for spy in self.spy:
+            spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
+        for spy in self.spy:
+            spy.wait(timeout=60)
+        with self.out.open("w") as f:
+            for part in sorted(self.out.parent.glob(f"{self.out.stem}.*.txt")):
+                f.write(part.read_text())
+                part.unlink()
+        lines = [f"worker CPU {worker_ms:.2f} ms/message (/proc), shared out by the samples:",
+                 report(self.out, 35, worker_ms)]
+        engine = sqlalchemy.create_engine(self.pg.engine.url.set(database=self.pg.db),
+                                          poolclass=sqlalchemy.pool.NullPool)
+        with engine.connect() as conn:
+            if self._statements(conn):
+                rows = conn.exec_driver_sql(
+                    "SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g') "
+                    "FROM pg_stat_statements "
+                    "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "AND query NOT LIKE '%pg_stat_statements%' ORDER BY calls DESC").all()
+                conn.commit()
+                lines.append(f"SQL statements (nested ones too: foreign key checks): {sum(r[0] for r in rows) / n:.1f} "
+                             f"per message, {sum(r[1] for r in rows) / n:.2f} ms execution per message; "
+                             "per message: calls, ms, rows, statement")
+                lines += [f"  {r[0] / n:6.2f} {r[1] / n:6.3f} {r[2] / n:6.2f}  {r[3][:300]}" for r in rows[:40]]
+        engine.dispose()
+        text = "\n".join(lines)
+        self.out.with_suffix(".summary").write_text(text + "\n")
+        print(text, flush=True)
+        return cpu
+
+
 def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:  # noqa: ANN001
     """Submit and wait for n messages after the warm-up's WARMUP (the server counted those already)."""
+    others = {"http": HTTP["pid"], "bench": os.getpid()}
+    if ENV.get("redis"):
+        others["redis"] = ENV["redis"]
+    profile = Profile(pg, roots, others) if PROFILE["dir"] else None
     before_pg, before_cpu = pg.snapshot(), tree_cpu_ms(roots)
     rss = RssPeak(roots)
     server_stats()  # a new peak of calls in flight from here
@@ -243,7 +317,8 @@ def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, f
     rss_mb, after_pg = rss.stop(), pg.snapshot()
     d = PgMeter.delta(before_pg, after_pg)
     busy, every = after_box[0] - before_box[0], after_box[1] - before_box[1]
-    return {"rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
+    extra = profile.stop(n) if profile else {}
+    return {**extra, "rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
             "box_ms": busy / n, "box_busy": busy / every, "commits": d["commits"], "writes": d["writes"] / n,
             "once": exactly_once(calls, n + WARMUP), "in_flight": calls["peak"], "rss_mb": rss_mb}
 
@@ -470,7 +545,12 @@ def main() -> None:
                         help="the Celery worker's pool (-P)")
     parser.add_argument("--concurrency", type=int, default=2, help="the Celery worker's -c; DBOS: 2 x c/2")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="messages run before each measured part")
+    parser.add_argument("--profile", metavar="DIR", help="profile each measured part into DIR (see above)")
+    parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     args = parser.parse_args()
+    PROFILE.update(dir=args.profile, rate=args.profile_rate)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     variants = args.variants.split(",")
     globals()["WARMUP"] = args.warmup
 
@@ -478,11 +558,13 @@ def main() -> None:
     http_port = HTTP["port"] = free_port()
     server = multiprocessing.Process(target=serve_slow, args=(http_port, args.latency_ms), daemon=True)
     server.start()
+    HTTP["pid"] = server.pid
     load = os.getloadavg()
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
         for run in range(args.runs):
             for v in variants:  # interleaved: plain, hub, hub1, dbos, plain, ...
+                PROFILE["tag"] = f"{v}-{run + 1}"
                 r = fresh(workdir, http_port, v, lambda env, v=v: RUNNERS[v](env, args.messages),
                           args.pool, args.concurrency)
                 results[v].append(r)
