@@ -287,7 +287,7 @@ class Profile:
                     "SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g') "
                     "FROM pg_stat_statements "
                     "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                    "AND query NOT LIKE '%pg_stat_statements%' ORDER BY calls DESC").all()
+                    "AND query NOT LIKE '%%pg_stat_statements%%' ORDER BY calls DESC").all()
                 conn.commit()
                 lines.append(f"SQL statements (nested ones too: foreign key checks): {sum(r[0] for r in rows) / n:.1f} "
                              f"per message, {sum(r[1] for r in rows) / n:.2f} ms execution per message; "

@@ -10,7 +10,9 @@ from bench.flows import http_call
 from openhub.dispatch import celery_app
 
 app = celery_app()
-_done = redis.Redis.from_url(os.environ.get("BENCH_COUNTER_URL", "redis://127.0.0.1:6379/15"))
+# Blocking: hundreds of gevent steps count at once, and redis-py's plain pool refuses past its size.
+_done = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+    os.environ.get("BENCH_COUNTER_URL", "redis://127.0.0.1:6379/15"), max_connections=20, timeout=60))
 
 
 @app.task(name="bench.plain.first")
