@@ -7,6 +7,7 @@ process whose pool holds as many connections as the process has steps in flight 
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import httpx
@@ -14,7 +15,13 @@ import httpx
 from openhub import Route, StepContext, step
 
 URL = os.environ.get("BENCH_HTTP_URL", "http://127.0.0.1:9")
-_client: httpx.Client | None = None
+# httpcore's pool looks at every connection it holds for every request it assigns: with 400 calls in
+# flight through one client that scan was half of a gevent worker's CPU (bench/RESULTS.md). Calls
+# go round the process's BENCH_HTTP_CLIENTS clients (bench/peers.py: one per 16 of the worker's
+# concurrency), so each pool holds a few dozen connections.
+CLIENTS = int(os.environ.get("BENCH_HTTP_CLIENTS", "1"))
+_clients: list[httpx.Client] = []
+_turn = itertools.count()
 
 
 # httpx keeps 20 idle connections by default: past that, a gevent worker with hundreds of calls in
@@ -24,10 +31,9 @@ LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=2000)
 
 def http_call(key: str = "") -> None:
     """One HTTP call to the local server, at the path `key` (say "first/42")."""
-    global _client
-    if _client is None:
-        _client = httpx.Client(timeout=30, limits=LIMITS)
-    _client.post(URL + key, content=b"{}").raise_for_status()
+    if not _clients:
+        _clients.extend(httpx.Client(timeout=30, limits=LIMITS) for _ in range(CLIENTS))
+    _clients[next(_turn) % CLIENTS].post(URL + key, content=b"{}").raise_for_status()
 
 
 @step

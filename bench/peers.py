@@ -218,6 +218,7 @@ class Env:
         self.env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": self.redis.url,
                     "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
                     "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+                    "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16)),  # bench/flows.py
                     "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1"}
         activate(self.env)
         from openhub.migrate import upgrade
