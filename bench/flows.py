@@ -20,7 +20,7 @@ URL = os.environ.get("BENCH_HTTP_URL", "http://127.0.0.1:9")
 # go round the process's BENCH_HTTP_CLIENTS clients (bench/peers.py: one per 16 of the worker's
 # concurrency), so each pool holds a few dozen connections.
 CLIENTS = int(os.environ.get("BENCH_HTTP_CLIENTS", "1"))
-_clients: list[httpx.Client] = []
+_clients: list[httpx.Client] | None = None
 _turn = itertools.count()
 
 
@@ -31,9 +31,11 @@ LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=2000)
 
 def http_call(key: str = "") -> None:
     """One HTTP call to the local server, at the path `key` (say "first/42")."""
-    if not _clients:
-        _clients.extend(httpx.Client(timeout=30, limits=LIMITS) for _ in range(CLIENTS))
-    _clients[next(_turn) % CLIENTS].post(URL + key, content=b"{}").raise_for_status()
+    global _clients
+    clients = _clients
+    if clients is None:  # DBOS runs steps in threads: a list is bound only once it is whole
+        clients = _clients = [httpx.Client(timeout=30, limits=LIMITS) for _ in range(CLIENTS)]
+    clients[next(_turn) % CLIENTS].post(URL + key, content=b"{}").raise_for_status()
 
 
 @step
