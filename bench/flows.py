@@ -1,11 +1,13 @@
 """The routes and plain Celery tasks the throughput benchmark compares.
 
-Both make the same three no-op HTTP calls to BENCH_HTTP_URL, one per step/task, with a
-pooled client per worker process.
+Both make the same three HTTP calls to BENCH_HTTP_URL, one per step/task, to the path
+`<step>/<message key>` (bench/slow_server.py counts each), with one pooled client per worker
+process whose pool holds as many connections as the process has steps in flight (gevent: hundreds).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import httpx
@@ -13,33 +15,45 @@ import httpx
 from openhub import Route, StepContext, step
 
 URL = os.environ.get("BENCH_HTTP_URL", "http://127.0.0.1:9")
-_client: httpx.Client | None = None
+# httpcore's pool looks at every connection it holds for every request it assigns: with 400 calls in
+# flight through one client that scan was half of a gevent worker's CPU (bench/RESULTS.md). Calls
+# go round the process's BENCH_HTTP_CLIENTS clients (bench/peers.py: one per 16 of the worker's
+# concurrency), so each pool holds a few dozen connections.
+CLIENTS = int(os.environ.get("BENCH_HTTP_CLIENTS", "1"))
+_clients: list[httpx.Client] | None = None
+_turn = itertools.count()
 
 
-def http_call() -> None:
-    """One no-op HTTP call to the local server."""
-    global _client
-    if _client is None:
-        _client = httpx.Client(timeout=10)
-    _client.post(URL, content=b"{}").raise_for_status()
+# httpx keeps 20 idle connections by default: past that, a gevent worker with hundreds of calls in
+# flight would open a new TCP connection for most calls.
+LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=2000)
+
+
+def http_call(key: str = "") -> None:
+    """One HTTP call to the local server, at the path `key` (say "first/42")."""
+    global _clients
+    clients = _clients
+    if clients is None:  # DBOS runs steps in threads: a list is bound only once it is whole
+        clients = _clients = [httpx.Client(timeout=30, limits=LIMITS) for _ in range(CLIENTS)]
+    clients[next(_turn) % CLIENTS].post(URL + key, content=b"{}").raise_for_status()
 
 
 @step
 def first(ctx: StepContext) -> None:
     """Step 1."""
-    http_call()
+    http_call(f"first/{ctx.message.id}")
 
 
 @step
 def second(ctx: StepContext) -> None:
     """Step 2."""
-    http_call()
+    http_call(f"second/{ctx.message.id}")
 
 
 @step
 def third(ctx: StepContext) -> None:
     """Step 3."""
-    http_call()
+    http_call(f"third/{ctx.message.id}")
 
 
 routes = [Route("bench.flow", steps=[first, second, third]),

@@ -1,9 +1,11 @@
 """openhub side by side with a plain Celery chain and DBOS Transact (issue 10).
 
     PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3] [--variants plain,hub,hub1,fused,dbos]
+        [--latency-ms 0] [--pool prefork|gevent|threads] [--concurrency 2] [--warmup 200]
 
-The same 3-step route body (one POST per step to a local keep-alive no-op server, the pooled
-httpx client of bench/flows.py) run as
+The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
+after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx client of bench/flows.py)
+run as
   (a) plain  - a plain Celery chain of 3 tasks (bench/plain_tasks.py), apply_async per chain
   (b) hub    - openhub, today's chain mode, submit_many in batches of 100
       hub1   - openhub, chain mode, one openhub.submit() per message
@@ -11,7 +13,9 @@ httpx client of bench/flows.py) run as
   (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
                2 worker processes with worker_concurrency=1, enqueued with DBOSClient
 each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
-Celery variants: one `celery -A tasks worker` (prefork, concurrency 2, no beat).
+Celery variants: one `celery -A tasks worker --pool POOL --concurrency N` (prefork -c 2 by default,
+no beat). DBOS: 2 processes of worker_concurrency max(1, N // 2) each, so as many workflows in flight
+as the Celery worker has steps in flight.
 
 Per variant and run: messages/s end to end (first submit to last message done, after a
 200-message warm-up); worker CPU ms/message (/proc utime+stime of the worker processes and
@@ -23,6 +27,15 @@ finished message (pg_total_relation_size of the store's tables / messages stored
 ms/message and busy share, every process of the box (/proc/stat: worker, PostgreSQL, Redis, the
 HTTP server, this process submitting and polling, and whatever else runs): a busy share near 1.0
 means the variant ran as fast as the cores allowed; its rate is cores x busy share / machine CPU.
+Also per variant and run: whether each step of every message (warm-up included) was called
+exactly once (the HTTP server's count per path: calls == distinct paths == 3 x messages), the peak
+of calls in flight at the server during the measured part, and the peak RSS of all the worker's
+processes together (sum of VmRSS, sampled every 0.5 s: shared pages are counted in every process).
+With --profile DIR, the measured part of each variant is also profiled: `py-spy record` on the
+worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top functions by bench/collapsed.py
+printed), CPU ms/message of the redis-server, the HTTP server and this process from /proc, and, if
+the PostgreSQL server preloads pg_stat_statements (a private cluster: OPENHUB_TEST_PG), the SQL
+statements per message.
 Then submit figures with no worker running: openhub.submit() one per message from one
 thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
 """
@@ -34,6 +47,7 @@ import multiprocessing
 import os
 import statistics
 import subprocess
+import threading
 import sys
 import tempfile
 import time
@@ -44,12 +58,16 @@ sys.path.insert(0, str(ROOT))
 
 import sqlalchemy  # noqa: E402
 
-from bench.throughput import serve_noop  # noqa: E402
+from bench.slow_server import serve_slow  # noqa: E402
 from tests.support.backends import RedisServer, activate, free_port, postgres_database  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
-WARMUP = 200
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+WARMUP = 200  # --warmup
+HTTP = {"port": 0, "pid": 0}  # the slow server's, set by main()
+ENV: dict[str, int] = {}  # the current variant's redis-server pid
+PROFILE: dict = {"dir": None, "rate": 100, "tag": ""}  # --profile; tag: the variant and run being measured
 
 
 # ---------------------------------------------------------------- measuring
@@ -62,21 +80,70 @@ def _stat(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-def tree_cpu_ms(roots: list[int]) -> float:
-    """CPU ms of the processes `roots` and all their live descendants."""
+def tree(roots: list[int]) -> set[int]:
+    """The processes `roots` and all their live descendants."""
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             parents.setdefault(_stat(int(entry))[0], []).append(int(entry))
-    total, todo, seen = 0, list(roots), set()
+    todo, seen = list(roots), set()
     while todo:
         pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += _stat(pid)[1]
-        todo += parents.get(pid, [])
-    return total * TICK_MS
+        if pid not in seen:
+            seen.add(pid)
+            todo += parents.get(pid, [])
+    return seen
+
+
+def tree_cpu_ms(roots: list[int]) -> float:
+    """CPU ms of the processes `roots` and all their live descendants."""
+    return sum(_stat(pid)[1] for pid in tree(roots)) * TICK_MS
+
+
+def tree_rss_mb(roots: list[int]) -> float:
+    """Sum of the resident set sizes of `roots` and their descendants, MB."""
+    total = 0
+    for pid in tree(roots):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return total * PAGE_MB
+
+
+class RssPeak:
+    """Samples tree_rss_mb(roots) every 0.5 s in a thread; `peak` is the highest sum seen."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots, self.peak = roots, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss_mb(self.roots))
+            self._stop.wait(0.5)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, tree_rss_mb(self.roots))
+
+
+def server_stats(reset: bool = False) -> dict[str, int]:
+    """The slow server's counters (see bench/slow_server.py); each call starts a new peak."""
+    import httpx
+
+    url = f"http://127.0.0.1:{HTTP['port']}/"
+    if reset:
+        httpx.post(url + "_reset").raise_for_status()
+    return httpx.get(url + "_stats").json()
+
+
+def exactly_once(stats: dict[str, int], messages: int) -> float:
+    """1.0 if each of the 3 steps of `messages` messages was called exactly once, else 0.0."""
+    return float(stats["calls"] == stats["keys"] == 3 * messages and stats["max_per_key"] == 1)
 
 
 class PgMeter:
@@ -143,12 +210,15 @@ class Poller:
 class Env:
     """A fresh database, a private redis-server and the OPENHUB_* environment pointing at them."""
 
-    def __init__(self, workdir: Path, http_port: int, url: str) -> None:
+    def __init__(self, workdir: Path, http_port: int, url: str, pool: str = "prefork", concurrency: int = 2) -> None:
         self.redis = RedisServer.start(workdir / "redis")
         self.url, self.workdir = url, workdir
+        self.pool, self.concurrency = pool, concurrency
+        ENV["redis"] = self.redis.process.pid
         self.env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": self.redis.url,
                     "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
                     "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+                    "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16)),  # bench/flows.py
                     "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1"}
         activate(self.env)
         from openhub.migrate import upgrade
@@ -156,7 +226,7 @@ class Env:
         upgrade(url)
 
     def worker(self) -> Worker:
-        worker = Worker(self.env, self.workdir, beat=False, concurrency=2)
+        worker = Worker(self.env, self.workdir, beat=False, concurrency=self.concurrency, pool=self.pool)
         worker.args += ["--include", "bench.plain_tasks"]
         return worker.start()
 
@@ -169,17 +239,96 @@ def machine_ms() -> tuple[float, float]:
     return (sum(ticks) - idle) * TICK_MS, sum(ticks) * TICK_MS
 
 
+class Profile:
+    """py-spy on the worker, /proc CPU of the other processes and pg_stat_statements, over the measured part."""
+
+    def __init__(self, pg: PgMeter, roots: list[int], others: dict[str, int]) -> None:
+        self.pg, self.roots, self.others = pg, roots, others
+        self.out = Path(PROFILE["dir"]) / f"{PROFILE['tag']}.txt"
+        with pg.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_stat_statements_reset()") if self._statements(conn) else None
+        self.cpu = {k: _stat(pid)[1] * TICK_MS for k, pid in others.items()}  # each process alone
+        spy = str(Path(sys.executable).parent / "py-spy")
+        self.spy = [subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
+                                      "--rate", str(PROFILE["rate"]), "--format", "raw",
+                                      "--output", str(self.out.with_suffix(f".{pid}.txt"))],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in roots]
+        self.worker_cpu = tree_cpu_ms(roots)
+
+    def _statements(self, conn) -> bool:  # noqa: ANN001
+        try:
+            conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.exec_driver_sql("SELECT 1 FROM pg_stat_statements LIMIT 1")
+            return True
+        except sqlalchemy.exc.DBAPIError:
+            return False
+
+    def stop(self, n: int) -> dict[str, float]:
+        """Stop profiling after n messages: print and write the summary, return CPU ms/message per process."""
+        from bench.collapsed import report
+
+        cpu = {f"{k}_ms": (_stat(pid)[1] * TICK_MS - self.cpu[k]) / n for k, pid in self.others.items()}
+        cpu["pyspy_ms"] = sum(tree_cpu_ms([spy.pid]) for spy in self.spy) / n
+        worker_ms = (tree_cpu_ms(self.roots) - self.worker_cpu) / n
+        for spy in self.spy:
+            spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
+        for spy in self.spy:
+            spy.wait(timeout=60)
+        with self.out.open("w") as f:
+            for part in sorted(self.out.parent.glob(f"{self.out.stem}.*.txt")):
+                f.write(part.read_text())
+                part.unlink()
+        lines = [f"worker CPU {worker_ms:.2f} ms/message (/proc), shared out by the samples:",
+                 report(self.out, 35, worker_ms)]
+        engine = sqlalchemy.create_engine(self.pg.engine.url.set(database=self.pg.db),
+                                          poolclass=sqlalchemy.pool.NullPool)
+        with engine.connect() as conn:
+            if self._statements(conn):
+                rows = conn.exec_driver_sql(
+                    "SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g') "
+                    "FROM pg_stat_statements "
+                    "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "AND query NOT LIKE '%%pg_stat_statements%%' ORDER BY calls DESC").all()
+                conn.commit()
+                lines.append(f"SQL statements (nested ones too: foreign key checks): {sum(r[0] for r in rows) / n:.1f} "
+                             f"per message, {sum(r[1] for r in rows) / n:.2f} ms execution per message; "
+                             "per message: calls, ms, rows, statement")
+                lines += [f"  {r[0] / n:6.2f} {r[1] / n:6.3f} {r[2] / n:6.2f}  {r[3][:300]}" for r in rows[:40]]
+        engine.dispose()
+        text = "\n".join(lines)
+        self.out.with_suffix(".summary").write_text(text + "\n")
+        print(text, flush=True)
+        return cpu
+
+
 def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:  # noqa: ANN001
+    """Submit and wait for n messages after the warm-up's WARMUP (the server counted those already)."""
+    others = {"http": HTTP["pid"], "bench": os.getpid()}
+    if ENV.get("redis"):
+        others["redis"] = ENV["redis"]
+    profile = Profile(pg, roots, others) if PROFILE["dir"] else None
     before_pg, before_cpu = pg.snapshot(), tree_cpu_ms(roots)
+    rss = RssPeak(roots)
+    server_stats()  # a new peak of calls in flight from here
     before_box, started = machine_ms(), time.perf_counter()
     submit(n)
     wait(n)
     elapsed, after_box = time.perf_counter() - started, machine_ms()
-    after_cpu, after_pg = tree_cpu_ms(roots), pg.snapshot()
+    after_cpu, calls = tree_cpu_ms(roots), server_stats()
+    rss_mb, after_pg = rss.stop(), pg.snapshot()
     d = PgMeter.delta(before_pg, after_pg)
     busy, every = after_box[0] - before_box[0], after_box[1] - before_box[1]
-    return {"rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
-            "box_ms": busy / n, "box_busy": busy / every, "commits": d["commits"], "writes": d["writes"] / n}
+    extra = profile.stop(n) if profile else {}
+    return {**extra, "rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
+            "box_ms": busy / n, "box_busy": busy / every, "commits": d["commits"], "writes": d["writes"] / n,
+            "once": exactly_once(calls, n + WARMUP), "in_flight": calls["peak"], "rss_mb": rss_mb}
+
+
+def _warm(submit, wait) -> None:  # noqa: ANN001
+    """Forget the server's counts, then run the warm-up's WARMUP messages."""
+    server_stats(reset=True)
+    submit(WARMUP)
+    wait(WARMUP)
 
 
 def run_plain(env: Env, n: int) -> dict[str, float]:
@@ -190,21 +339,25 @@ def run_plain(env: Env, n: int) -> dict[str, float]:
 
     app = celery_app()
     counter = redis.Redis(host="127.0.0.1", port=env.redis.port, db=1)
+    seq = iter(range(10**9))  # each message its own paths at the server
 
     def submit(k: int) -> None:
-        for i in range(k):
+        for _ in range(k):
+            i = next(seq)
             chain(app.signature("bench.plain.first", args=(i,), immutable=True),
                   app.signature("bench.plain.second", args=(i,), immutable=True),
                   app.signature("bench.plain.third", args=(i,), immutable=True)).apply_async()
 
     def wait(k: int) -> None:
+        deadline = time.monotonic() + 900
         while int(counter.get("bench:plain:done") or 0) < k:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"plain chains done < {k}")
             time.sleep(0.02)
 
     worker = env.worker()
     try:
-        submit(WARMUP)
-        wait(WARMUP)
+        _warm(submit, wait)
         counter.delete("bench:plain:done")
         pg = PgMeter(env.url, ("public",))
         result = _measure(pg, [worker.process.pid], submit, wait, n)
@@ -243,8 +396,7 @@ def _hub(env: Env, n: int, batch: int, route: str = "bench.flow") -> dict[str, f
 
     worker = env.worker()
     try:
-        submit(WARMUP)
-        wait(WARMUP)
+        _warm(submit, wait)
         pg = PgMeter(env.url, ("public",))
         polls = poller.polls
         result = _measure(pg, [worker.process.pid], submit, wait, n)
@@ -276,7 +428,8 @@ def _dbos_workers(env: Env) -> list[subprocess.Popen]:
     procs = []
     for k in range(2):
         log = open(env.workdir / f"dbos-{k}.log", "ab")
-        p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_app.py"), _dbos_url(env.url)],
+        p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_app.py"), _dbos_url(env.url),
+                              str(max(1, env.concurrency // 2))],
                              env=dict(os.environ, **env.env, DBOS__VMID=f"peers-{k}", PYTHONPATH=str(ROOT)),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
         procs.append(p)
@@ -311,8 +464,7 @@ def run_dbos(env: Env, n: int) -> dict[str, float]:
         done["n"] += k
 
     try:
-        submit(WARMUP)
-        wait(WARMUP)
+        _warm(submit, wait)
         pg = PgMeter(env.url, ("dbos",))
         polls = poller.polls
         result = _measure(pg, [p.pid for p in procs], submit, wait, n)
@@ -373,10 +525,10 @@ def dbos_enqueue_figure(env: Env, n: int) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- main
-def fresh(workdir: Path, http_port: int, tag: str, fn):  # noqa: ANN001, ANN201
+def fresh(workdir: Path, http_port: int, tag: str, fn, pool: str = "prefork", concurrency: int = 2):  # noqa: ANN001, ANN201
     sub = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=workdir))
     with postgres_database(f"openhub_peers_{tag}") as url:
-        env = Env(sub, http_port, url)
+        env = Env(sub, http_port, url, pool, concurrency)
         try:
             return fn(env)
         finally:
@@ -389,18 +541,33 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--variants", default="plain,hub,hub1,fused,dbos")
     parser.add_argument("--submits", type=int, default=1000, help="messages for the submit-only figures (0: skip)")
+    parser.add_argument("--latency-ms", type=float, default=0, help="how long each external call takes")
+    parser.add_argument("--pool", default="prefork", choices=("prefork", "gevent", "threads"),
+                        help="the Celery worker's pool (-P)")
+    parser.add_argument("--concurrency", type=int, default=2, help="the Celery worker's -c; DBOS: 2 x c/2")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="messages run before each measured part")
+    parser.add_argument("--profile", metavar="DIR", help="profile each measured part into DIR (see above)")
+    parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     args = parser.parse_args()
+    PROFILE.update(dir=args.profile, rate=args.profile_rate)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     variants = args.variants.split(",")
+    globals()["WARMUP"] = args.warmup
 
     workdir = Path(tempfile.mkdtemp(prefix="openhub-peers-"))
-    http_port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
+    http_port = HTTP["port"] = free_port()
+    server = multiprocessing.Process(target=serve_slow, args=(http_port, args.latency_ms), daemon=True)
     server.start()
+    HTTP["pid"] = server.pid
+    load = os.getloadavg()
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
         for run in range(args.runs):
             for v in variants:  # interleaved: plain, hub, hub1, dbos, plain, ...
-                r = fresh(workdir, http_port, v, lambda env, v=v: RUNNERS[v](env, args.messages))
+                PROFILE["tag"] = f"{v}-{run + 1}"
+                r = fresh(workdir, http_port, v, lambda env, v=v: RUNNERS[v](env, args.messages),
+                          args.pool, args.concurrency)
                 results[v].append(r)
                 print(f"run {run + 1} {v:6s} " + " ".join(f"{k}={x:.2f}" for k, x in r.items()), flush=True)
         subs = []
@@ -416,18 +583,22 @@ def main() -> None:
     def med(xs: list[float], digits: int = 1) -> str:
         return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
 
-    print(f"\n{args.messages} messages per run, {args.runs} runs interleaved, {os.cpu_count()} cores, "
-          f"load average before: {os.getloadavg()}; median (min-max)")
+    print(f"\n{args.messages} messages per run (+{WARMUP} warm-up), {args.runs} runs interleaved, "
+          f"external call {args.latency_ms:g} ms, --pool {args.pool} --concurrency {args.concurrency}, "
+          f"{os.cpu_count()} cores, load average before: {load}, after: {os.getloadavg()}; median (min-max)")
     print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | machine CPU ms/msg | machine busy "
-          "| commits/msg | tuples written/msg | store B/msg |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| commits/msg | tuples written/msg | store B/msg | calls in flight, peak | worker RSS MB, peak "
+          "| runs with each step exactly once |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = results.get("plain")
     for v, rs in results.items():
         ratio = (med([r["rate"] / p["rate"] for r, p in zip(rs, plain)], 2) if plain else "-")
         print(f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
               f"{med([r['pg_ms'] for r in rs])} | {med([r['box_ms'] for r in rs])} | "
               f"{med([r['box_busy'] for r in rs], 2)} | {med([r['commits'] for r in rs])} | "
-              f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} |")
+              f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} | "
+              f"{med([r['in_flight'] for r in rs], 0)} | {med([r['rss_mb'] for r in rs], 0)} | "
+              f"{sum(int(r['once']) for r in rs)}/{len(rs)} |")
     if subs:
         print("\n| submit side, no worker | msg/s | CPU ms/msg (submitting process) |\n|---|---|---|")
         for k in subs[0]:

@@ -27,7 +27,12 @@ from .errors import StoreUnavailable
 _engines: dict[tuple[int, str], Engine] = {}
 
 
-PG_POOL_SIZE, PG_MAX_OVERFLOW = 5, 5  # connections per process to PostgreSQL: kept, and at most more
+# Connections per process to PostgreSQL: kept, and at most more. None beyond the kept ones: an
+# overflow connection is opened for one transaction and closed after it, and on the gevent or
+# threads pool, whose steps keep all of them busy, that was a new PostgreSQL session (connect,
+# authenticate, fork a backend) for every other transaction (bench/RESULTS.md, issue 21).
+# Prefork processes run one step at a time and open one or two either way.
+PG_POOL_SIZE, PG_MAX_OVERFLOW = 10, 0
 
 
 def utcnow() -> datetime:

@@ -16,6 +16,15 @@ each delivery also names the process that took it (`openhub.workers.current_id`,
 the hub keeps), and the poller hands the deliveries of processes witnessed dead back to their
 queues at once (`Channel.restore_orphans`). A delivery handed back twice is harmless: the step's
 fencing token and lease let only one run act.
+
+kombu gives each channel a redis-py `ConnectionPool` of `max_connections` (10), which raises
+`MaxConnectionsError` when an eleventh caller wants a connection at once. With one step per
+process (prefork) that never happens; on the gevent or threads pool every step acknowledges its
+task through the consumer's channel, and under load more than 10 acknowledgements wait on Redis
+together: the consumer took the error for a lost broker, reconnected and put all its
+unacknowledged deliveries back (421 at once at `-P gevent -c 500` in bench/peers.py, and a
+message whose next step was lost on the way waited for the lease grace). Here a caller waits for a
+free connection instead (`BlockingConnectionPool`).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from kombu.utils.json import dumps
 from .workers import current_id
 
 TRANSPORT = f"{__name__}:Transport"
+POOL_WAIT = 60  # seconds a caller waits for one of the channel's connections before it fails
 
 
 class QoS(redis.QoS):
@@ -70,6 +80,13 @@ class Channel(redis.Channel):
         for tag in tags:
             qos.restore_by_tag(tag.decode(), self.client)
         return len(tags)
+
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        if asynchronous:  # the event loop's own connection for receiving (BRPOP): one caller
+            return super()._get_pool(asynchronous=True)
+        params = self._connparams()
+        self.keyprefix_fanout = self.keyprefix_fanout.format(db=params["db"])
+        return redis.redis.BlockingConnectionPool(timeout=POOL_WAIT, **params)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:

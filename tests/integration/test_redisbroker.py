@@ -103,6 +103,29 @@ def test_an_acknowledged_delivery_has_no_holder(server) -> None:  # noqa: ANN001
         assert not conn.default_channel.client.hgetall("unacked.owners")
 
 
+def test_more_acknowledgements_at_once_than_the_pool_has_connections_wait_for_one(server) -> None:  # noqa: ANN001
+    # A gevent or threads worker acknowledges each step's task from the step's own greenlet or thread,
+    # all through the consumer's channel. With kombu's plain pool the eleventh at once raised
+    # MaxConnectionsError, which the consumer takes for a lost broker (bench/RESULTS.md, issue 21).
+    from concurrent.futures import ThreadPoolExecutor
+
+    at_once = 40
+    with Connection(server.url, transport=TRANSPORT) as conn:
+        channel = conn.default_channel
+        assert channel.max_connections < at_once
+        queue = conn.SimpleQueue("openhub-acks")
+        for n in range(at_once):
+            queue.put({"n": n})
+        taken = [queue.get(timeout=5) for _ in range(at_once)]
+        # Redis holds every write for a second, so each acknowledgement keeps its connection that long.
+        server.client().execute_command("CLIENT", "PAUSE", "1000", "WRITE")
+        with ThreadPoolExecutor(at_once) as pool:
+            failures = [f.exception() for f in [pool.submit(m.ack) for m in taken]]
+        assert failures == [None] * at_once
+        assert not channel.client.hgetall("unacked")
+        queue.close()
+
+
 def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
               "OPENHUB_VAR_DIR": str(tmp_path / "var")})
