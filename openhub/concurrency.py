@@ -15,10 +15,13 @@ patched `socket` module is how any module here tells that steps run as greenlets
 
 The last one is why `-P gevent` ran no step at all. While gevent patches `threading` it scans the
 existing locks, and `isinstance` on one of Celery's lazy proxies makes Celery's default app read its
-configuration: `celeryconfig.py`, hence openhub's broker transports and kombu, are imported before
-gevent has patched `time` and `select`. kombu keeps `from time import sleep` and `select.select` as
-module globals, so the worker's pidbox greenlet polled the broker with the real, blocking `sleep`
-(filesystem transport) or `select` (Redis) and the consumer greenlet never ran.
+configuration: Celery's app and `celeryconfig.py` are imported before gevent has patched `time` and
+`select`. `celeryconfig.py` imported openhub's broker transports then, and kombu's transports keep
+`from time import sleep` and `select.select` as module globals, so the worker's pidbox greenlet polled
+the broker with the real, blocking `sleep` (filesystem transport) or `select` (Redis) and the consumer
+greenlet never ran. `celeryconfig.py` now names the transports instead of importing them; what Celery's
+own app still takes early (kombu's retry `sleep`, its pools' `LifoQueue`, amqp's `Queue`) is rebound.
+A gevent pool in a process that was not patched at all refuses to start (tasks/pool.py).
 """
 
 from __future__ import annotations

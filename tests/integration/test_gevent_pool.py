@@ -8,6 +8,8 @@ patched `time` and `select`, and the worker's pidbox greenlet blocked the proces
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from contextlib import contextmanager
@@ -24,7 +26,7 @@ from openhub.schema import workers
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.waiting import wait_final, wait_for
-from tests.support.workers import Beat, Worker
+from tests.support.workers import PROJECT, Beat, Worker
 
 pytest.importorskip("gevent")
 
@@ -154,3 +156,29 @@ def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections
     # refused its own steps, left each to the repair (+1 failure).
     assert "heartbeat fell behind" not in log
     assert [(v.state, v.failed_count) for v in views] == [("OK", 0)] * many
+
+
+def test_a_gevent_pool_in_a_process_gevent_did_not_patch_refuses_to_start(tmp_path: Path) -> None:
+    """`app.worker_main([... "-P", "gevent"])` never monkey-patches: its greenlets would share one thread
+    over blocking sockets. The worker exits with the reason and the command that works."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
+    with backends.backend("embedded", tmp_path / "store") as b:
+        code = "from tasks import app; app.worker_main(['worker', '-P', 'gevent', '-c', '5', '--without-mingle'])"
+        env = dict(os.environ, **b.env, PYTHONPATH=str(PROJECT))
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True,
+                              timeout=60)
+    backends.activate(saved)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "`celery -A tasks worker -P gevent`" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("broker", ["redis://127.0.0.1:9/0", "filesystem://"])
+def test_the_configuration_names_the_transports_without_importing_kombus(broker: str, tmp_path: Path) -> None:
+    """Under `-P gevent` celeryconfig.py is read while gevent is patching: a transport it imported
+    then kept the blocking sleep/select (the worker ran no step). It names openhub's transports only."""
+    code = ("import sys, celeryconfig; print(celeryconfig.broker_transport); "
+            "print(sorted(m for m in sys.modules if m.startswith('kombu.transport.')))")
+    env = dict(os.environ, OPENHUB_BROKER_URL=broker, OPENHUB_VAR_DIR=str(tmp_path), PYTHONPATH=str(PROJECT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[0] in ("openhub.redisbroker:Transport", "openhub.fsbroker:Transport") and out[1] == "[]", out
