@@ -72,6 +72,7 @@ def test_a_system_limited_to_one_call_never_has_two_in_flight(svc, prefix, exter
     assert max(openhub.get_message(i).failed_count for i in ids) == 0
 
 
+@ON_EVERY_POOL
 def test_a_system_paced_at_two_calls_a_second_is_never_called_faster(svc, prefix, external) -> None:
     ids = [submit(f"{svc}.paced", prefix).id for _ in range(6)]
     assert [wait_final(i).state for i in ids] == ["OK"] * 6
