@@ -42,10 +42,12 @@ enable_utc = True
 # Redis re-delivers an unacknowledged task after the visibility timeout: it must exceed the
 # longest step (tasks/ refuses to start a worker whose routes have a longer step timeout).
 visibility_timeout = float(os.environ.get("OPENHUB_VISIBILITY_TIMEOUT", 3600))
+# openhub's transports are named, not imported: under `celery worker -P gevent` this file is read while
+# gevent is still patching (openhub/concurrency.py), and kombu's transports imported then would keep
+# the unpatched time.sleep and select.select.
 if broker_url.startswith("filesystem"):
-    from openhub.fsbroker import register
-
-    broker_url = register()  # the filesystem transport with atomic writes
+    broker_url = "filesystem://localhost//"  # the host is unused; without one kombu warns on every connection
+    broker_transport = "openhub.fsbroker:Transport"  # the filesystem transport with atomic writes
     _broker_dir = os.path.join(str(_s.var_dir), "broker")
     broker_transport_options = {
         "data_folder_in": _broker_dir,
@@ -60,9 +62,7 @@ if broker_url.startswith("filesystem"):
 else:
     broker_transport_options = {"visibility_timeout": visibility_timeout}
     if broker_url.startswith("redis://"):
-        from openhub.redisbroker import TRANSPORT
-
-        broker_transport = TRANSPORT  # kombu's Redis transport without a new client per operation
+        broker_transport = "openhub.redisbroker:Transport"  # kombu's Redis transport without a new client per operation
 
 beat_schedule = {
     "openhub-poll": {

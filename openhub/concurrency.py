@@ -8,21 +8,27 @@ patched `socket` module is how any module here tells that steps run as greenlets
   keeps only the hard time limit, and SIGALRM belongs to the whole process, not to one step;
 - the store is entered by at most a few greenlets at a time (`store_gate`): SQLite's busy wait is a C
   loop that would block every greenlet of the process while another one holds the write lock, and
-  hundreds of greenlets would otherwise queue inside SQLAlchemy's pool and time out there;
+  hundreds of greenlets would otherwise queue inside SQLAlchemy's pool and time out there. The
+  heartbeat goes ahead of them all: behind 500 steps in line it fell more than the fence behind, and
+  the process refused its own steps (openhub/workers.py);
 - kombu and redis-py functions bound before the patching ended are rebound (`repair_early_imports`).
 
 The last one is why `-P gevent` ran no step at all. While gevent patches `threading` it scans the
 existing locks, and `isinstance` on one of Celery's lazy proxies makes Celery's default app read its
-configuration: `celeryconfig.py`, hence openhub's broker transports and kombu, are imported before
-gevent has patched `time` and `select`. kombu keeps `from time import sleep` and `select.select` as
-module globals, so the worker's pidbox greenlet polled the broker with the real, blocking `sleep`
-(filesystem transport) or `select` (Redis) and the consumer greenlet never ran.
+configuration: Celery's app and `celeryconfig.py` are imported before gevent has patched `time` and
+`select`. `celeryconfig.py` imported openhub's broker transports then, and kombu's transports keep
+`from time import sleep` and `select.select` as module globals, so the worker's pidbox greenlet polled
+the broker with the real, blocking `sleep` (filesystem transport) or `select` (Redis) and the consumer
+greenlet never ran. `celeryconfig.py` now names the transports instead of importing them; what Celery's
+own app still takes early (kombu's retry `sleep`, its pools' `LifoQueue`, amqp's `Queue`) is rebound.
+A gevent pool in a process that was not patched at all refuses to start (tasks/pool.py).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -75,10 +81,45 @@ def step_time_limit(seconds: float, expired: type[BaseException], message: str) 
         yield
 
 
+class _Gate:
+    """At most `size` greenlets inside; the others wait in line, and one that comes `first` (the
+    heartbeat) waits ahead of every ordinary one. A slot freed is handed to the next in line at once."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.lines: tuple[deque, deque] = (deque(), deque())  # those first, then the others
+
+    def enter(self, first: bool) -> None:
+        if self.free and not (self.lines[0] or (not first and self.lines[1])):
+            self.free -= 1
+            return
+        from gevent.event import Event
+
+        turn = Event()
+        line = self.lines[0 if first else 1]
+        line.append(turn)
+        try:
+            turn.wait()
+        except BaseException:  # a timeout or kill while waiting: give back a slot it was handed
+            if turn.is_set():
+                self.leave()
+            else:
+                line.remove(turn)
+            raise
+
+    def leave(self) -> None:
+        line = self.lines[0] or self.lines[1]
+        if line:
+            line.popleft().set()
+        else:
+            self.free += 1
+
+
 @contextmanager
-def store_gate(url: str, size: int) -> Iterator[None]:
+def store_gate(url: str, size: int, first: bool = False) -> Iterator[None]:
     """Let at most `size` greenlets at a time into the store at `url` (a greenlet already inside enters
-    again at once: a nested transaction never waits for itself). Only for a process under gevent."""
+    again at once: a nested transaction never waits for itself); `first` waits ahead of the others.
+    Only for a process under gevent."""
     depth = getattr(_depth, "value", 0)
     if depth:
         _depth.value = depth + 1
@@ -89,12 +130,11 @@ def store_gate(url: str, size: int) -> Iterator[None]:
         return
     gate = _gates.get(url)
     if gate is None:
-        from gevent.lock import BoundedSemaphore
-
-        gate = _gates.setdefault(url, BoundedSemaphore(size))
-    with gate:
-        _depth.value = 1
-        try:
-            yield
-        finally:
-            _depth.value = 0
+        gate = _gates.setdefault(url, _Gate(size))
+    gate.enter(first)
+    _depth.value = 1
+    try:
+        yield
+    finally:
+        _depth.value = 0
+        gate.leave()

@@ -103,13 +103,14 @@ def insert_or_ignore(table: Table, pg: bool, **conflict: Any) -> Insert:
 
 
 @contextmanager
-def transaction(url: str | None = None) -> Iterator[Connection]:
+def transaction(url: str | None = None, *, first: bool = False) -> Iterator[Connection]:
     """One database transaction; a lost or refused connection, or a deadlock, becomes StoreUnavailable
-    (the transaction had no effect and may be tried again)."""
+    (the transaction had no effect and may be tried again). Under gevent, `first` goes ahead of the
+    greenlets waiting at the store's gate (a heartbeat)."""
     url = url or get_settings().database_url
     try:
         # Prefork and threads pass straight on: the gate is for greenlets only.
-        gate = store_gate(url, SQLITE_GATE if url.startswith("sqlite") else PG_POOL_SIZE + PG_MAX_OVERFLOW) \
+        gate = store_gate(url, SQLITE_GATE if url.startswith("sqlite") else PG_POOL_SIZE + PG_MAX_OVERFLOW, first) \
             if green() else nullcontext()
         with gate, get_engine(url).begin() as conn:
             yield conn

@@ -53,15 +53,19 @@ _TRANSIENT_STATUSES = {408, 429}
 
 
 def pooled_client() -> httpx.Client:
-    """The process's shared client: keep-alive connections are reused across steps and messages."""
+    """The process's shared client: keep-alive connections are reused across steps and messages.
+
+    Its connections are not capped: the worker pool's concurrency bounds the calls in flight, and a
+    cap below it (100 here once) held `-P gevent -c 500` to 100 calls, the others waiting for a
+    connection and timing out in that wait."""
     pid = os.getpid()
     client = _clients.get(pid)
     if client is None:
         with _clients_lock:
             client = _clients.get(pid)
             if client is None:
-                client = _clients[pid] = httpx.Client(limits=httpx.Limits(max_connections=100,
-                                                                          max_keepalive_connections=20))
+                client = _clients[pid] = httpx.Client(limits=httpx.Limits(max_connections=None,
+                                                                          max_keepalive_connections=100))
     return client
 
 

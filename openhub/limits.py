@@ -35,9 +35,11 @@ def paced(conn: Connection, system: str, rate: tuple[int, float], now: datetime)
         bucket = bucket.with_for_update()
     row = conn.execute(bucket).first()
     if row is None:
+        # RETURNING, not rowcount: with psycopg an INSERT's rowcount is -1 (true) whether it inserted
+        # or did nothing, and every step of a first burst took a token of a bucket that had `calls`.
         made = conn.execute(insert_or_ignore(system_rates, is_postgres(conn))
-                            .values(system=system, tokens=calls - 1, updated_at=now)).rowcount
-        if made:
+                            .values(system=system, tokens=calls - 1, updated_at=now).returning(R.system)).first()
+        if made is not None:
             return None
         row = conn.execute(bucket).one()
     # The bucket's clock only goes forward: a transaction that read `now` before another one's commit

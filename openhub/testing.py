@@ -54,6 +54,11 @@ class Call:
     headers: dict[str, str] = field(default_factory=dict)  # as received (names lower-cased): traceparent...
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # hundreds of calls may connect at once (a gevent worker's); the default is 5
+
+
 class ExternalSystem:
     """A threaded HTTP server on 127.0.0.1 that records every call and fails on demand."""
 
@@ -107,8 +112,7 @@ class ExternalSystem:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         threading.Thread(target=self._server.serve_forever, name="external-system", daemon=True).start()
         return self
 

@@ -125,7 +125,7 @@ def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = Fa
     """
     global _renewed, _gap_ended
     started = time.monotonic()
-    with transaction(url) as conn:
+    with transaction(url, first=True) as conn:  # under gevent, ahead of the steps waiting for the store
         if now is None:
             now = conn.execute(select(func.timezone("UTC", func.now()))).scalar_one() if is_postgres(conn) \
                 else utcnow()

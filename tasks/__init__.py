@@ -12,13 +12,14 @@ from celery.signals import after_setup_logger, after_setup_task_logger, worker_p
 from openhub import concurrency, logs, tracing
 from openhub.dispatch import celery_app
 
+from .pool import GeventPatched
 from .steps import register_step_tasks
 from .store_gate import StoreGate
 from . import poll  # noqa: F401 - registers openhub.poll and openhub.chain_failed
 from . import heartbeat  # noqa: F401 - worker liveness file
 
-# `-P gevent`: kombu was imported before gevent finished patching (openhub/concurrency.py); rebind
-# what it took unpatched before the worker polls the broker with it.
+# `-P gevent`: Celery's default app imported kombu before gevent finished patching (openhub/concurrency.py);
+# rebind what it took unpatched (time.sleep of connection retries, queue.LifoQueue of its pools).
 concurrency.repair_early_imports()
 
 app = celery_app()
@@ -27,6 +28,7 @@ register_step_tasks(app)
 # children inherit the instrumentation, and the SDK starts its export thread anew in each.
 tracing.setup("openhub-worker")
 app.steps["consumer"].add(StoreGate)  # no task taken while the message store is away
+app.steps["worker"].add(GeventPatched)  # -P gevent in a process gevent did not patch: refuse
 
 # httpx logs each request at INFO with its full URL, a webhook's or an external system's credentials
 # included (user:password@, ?token=): the hub's own lines say what was called, redacted.

@@ -17,6 +17,7 @@ from celery.contrib.pytest import celery_app, celery_worker  # noqa: F401 - shad
 
 from openhub.testing import ExternalSystem
 from tests.support import backends
+from tests.support.pools import POOL_OPTIONS
 from tests.support.workers import Worker
 
 BACKENDS = ["embedded", "redis-pg"]
@@ -59,12 +60,21 @@ def local_store_env(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def worker(backend: backends.Backend) -> Worker:
-    """A real Celery worker (with embedded beat) serving tests/support/routes.py on the backend."""
+def pool(request: pytest.FixtureRequest) -> str:
+    """The pool of the session's worker: prefork, unless a test is marked ON_EVERY_POOL (tests/support/pools.py)."""
+    return getattr(request, "param", None) or "prefork"
+
+
+@pytest.fixture(scope="session")
+def worker(backend: backends.Backend, pool: str) -> Iterator[Worker]:
+    """A real Celery worker (with its beat) on `pool` serving tests/support/routes.py on the backend;
+    the only one of the session on it (another pool's is stopped first, so it takes no task)."""
     backend.activate()
-    w = Worker(backend.env, backend.workdir).start()
+    w = Worker(backend.env, backend.workdir, **POOL_OPTIONS[pool]).start()
     backend.workers.append(w)
-    return w
+    yield w
+    w.stop()
+    backend.workers.remove(w)
 
 
 @pytest.fixture(params=["test", "fused"], ids=["chain", "fused"])

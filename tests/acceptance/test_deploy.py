@@ -47,6 +47,7 @@ PROCESS_TARGETS = {
     "release": ("migrate", ("Job", "openhub-migrate"), "openhub-migrate.service"),
     "ingress": ("ingress", ("Deployment", "openhub-ingress"), "openhub-ingress.service"),
     "worker": ("worker", ("Deployment", "openhub-worker"), "openhub-worker@.service"),
+    "worker-gevent": ("worker-gevent", ("Deployment", "openhub-worker-gevent"), "openhub-worker-gevent@.service"),
     "beat": ("beat", ("Deployment", "openhub-beat"), "openhub-beat.service"),
     "flower": ("flower", ("Deployment", "openhub-flower"), "openhub-flower.service"),
     "archive": ("archive", ("CronJob", "openhub-archive"), "openhub-archive.service"),
@@ -415,7 +416,7 @@ def test_deploy_kubernetes_resources_set_everywhere():
     containers = [(path.name, c) for path, doc in k8s_manifests()
                   if doc["kind"] in ("Deployment", "Job", "CronJob")
                   for c in pod_spec(doc)["containers"]]
-    assert len(containers) == 8  # 7 processes of the hub and the OpenTelemetry collector
+    assert len(containers) == 9  # 8 processes of the hub and the OpenTelemetry collector
     for where, container in containers:
         for bound in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
@@ -438,7 +439,7 @@ def every_container() -> list[tuple[str, dict, dict]]:
 def test_deploy_kubernetes_containers_drop_every_capability_and_run_as_non_root():
     """Issue 27: no container keeps Linux capabilities, can gain privileges or runs as root."""
     containers = every_container()
-    assert len(containers) == 9  # 7 processes, Flower's login check and the OpenTelemetry collector
+    assert len(containers) == 10  # 8 processes, Flower's login check and the OpenTelemetry collector
     for where, pod, container in containers:
         context = container.get("securityContext", {})
         assert context.get("capabilities", {}).get("drop") == ["ALL"], where

@@ -1,7 +1,10 @@
 """Faults on Redis + PostgreSQL: a worker SIGKILLed mid-step, the broker flushed mid-run.
 
 Both end with every message final, none lost, each step recorded OK once per message and each
-external effect applied once per idempotency key.
+external effect applied once per idempotency key. Each fault but the 35 s store outage is injected under both
+worker pools, prefork and gevent (tests/support/pools.py): the gevent pool heartbeats from a greenlet,
+times steps out per greenlet and queues its greenlets at the store's gate, all of which a fault must
+get past.
 """
 
 from __future__ import annotations
@@ -20,10 +23,17 @@ import openhub
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.checks import assert_each_step_ok_once
+from tests.support.pools import POOL_OPTIONS
 from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import Worker
 
 pytestmark = pytest.mark.chaos
+
+# Each fault on prefork in both modes, and on gevent in chain mode: what the gevent pool changes (a
+# greenlet heartbeat, per-greenlet step timeouts, the store gate) is the same for a fused task, and each
+# gevent case adds 10 to 25 s to the suite.
+ON_BOTH_POOLS = pytest.mark.parametrize("svc, pool", [("test", "prefork"), ("fused", "prefork"), ("test", "gevent")],
+                                        ids=["chain-prefork", "fused-prefork", "chain-gevent"])
 
 
 @contextmanager
@@ -90,35 +100,38 @@ def _assert_back_in_seconds(in_flight: list[int], killed_at: float) -> None:
     assert any(v.failed_count == 1 and "died" in (v.failed_error or "") for v in repaired), repaired
 
 
-def test_worker_killed_mid_step_is_repaired_in_seconds(svc, chaos, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_worker_killed_mid_step_is_repaired_in_seconds(svc, pool, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/kill"
-    first = Worker(backend.env, tmp_path / "w1", beat=True).start()
-    second = Worker(backend.env, tmp_path / "w2", beat=True).start()
+    first = Worker(backend.env, tmp_path / "w1", beat=True, **POOL_OPTIONS[pool]).start()
+    second = Worker(backend.env, tmp_path / "w2", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers += [first, second]
     ids, in_flight, killed_at = _killed_mid_step(svc, external, prefix, first)
     _assert_back_in_seconds(in_flight, killed_at)
     _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
 
 
-def test_worker_restarted_under_its_own_name_repairs_its_own_steps(svc, chaos, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_worker_restarted_under_its_own_name_repairs_its_own_steps(svc, pool, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/restart"
-    first = Worker(backend.env, tmp_path / "w", beat=True).start()
+    first = Worker(backend.env, tmp_path / "w", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers.append(first)
     ids, in_flight, _killed_at = _killed_mid_step(svc, external, prefix, first)
-    again = Worker(backend.env, tmp_path / "w", beat=True, name=first.name).start()
+    again = Worker(backend.env, tmp_path / "w", beat=True, name=first.name, **POOL_OPTIONS[pool]).start()
     backend.workers.append(again)
     _assert_back_in_seconds(in_flight, time.monotonic())  # counted from when the new worker is ready
     _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
 
 
-def test_a_slow_step_on_a_live_worker_is_never_repeated(svc, chaos, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_a_slow_step_on_a_live_worker_is_never_repeated(svc, pool, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/patient"
     external.delay(f"{prefix}/patient", 6.0)  # three times as long as a dead worker takes to be noticed
     for name in ("w1", "w2"):
-        w = Worker(backend.env, tmp_path / name, beat=True).start()
+        w = Worker(backend.env, tmp_path / name, beat=True, **POOL_OPTIONS[pool]).start()
         backend.workers.append(w)
     ids = _submit(f"{svc}.patient", prefix, 2)
     views = [wait_final(i, timeout=60) for i in ids]
@@ -126,11 +139,12 @@ def test_a_slow_step_on_a_live_worker_is_never_repeated(svc, chaos, tmp_path) ->
     assert external.count(f"{prefix}/patient") == 2  # each call made once: no repair ran it again
 
 
-def test_broker_flushed_mid_run(svc, chaos, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_broker_flushed_mid_run(svc, pool, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/flush"
     external.delay(f"{prefix}/b", 0.2)
-    worker = Worker(backend.env, tmp_path / "w", beat=True).start()
+    worker = Worker(backend.env, tmp_path / "w", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers.append(worker)
     ids = _submit(f"{svc}.flow", prefix, 30)
     wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
@@ -141,11 +155,12 @@ def test_broker_flushed_mid_run(svc, chaos, tmp_path) -> None:  # noqa: ANN001
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
 
 
-def test_postgres_restarted_mid_run(svc, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_postgres_restarted_mid_run(svc, pool, tmp_path) -> None:  # noqa: ANN001
     with _hub(tmp_path / "hub", own_postgres=True) as (backend, external, pg):
         prefix = "/pgrestart"
         external.delay(f"{prefix}/b", 0.2)
-        backend.workers.append(Worker(backend.env, tmp_path / "w", beat=True).start())
+        backend.workers.append(Worker(backend.env, tmp_path / "w", beat=True, **POOL_OPTIONS[pool]).start())
         ids = _submit(f"{svc}.flow", prefix, 20)
         wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
         pg.pg_ctl("restart")  # every connection of every process is cut
@@ -168,12 +183,13 @@ def test_postgres_away_for_longer_than_a_retry_budget(svc, tmp_path) -> None:  #
         assert external.count(f"{prefix}/b", status=200) == len(ids)  # no call made twice
 
 
-def test_two_beats_never_dispatch_twice(svc, chaos, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_two_beats_never_dispatch_twice(svc, pool, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
     prefix = "/twobeats"
     external.fail(f"{prefix}/b", times=20)  # every message fails once or more and is re-driven by a poller
     for name in ("w1", "w2"):
-        w = Worker(backend.env, tmp_path / name, beat=True).start()
+        w = Worker(backend.env, tmp_path / name, beat=True, **POOL_OPTIONS[pool]).start()
         backend.workers.append(w)
     ids = _submit(f"{svc}.flow", prefix, 20)
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
@@ -194,7 +210,8 @@ def test_two_beats_never_dispatch_twice(svc, chaos, tmp_path) -> None:  # noqa: 
 
 
 
-def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seconds(svc, tmp_path) -> None:  # noqa: ANN001
+@ON_BOTH_POOLS
+def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seconds(svc, pool, tmp_path) -> None:  # noqa: ANN001
     """A killed worker's delivery that never reached its step (so no lease names it) went back to the
     queue only after Redis's visibility timeout, an hour; the hub's lease grace (300 s) was first."""
     from openhub import dispatch
@@ -203,7 +220,7 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
     from openhub.registry import get_registry
 
     with _hub(tmp_path, OPENHUB_LEASE_GRACE="300") as (backend, external, _pg):
-        first = Worker(backend.env, tmp_path / "w1", beat=False).start()
+        first = Worker(backend.env, tmp_path / "w1", beat=False, **POOL_OPTIONS[pool]).start()
         backend.workers.append(first)
         row = prepare(f"{svc}.flow", {"prefix": "/orphan"}, source_system="CRM",
                       correlation_id=f"orphan-{uuid.uuid4().hex}")
@@ -216,7 +233,7 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
         wait_for(lambda: backend.redis.client().hlen("unacked.owners") == 1, 30, "the worker to take the task")
         first.kill()
         killed_at = time.monotonic()
-        backend.workers.append(Worker(backend.env, tmp_path / "w2", beat=True).start())
+        backend.workers.append(Worker(backend.env, tmp_path / "w2", beat=True, **POOL_OPTIONS[pool]).start())
         done = wait_final(message_id, timeout=60)
         assert done.state == "OK" and done.failed_count == 0
         assert time.monotonic() - killed_at < 60

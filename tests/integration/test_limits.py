@@ -105,3 +105,34 @@ def test_a_transaction_that_read_the_clock_earlier_never_winds_the_bucket_back(h
     with transaction() as conn:
         due = limits.paced(conn, "wound", rate, start + timedelta(seconds=32))
     assert due is not None and due >= start + timedelta(seconds=59), due
+
+
+def test_a_first_burst_on_postgresql_takes_no_more_tokens_than_the_bucket_holds(local_store: str) -> None:
+    """Three steps meet a paced system (2 calls a second) whose bucket does not exist yet: the first
+    makes it and holds it uncommitted while the other two find none and wait on its row. With
+    psycopg an INSERT's rowcount is -1 whether it inserted or not, and all three took a token."""
+    import threading
+
+    from openhub.limits import paced
+
+    system = f"burst-{utcnow().timestamp()}"
+    answers: list[object] = []
+    with transaction(local_store) as first:
+        assert paced(first, system, (2, 1.0), utcnow()) is None
+
+        def other() -> None:
+            with transaction(local_store) as conn:
+                answers.append(paced(conn, system, (2, 1.0), utcnow()))
+
+        others = [threading.Thread(target=other) for _ in range(2)]
+        for t in others:
+            t.start()
+        with transaction(local_store) as probe:  # both wait on the first one's uncommitted row
+            waiting = lambda: probe.exec_driver_sql(  # noqa: E731
+                "SELECT count(*) FROM pg_locks WHERE NOT granted").scalar_one() >= 2
+            deadline = utcnow() + timedelta(seconds=20)
+            while not waiting() and utcnow() < deadline:
+                threading.Event().wait(0.02)  # polling interval of the wait
+    for t in others:
+        t.join(20)
+    assert sorted(a is None for a in answers) == [False, True], answers  # one token left for two steps

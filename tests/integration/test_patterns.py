@@ -1,5 +1,9 @@
 """Orchestration patterns with real workers on both backends: splitter, confirmations, async
-responses, holdback and pause, funnels and guaranteed order; each once-only."""
+responses, holdback and pause, funnels and guaranteed order; each once-only.
+
+The patterns where many steps of one worker meet (a system's limits and breaker, funnels, guaranteed
+order, entity scope, confirmations, a message delivered twice, children on two workers) run on the
+gevent pool as well (ON_EVERY_POOL), where they meet as greenlets of one process."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import openhub
 from openhub.db import transaction
 from openhub.schema import messages, transitions
 from tests.support.checks import assert_each_step_ok_once
+from tests.support.pools import ON_EVERY_POOL, POOL_OPTIONS
 from tests.support.waiting import wait_final, wait_for, wait_state
 from tests.support.workers import Worker
 
@@ -30,11 +35,16 @@ def count_events(message_id: int, event: str) -> int:
                                                        transitions.c.event == event)).scalar()
 
 
+@ON_EVERY_POOL
 def test_an_outage_opens_the_systems_breaker_and_no_message_fails(svc, prefix, external) -> None:
     # OPENHUB_BREAKER_FAILURES=3: three failures open the breaker for 2 s; a success closes it. Four
     # failures in all: one message has at most three of them (max_fails=3 fails it at the fourth).
+    # The outage meets four messages first, however many calls the pool runs at once: under gevent all
+    # six would call together, and the two calls past the outage would close the breaker at once.
     external.fail(f"{prefix}/bill", times=4)
-    ids = [submit(f"{svc}.billed", prefix).id for _ in range(6)]
+    ids = [submit(f"{svc}.billed", prefix).id for _ in range(4)]
+    wait_for(lambda: _breaker_open(f"{svc}-billing"), 30, "the outage to open the breaker")
+    ids += [submit(f"{svc}.billed", prefix).id for _ in range(2)]
     assert [wait_final(i).state for i in ids] == ["OK"] * 6
     assert external.count(f"{prefix}/bill", status=200) == 6  # each once, after the outage
     with transaction() as conn:
@@ -43,6 +53,15 @@ def test_an_outage_opens_the_systems_breaker_and_no_message_fails(svc, prefix, e
     assert waited >= 1  # retries due while the breaker was open waited for it, no failure counted
 
 
+def _breaker_open(system: str) -> bool:
+    from openhub.breaker import open_breakers
+    from openhub.db import utcnow
+
+    with transaction() as conn:
+        return any(b["system"] == system for b in open_breakers(conn, utcnow()))
+
+
+@ON_EVERY_POOL
 def test_a_system_limited_to_one_call_never_has_two_in_flight(svc, prefix, external) -> None:
     external.delay(f"{prefix}/post", 0.3)  # long enough for the worker's two processes to meet
     ids = [submit(f"{svc}.limited", prefix).id for _ in range(4)]
@@ -53,6 +72,7 @@ def test_a_system_limited_to_one_call_never_has_two_in_flight(svc, prefix, exter
     assert max(openhub.get_message(i).failed_count for i in ids) == 0
 
 
+@ON_EVERY_POOL
 def test_a_system_paced_at_two_calls_a_second_is_never_called_faster(svc, prefix, external) -> None:
     ids = [submit(f"{svc}.paced", prefix).id for _ in range(6)]
     assert [wait_final(i).state for i in ids] == ["OK"] * 6
@@ -69,9 +89,9 @@ def test_a_system_paced_at_two_calls_a_second_is_never_called_faster(svc, prefix
 
 
 @pytest.fixture
-def second_worker(hub, tmp_path):  # noqa: ANN001, ANN201
-    """Another worker on the same backend, so children and funnel members run side by side."""
-    w = Worker(hub.env, tmp_path, beat=False).start()
+def second_worker(hub, pool, tmp_path):  # noqa: ANN001, ANN201
+    """Another worker on the same backend and pool, so children and funnel members run side by side."""
+    w = Worker(hub.env, tmp_path, beat=False, **POOL_OPTIONS[pool]).start()
     yield w
     w.stop()
 
@@ -122,6 +142,7 @@ def test_nested_splits_propagate_up(svc, prefix, external) -> None:
     assert external.effects(f"{prefix}/line") == 3 and external.effects(f"{prefix}/after") == 2
 
 
+@ON_EVERY_POOL
 def test_many_children_on_two_workers_finalise_the_parent_once(svc, prefix, external, second_worker) -> None:
     parent = submit(f"{svc}.order", prefix, lines=[{"sku": n} for n in range(40)])
     assert wait_final(parent.id, timeout=120).state == "OK"
@@ -146,6 +167,7 @@ def test_split_delivered_twice_creates_children_once(svc, prefix, external) -> N
     assert external.effects(f"{prefix}/line") == 2 and external.effects(f"{prefix}/after") == 1
 
 
+@ON_EVERY_POOL
 def test_confirmation_retried_then_sent_once(svc, prefix, external) -> None:
     external.fail(f"{prefix}/confirm", times=2)
     m = submit(f"{svc}.flow", prefix, source="CONFIRMED")
@@ -167,6 +189,7 @@ def test_confirmation_parked_after_max_fails(svc, prefix, external) -> None:
     assert external.count(f"{prefix}/confirm") == 3
 
 
+@ON_EVERY_POOL
 def test_cancel_is_confirmed(svc, prefix, external) -> None:
     m = submit(f"{svc}.wait", prefix, source="CONFIRMED", wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
@@ -175,6 +198,7 @@ def test_cancel_is_confirmed(svc, prefix, external) -> None:
     assert [c.body["state"] for c in external.calls if c.path == f"{prefix}/confirm"] == ["CANCEL"]
 
 
+@ON_EVERY_POOL
 def test_async_response_resumes_the_route(svc, prefix, external) -> None:
     m = submit(f"{svc}.wait", prefix, wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
@@ -224,6 +248,7 @@ def test_pause_by_hand(svc, prefix, external) -> None:
         openhub.pause("nope.route")
 
 
+@ON_EVERY_POOL
 def test_funnel_runs_one_message_at_a_time(svc, prefix, external, second_worker) -> None:
     group = uuid.uuid4().hex
     external.delay(f"{prefix}/ordered", 0.2)
@@ -236,6 +261,7 @@ def test_funnel_runs_one_message_at_a_time(svc, prefix, external, second_worker)
     assert external.effects(f"{prefix}/ordered") == 6
 
 
+@ON_EVERY_POOL
 def test_guaranteed_order_follows_msg_timestamp(svc, prefix, external) -> None:
     group = uuid.uuid4().hex
     t0 = datetime.now(timezone.utc)
@@ -247,6 +273,7 @@ def test_guaranteed_order_follows_msg_timestamp(svc, prefix, external) -> None:
     assert [c.body["seq"] for c in external.calls if c.path == f"{prefix}/ordered"] == [1, 2, 3]
 
 
+@ON_EVERY_POOL
 def test_failed_message_blocks_its_ordered_funnel_until_the_limit(svc, prefix, external) -> None:
     group = uuid.uuid4().hex
     t0 = datetime.now(timezone.utc)
@@ -284,6 +311,7 @@ ONCE_ONLY = [
 ]
 
 
+@ON_EVERY_POOL
 @pytest.mark.parametrize("route, payload, paths", ONCE_ONLY, ids=[r[0] for r in ONCE_ONLY])
 def test_a_message_delivered_twice_has_one_effect(svc, route, payload, paths, prefix, external) -> None:  # noqa: ANN001
     from openhub import dispatch
@@ -347,6 +375,7 @@ def test_a_response_faster_than_its_step_is_kept(svc, prefix, external) -> None:
     assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
 
 
+@ON_EVERY_POOL
 def test_another_systems_later_dated_version_does_not_make_an_entity_update_obsolete(svc, prefix, external) -> None:
     entity = f"shared-{prefix}"
     ahead = datetime.now(timezone.utc) + timedelta(seconds=60)  # within OPENHUB_MAX_CLOCK_SKEW

@@ -13,6 +13,7 @@ import httpx
 
 from openhub import (Child, Holdback, Outcome, Postpone, Reject, RetryPolicy, Route, Split, StepContext,
                      confirmation, step)
+from openhub.http import HttpCall
 
 
 
@@ -91,6 +92,15 @@ def patient(ctx: StepContext) -> None:
     call(ctx, "patient")
 
 
+pooled_call = HttpCall(timeout=30)
+
+
+@step(timeout=timedelta(seconds=30))
+def pooled(ctx: StepContext) -> None:
+    """The patient call through HttpCall, on the process's shared connection pool."""
+    pooled_call.post(ctx, f"{external_url()}{ctx.payload['prefix']}/pooled", json=ctx.payload)
+
+
 @step
 def wait_answer(ctx: StepContext) -> None:
     """Send a request and park until the answer is posted back."""
@@ -161,6 +171,7 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
         route("fragile", [step_a, fragile]),
         route("slow", [step_a, slow, step_c]),
         route("patient", [patient]),
+        route("pooled", [pooled]),
         # CRM (or CONFIRMED) asks, SHOP answers (the third party): issue 27's sources and responders
         route("wait", [wait_answer, use_answer], sources=["CRM", "CONFIRMED"], responders=["SHOP"]),
         route("order", [step_a, Split(lines, route=f"{service}.line"), after_lines]),

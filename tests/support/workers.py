@@ -22,32 +22,43 @@ class _CeleryProcess:
     workdir: Path
     process: subprocess.Popen | None = None
 
+    companion: "_CeleryProcess | None" = None  # a process killed and stopped with this one (a gevent worker's beat)
+
     def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
+    def _groups(self) -> list[subprocess.Popen]:
+        """The processes whose groups (sessions) are this one: its own, and its companion's."""
+        both = [self.process, self.companion.process if self.companion else None]
+        return [p for p in both if p is not None and p.poll() is None]
+
+    def _signal(self, signum: int, timeout: float) -> None:
+        alive = self._groups()
+        for proc in alive:
+            os.killpg(proc.pid, signum)
+        for proc in alive:
+            proc.wait(timeout=timeout)
+
     def kill(self) -> None:
-        """SIGKILL the whole process group (main process and pool) at once, as a crashed machine would."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        """SIGKILL the whole process group (main process and pool; and its companion's) at once, as a
+        crashed machine would."""
+        self._signal(signal.SIGKILL, timeout=10)
 
     def stop(self, timeout: float = 30) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL if it does not exit in time."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            self.process.wait(timeout=timeout)
+            self._signal(signal.SIGTERM, timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
 
 
 class Worker(_CeleryProcess):
-    """One `celery -A tasks worker` process (optionally with an embedded beat; `pool` as -P names it,
-    where gevent takes no embedded beat)."""
+    """One `celery -A tasks worker` process (optionally with a beat; `pool` as -P names it). gevent
+    takes no embedded beat (-B): its beat is a standalone `celery beat` started, stopped and killed with
+    the worker, as an embedded one would be."""
 
     def __init__(self, env: dict[str, str], workdir: Path, *, beat: bool = True, concurrency: int = 2,
                  name: str | None = None, queues: str | None = None, pool: str | None = None) -> None:
@@ -60,7 +71,9 @@ class Worker(_CeleryProcess):
         self.args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel", "INFO",
                      "--concurrency", str(concurrency), "--hostname", f"{self.name}@%h", "--without-gossip",
                      "--without-mingle"]
-        if beat:
+        if beat and pool == "gevent":
+            self.companion = Beat(env, workdir)
+        elif beat:
             self.args += ["-B", "--schedule", str(workdir / f"{self.name}-beat-schedule")]
         if queues:
             self.args += ["-Q", queues]
@@ -73,6 +86,8 @@ class Worker(_CeleryProcess):
         self.heartbeat.unlink(missing_ok=True)
         self._launch()
         assert self.process is not None
+        if self.companion is not None:
+            self.companion._launch()
         deadline = time.monotonic() + timeout
         while not self.heartbeat.exists():
             if self.process.poll() is not None:
