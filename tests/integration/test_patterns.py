@@ -205,10 +205,12 @@ def test_async_response_resumes_the_route(svc, prefix, external) -> None:
     with pytest.raises(openhub.StateConflict):
         openhub.restart(m.id)
     openhub.respond(m.id, {"answer": 42})
-    with pytest.raises(openhub.StateConflict, match="not waiting for a response"):
-        openhub.respond(m.id, {"answer": 43})
     done = wait_final(m.id)
     assert done.state == "OK" and done.custom_data["answer"] == {"answer": 42}
+    # Asked again once the route is over. (Between the resume and the end, a second answer would be
+    # kept as an early response for a next wait, by design: that is a race, not this test's subject.)
+    with pytest.raises(openhub.StateConflict, match="not waiting for a response"):
+        openhub.respond(m.id, {"answer": 43})
     assert external.count(f"{prefix}/request") == 1 and external.count(f"{prefix}/answered") == 1
 
 
