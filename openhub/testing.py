@@ -51,6 +51,7 @@ class Call:
     started: float
     ended: float
     replay: bool
+    peer: str | None = None  # the caller's address (which host, where the test made several)
 
 
 class ExternalSystem:
@@ -85,7 +86,7 @@ class ExternalSystem:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 status, answer = system._handle(self.path, self.headers.get("Idempotency-Key"),
-                                                self.headers.get("X-Funnel"), body)
+                                                self.headers.get("X-Funnel"), body, self.client_address[0])
                 data = json.dumps(answer).encode()
                 self._answer(status, data)
 
@@ -162,7 +163,8 @@ class ExternalSystem:
             return out
 
     # --- the server's side -------------------------------------------------------------------
-    def _handle(self, path: str, key: str | None, funnel: str | None, body: Any) -> tuple[int, Any]:
+    def _handle(self, path: str, key: str | None, funnel: str | None, body: Any,
+                peer: str | None = None) -> tuple[int, Any]:
         started = time.monotonic()
         with self._lock:
             self.started_events[path].set()
@@ -190,7 +192,7 @@ class ExternalSystem:
                     else:
                         answer = {"id": f"{path.strip('/').replace('/', '-')}-{len(self._applied) + 1}"}
                         self._applied[(path, key or f"anonymous-{len(self.calls)}")] = answer
-                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay))
+                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay, peer))
                 return status, answer
         finally:
             with self._lock:
