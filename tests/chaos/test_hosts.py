@@ -19,8 +19,9 @@ WHY_NOT = hosts.available()
 def test_every_fault_kind_once_keeps_the_promise(tmp_path) -> None:  # noqa: ANN001
     # Each kind of fault once, in this order, on hosts chosen by the seed; about three minutes.
     order = ["stall", "cut_pg", "skew", "cut_both", "kill", "cut_redis", "lossy_link", "slow_link"]
-    report, facts = hosts.chaos_run(tmp_path, seed=22, seconds=150, order=order, settle=180)
-    assert {f["kind"] for f in facts["faults"]} >= set(order), facts
-    assert report.ok, json.dumps({"summary": report.summary(), "details": report.details(), "facts": facts},
-                                 indent=1)
+    report, facts = hosts.chaos_run(tmp_path, seed=22, seconds=150, order=order, settle=180, longest=12,
+                                    calm=(2.0, 5.0))
+    found = json.dumps({"summary": report.summary(), "details": report.details(), "facts": facts}, indent=1)
+    assert {f["kind"] for f in facts["faults"]} >= set(order), found
+    assert report.ok, found
     assert report.states == {"OK": report.messages}, report.states

@@ -467,7 +467,8 @@ def _states(ids: list[int]) -> dict[int, str]:
 
 def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order: list[str] | None = None,
               kinds: list[str] | None = None, hosts: int = 3, settle: float = 240.0,
-              extra: dict[str, str] | None = None) -> tuple[Any, dict[str, Any]]:
+              extra: dict[str, str] | None = None, longest: float = 30.0,
+              calm: tuple[float, float] = (3.0, 10.0)) -> tuple[Any, dict[str, Any]]:
     """Submit traffic for `seconds` while faults are injected from `seed`, wait up to `settle` s for
     every message to be final and confirmed, and check the external system's log; returns the
     checker's report and what happened (faults, submissions, timings)."""
@@ -478,7 +479,7 @@ def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order
     with rig(workdir, hosts, extra=extra) as the_rig:
         origin = time.monotonic()
         traffic = Traffic(the_rig, rate, seed)
-        driver = FaultDriver(the_rig, seed, kinds=kinds)
+        driver = FaultDriver(the_rig, seed, kinds=kinds, longest=longest, calm=calm)
         stop = threading.Event()
         sender = threading.Thread(target=traffic.run, args=(stop,), name="traffic", daemon=True)
         sender.start()
@@ -511,4 +512,6 @@ def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order
         facts = {"seed": seed, "seconds": round(faults_done - origin, 1), "settled_after": round(settled_after, 1),
                  "submitted": len(ids), "refused_batches": traffic.refused, "netem": the_rig.netem,
                  "faults": [f.as_dict(origin) for f in driver.log]}
+        (workdir / "report.json").write_text(json.dumps({"summary": report.summary(), "facts": facts,
+                                                         "details": report.details(200)}, indent=1))
         return report, facts

@@ -32,6 +32,7 @@ def _offset() -> float:
 
 
 class _SkewedDatetime(_dt.datetime):
+    __slots__ = ()  # the size of a datetime, as compiled modules that import the type check
     @classmethod
     def now(cls, tz=None):  # noqa: ANN001, ANN206
         return super().now(tz) + _dt.timedelta(seconds=_offset())
