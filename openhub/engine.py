@@ -13,7 +13,6 @@ import logging
 import re
 import time
 import traceback
-import uuid
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -215,9 +214,7 @@ def _carry(route: Route, index: int, end: int, message_id: int, token: str, ente
 
 
 def _new_run(runs: ExitStack) -> str:
-    run_id = str(uuid.uuid4())
-    runs.enter_context(running(run_id))  # listed before its lease is taken
-    return run_id
+    return runs.enter_context(running())  # listed before its lease is taken
 
 
 def _outcome(route: Route, index: int, entered: Entered, clock: Callable[[], datetime],
