@@ -25,3 +25,33 @@ def test_a_poller_tick_while_a_skewed_worker_calls_repairs_nothing(skew: int) ->
         assert repaired == [0]
         assert routes.calls("first") == 1
         assert hub.get(view.id).failed_count == 0
+
+
+def test_a_confirmation_sent_by_a_sender_whose_clock_is_behind_is_not_sent_again(tmp_path) -> None:  # noqa: ANN001
+    # Found by bench/hosts_soak.py: a confirmation's sending lease was written on the sender's clock;
+    # 90 s behind, it was over at once for another sender, which sent the confirmation again meanwhile.
+    import threading
+    from datetime import timedelta
+
+    import openhub
+    from openhub.confirm import queue_confirmation, send_confirmations
+    from openhub.db import transaction, utcnow
+    from openhub.testing import ExternalSystem
+    from tests.support import backends
+    from tests.support.waiting import wait_for
+
+    external = ExternalSystem().start()
+    try:
+        with backends.backend("redis-pg", tmp_path, {"OPENHUB_TEST_EXTERNAL_URL": external.url}):
+            external.delay("/cs/confirm", 2.0)
+            view = openhub.submit("test.flow", {"prefix": "/cs"}, source_system="CONFIRMED", correlation_id="cs-1")
+            with transaction() as conn:
+                queue_confirmation(conn, view.id, "OK", utcnow() - timedelta(seconds=120))  # due for both
+            behind = threading.Thread(target=send_confirmations, args=(view.id, utcnow() - timedelta(seconds=90)))
+            behind.start()
+            wait_for(lambda: external.started_events["/cs/confirm"].is_set(), 30, "the first sender's call")
+            send_confirmations(view.id)  # another sender, on the right clock, while the first one sends
+            behind.join(timeout=30)
+            assert external.count("/cs/confirm") == 1
+    finally:
+        external.stop()
