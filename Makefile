@@ -15,10 +15,11 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # Debian packages the tests use: JDBC drivers for Spark, promtool for the alert rules,
-# Chromium for the admin page's browser test. Skipped when already there.
+# Chromium for the admin page's browser test, nftables for the multi-host rig's partitions. Skipped when
+# already there.
 system-deps:
 	@missing=""; \
-	for p in libpostgresql-jdbc-java libxerial-sqlite-jdbc-java prometheus chromium; do \
+	for p in libpostgresql-jdbc-java libxerial-sqlite-jdbc-java prometheus chromium nftables iproute2; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-import uuid
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -132,9 +131,7 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
 
 
 def _new_run(runs: ExitStack) -> str:
-    run_id = str(uuid.uuid4())
-    runs.enter_context(running(run_id))  # listed before its lease is taken
-    return run_id
+    return runs.enter_context(running())  # listed before its lease is taken
 
 
 # --- the step itself, outside any transaction ------------------------------------------------------------

@@ -52,6 +52,7 @@ class Call:
     ended: float
     replay: bool
     headers: dict[str, str] = field(default_factory=dict)  # as received (names lower-cased): traceparent...
+    peer: str | None = None  # the caller's address (which host, where the test made several)
 
 
 class _Server(ThreadingHTTPServer):
@@ -92,7 +93,8 @@ class ExternalSystem:
                     body = raw.decode(errors="replace")
                 status, answer = system._handle(self.path, self.headers.get("Idempotency-Key"),
                                                 self.headers.get("X-Funnel"), body,
-                                                {k.lower(): v for k, v in self.headers.items()})
+                                                {k.lower(): v for k, v in self.headers.items()},
+                                                self.client_address[0])
                 data = json.dumps(answer).encode()
                 self._answer(status, data)
 
@@ -169,7 +171,7 @@ class ExternalSystem:
 
     # --- the server's side -------------------------------------------------------------------
     def _handle(self, path: str, key: str | None, funnel: str | None, body: Any,
-                headers: dict[str, str] | None = None) -> tuple[int, Any]:
+                headers: dict[str, str] | None = None, peer: str | None = None) -> tuple[int, Any]:
         started = time.monotonic()
         with self._lock:
             self.started_events[path].set()
@@ -197,7 +199,7 @@ class ExternalSystem:
                     else:
                         answer = {"id": f"{path.strip('/').replace('/', '-')}-{len(self._applied) + 1}"}
                         self._applied[(path, key or f"anonymous-{len(self.calls)}")] = answer
-                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay, headers or {}))
+                self.calls.append(Call(path, key, body, status, started, time.monotonic(), replay, headers or {}, peer))
                 return status, answer
         finally:
             with self._lock:

@@ -48,6 +48,8 @@ _current: tuple[int, str] | None = None  # (pid, worker id) of this process
 _beating: int | None = None  # pid whose heartbeat thread runs
 _heart: tuple[threading.Thread, threading.Event] | None = None  # that thread, and what stops it
 _runs: set[str] = set()  # the step runs in flight in this process
+_started = 0  # how many step runs this process started: a run's id begins with its number
+_runs_lock = threading.Lock()  # a heartbeat reads `_started` and `_runs` as of one moment
 FENCE = 0.75  # of OPENHUB_WORKER_DEAD_AFTER: a heartbeat this old stops this process's step calls
 _renewed: float | None = None  # monotonic time just before this process's last heartbeat that was written
 _gap_ended = float("-inf")  # monotonic time its heartbeat was last written after a gap longer than the fence
@@ -55,13 +57,24 @@ _store_away = False  # this process's last heartbeat failed: the store could not
 
 
 @contextmanager
-def running(run_id: str) -> Iterator[None]:
-    """Keep `run_id` listed in this process's heartbeat while the block runs (from before its lease
-    is taken until its outcome is recorded, or its task crashed)."""
+def running() -> Iterator[str]:
+    """A new step run's id, listed in this process's heartbeat while the block runs (from before its
+    lease is taken until its outcome is recorded, or its task crashed).
+
+    The id begins with the run's number in this process (`<n>.<random>`), and each heartbeat says up
+    to which number it has seen (`#<n>` in its runs), so the poller tells a run begun after the last
+    heartbeat from one that heartbeat left out (its task crashed) without comparing the lease's time,
+    written by the worker's clock, with the heartbeat's, the database's: a worker whose clock is
+    behind would otherwise see its new runs repaired while they call.
+    """
+    global _started
     current_id()
-    _runs.add(run_id)
+    with _runs_lock:
+        _started += 1
+        run_id = f"{_started}.{uuid.uuid4().hex[:24]}"
+        _runs.add(run_id)
     try:
-        yield
+        yield run_id
     finally:
         _runs.discard(run_id)
 
@@ -129,7 +142,8 @@ def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = Fa
         if now is None:
             now = conn.execute(select(func.timezone("UTC", func.now()))).scalar_one() if is_postgres(conn) \
                 else utcnow()
-        runs = ",".join(sorted(_runs))  # taken after `now`: a run leased after `now` is not missing from it
+        with _runs_lock:  # taken after `now`: a run leased after `now` is not missing from it
+            runs = ",".join([f"#{_started}", *sorted(_runs)])
         values: dict[str, Any] = {"last_seen": now, "runs": runs}
         if broken:
             values["up_since"] = now
@@ -213,14 +227,20 @@ class Liveness:
     def run_in_flight(self, worker: str | None, step_run: str | None, leased_at: datetime) -> bool | None:
         """Whether a step run leased at `leased_at` by `worker` is still running (None: cannot tell).
 
-        A live process that heartbeated after the lease was taken lists the run if it still runs it.
+        A live process whose heartbeat came after the run began lists the run if it still runs it.
         """
         if step_run is None or worker in self.dead:
             return False
         row = self.alive.get(worker or "")
         if row is None:
             return None
-        return step_run in (row.runs or "").split(",") or row.last_seen <= leased_at
+        runs = (row.runs or "").split(",")
+        if step_run in runs:
+            return True
+        seen, number = runs[0][1:] if runs[0].startswith("#") else "", step_run.partition(".")[0]
+        if seen.isdigit() and number.isdigit():  # both numbered: no clock is compared
+            return int(number) > int(seen)
+        return row.last_seen <= leased_at
 
 
 def liveness(conn: Connection) -> Liveness:

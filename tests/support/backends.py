@@ -59,11 +59,13 @@ class RedisServer:
     workdir: Path
 
     @classmethod
-    def start(cls, workdir: Path, port: int | None = None) -> "RedisServer":
-        """Start it and wait until it answers PING."""
+    def start(cls, workdir: Path, port: int | None = None, also_on: str | None = None) -> "RedisServer":
+        """Start it and wait until it answers PING; `also_on`: an address of a link the test made
+        (tests/support/hosts.py), listened on too."""
         port = port or free_port()
         workdir.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        bind = ["--bind", "127.0.0.1", also_on, "--protected-mode", "no"] if also_on else ["--bind", "127.0.0.1"]
+        proc = subprocess.Popen(["redis-server", "--port", str(port), *bind, "--save", "",
                                  "--appendonly", "no", "--dir", str(workdir)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         server = cls(port, proc, workdir)
@@ -106,6 +108,7 @@ class PostgresServer:
 
     port: int
     datadir: Path
+    also_on: str | None = None  # an address of a link the test made, listened on too (tests/support/hosts.py)
 
     @staticmethod
     def _bin(name: str) -> str:
@@ -119,20 +122,25 @@ class PostgresServer:
         subprocess.run(prefix + args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     @classmethod
-    def start(cls) -> "PostgresServer":
-        """initdb a cluster in a fresh folder the postgres user can reach, and start it."""
+    def start(cls, also_on: str | None = None, clients: str | None = None) -> "PostgresServer":
+        """initdb a cluster in a fresh folder the postgres user can reach, and start it; `also_on`: an
+        address it listens on besides 127.0.0.1, `clients`: the network (CIDR) trusted there."""
         workdir = Path(tempfile.mkdtemp(prefix="openhub-pg-"))
         datadir = workdir / "pgdata"
         if os.geteuid() == 0:
             shutil.chown(workdir, "postgres")
         cls._as_postgres([cls._bin("initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
-        server = cls(free_port(), datadir)
+        if clients:
+            with open(datadir / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {clients} trust\n")
+        server = cls(free_port(), datadir, also_on)
         server.pg_ctl("start")
         return server
 
     def pg_ctl(self, action: str) -> None:
         """start, stop or restart (fast: every client is disconnected) and wait."""
-        options = f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        listen = f"127.0.0.1,{self.also_on}" if self.also_on else "127.0.0.1"
+        options = f"-p {self.port} -k {self.datadir} -c listen_addresses={listen} -c fsync=off -c max_connections=300"
         self._as_postgres([self._bin("pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "-t", "60",
                            "-o", options, "-l", str(self.datadir / "server.log"), action])
 

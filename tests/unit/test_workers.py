@@ -47,3 +47,15 @@ def test_a_live_worker_vouches_only_for_the_runs_it_lists() -> None:
     assert live.run_in_flight("d", "r1", leased) is False
     assert live.run_in_flight("unknown", "r1", leased) is None
     assert live.run_in_flight("w", None, leased) is False
+
+
+def test_a_run_begun_after_the_last_heartbeat_is_in_flight_whatever_the_workers_clock() -> None:
+    # Issue 22, found by the multi-host rig: the worker's clock is 90 s behind the database's, so its
+    # lease time (its clock) lies before a heartbeat (the database's) that was written before the run
+    # began. The heartbeat says up to which run it has seen (#7): run 8 is new, not crashed.
+    live = Liveness({"w": _w("w", 0, 30, runs="#7,6.ab,7.cd")}, dead=set())
+    behind = T0 + timedelta(seconds=31 - 90)
+    assert live.run_in_flight("w", "8.ef", behind) is True
+    assert live.run_in_flight("w", "7.cd", behind) is True
+    assert live.run_in_flight("w", "5.aa", behind) is False  # seen by the heartbeat and left out: crashed
+    assert live.run_in_flight("w", "5.aa", T0 + timedelta(seconds=40)) is False  # whatever its clock says

@@ -1,0 +1,57 @@
+"""A worker whose wall clock is off (issue 22, found by the multi-host rig of tests/support/hosts.py).
+
+The lease's time is written by the worker's clock, the heartbeat's by the database's (on SQLite, the
+host's). A worker 90 s behind seemed to have left a run begun since its last heartbeat out of it (its
+task crashed), and a poller tick in between repaired the run while its step called: the call was made
+again. LocalHub runs the step with its clock 90 s behind; the step's hook is the poller's tick.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from openhub.poller import tick
+from tests.support import promise_routes as routes
+
+
+@pytest.mark.parametrize("skew", [-90, 90])
+def test_a_poller_tick_while_a_skewed_worker_calls_repairs_nothing(skew: int) -> None:
+    with routes.local_hub() as hub:
+        repaired = []
+        routes.HOOKS["first"] = lambda ctx: repaired.append(tick().repaired)  # mid-call, on the right clock
+        view = hub.submit("p.flow", {})
+        hub.run(seconds=skew)
+        hub.run(seconds=skew)  # a repair would have re-driven the message: run what it published
+        assert repaired == [0]
+        assert routes.calls("first") == 1
+        assert hub.get(view.id).failed_count == 0
+
+
+def test_a_confirmation_sent_by_a_sender_whose_clock_is_behind_is_not_sent_again(tmp_path) -> None:  # noqa: ANN001
+    # Found by bench/hosts_soak.py: a confirmation's sending lease was written on the sender's clock;
+    # 90 s behind, it was over at once for another sender, which sent the confirmation again meanwhile.
+    import threading
+    from datetime import timedelta
+
+    import openhub
+    from openhub.confirm import queue_confirmation, send_confirmations
+    from openhub.db import transaction, utcnow
+    from openhub.testing import ExternalSystem
+    from tests.support import backends
+    from tests.support.waiting import wait_for
+
+    external = ExternalSystem().start()
+    try:
+        with backends.backend("redis-pg", tmp_path, {"OPENHUB_TEST_EXTERNAL_URL": external.url}):
+            external.delay("/cs/confirm", 2.0)
+            view = openhub.submit("test.flow", {"prefix": "/cs"}, source_system="CONFIRMED", correlation_id="cs-1")
+            with transaction() as conn:
+                queue_confirmation(conn, view.id, "OK", utcnow() - timedelta(seconds=120))  # due for both
+            behind = threading.Thread(target=send_confirmations, args=(view.id, utcnow() - timedelta(seconds=90)))
+            behind.start()
+            wait_for(lambda: external.started_events["/cs/confirm"].is_set(), 30, "the first sender's call")
+            send_confirmations(view.id)  # another sender, on the right clock, while the first one sends
+            behind.join(timeout=30)
+            assert external.count("/cs/confirm") == 1
+    finally:
+        external.stop()
