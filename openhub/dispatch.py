@@ -2,7 +2,8 @@
 
 It builds the Celery application from `celeryconfig.py`, turns a route into a chain of
 signatures (one task per step, named `openhub.<service>.<operation>.<step>`, or one per run of
-steps for a fused route) and publishes it.
+steps for a fused route) and publishes it through the process's `Publisher`: `CeleryPublisher`, or
+what `use` installs in its place (`openhub.testing.LocalHub` keeps the chains in this process).
 Celery is imported lazily so that the routing model and reading messages need no broker.
 """
 
@@ -13,7 +14,8 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Collection
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Collection, Iterator, Protocol, Sequence
 
 from .config import get_settings
 from .errors import ConfigurationError
@@ -22,7 +24,7 @@ from .policy import step_timeout
 from .tracing import continuing
 
 if TYPE_CHECKING:
-    from celery import Celery
+    from celery import Celery  # type: ignore[import-untyped]
 
 log = logging.getLogger("openhub.dispatch")
 _app: "Celery | None" = None
@@ -59,7 +61,7 @@ def celery_app() -> "Celery":
         with _app_lock:  # celery's lazy module attributes are not safe to import from two threads at once
             if _app is None:
                 from celery import Celery
-                from celery.canvas import chain  # noqa: F401 - loaded here, under the lock
+                from celery.canvas import chain  # type: ignore[import-untyped]  # noqa: F401 - loaded here, under the lock
 
                 app = Celery("openhub")
                 app.config_from_object(_celeryconfig())
@@ -140,8 +142,114 @@ def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any
     return chain(*step_signatures(route, message_id, token, start))
 
 
-# Where `openhub.testing.LocalHub` collects chains instead of publishing them (None: Celery).
-local_chains: list[tuple[str, int, str, int]] | None = None
+# A message's chain as the engine asks for it: route, message id, fencing token, first step, and the
+# message's trace (a W3C traceparent, or None).
+Chain = tuple[Route, int, str, int, str | None]
+
+
+class Publisher(Protocol):
+    """Where the hub hands its work to workers, and asks about them.
+
+    `CeleryPublisher` (the default) publishes to the broker; `openhub.testing.LocalHub` installs a
+    local one (`use`) that keeps the chains in this process for `LocalHub.run`.
+    """
+
+    def publish_many(self, chains: Sequence[Chain]) -> set[int]:
+        """Publish the chains; the ids of the messages whose chain was taken (a refused one stays due
+        in the store and the poller re-drives it)."""
+        ...  # pragma: no cover
+
+    def publish_confirmation(self, message_id: int) -> bool:
+        """Hand the sending of the message's due confirmations to a task of their own; False when
+        there is none to hand it to (the caller sends them at once)."""
+        ...  # pragma: no cover
+
+    def restore_orphans(self, dead: Collection[str]) -> int:
+        """Hand the deliveries that the dead worker processes held back to their queues; how many."""
+        ...  # pragma: no cover
+
+    def ping_workers(self, timeout: float) -> list[str] | None:
+        """The workers that answered within `timeout` seconds; None when they cannot be asked."""
+        ...  # pragma: no cover
+
+
+class CeleryPublisher:
+    """Publishes to the Celery broker of `celery_app()`."""
+
+    def publish_many(self, chains: Sequence[Chain]) -> set[int]:
+        """One producer publishes them all inside kombu's publish batch: on Redis every chain's first
+        task message goes out in one pipelined round trip instead of a round trip per chain (other
+        transports publish one by one). Each is published in its message's trace (openhub.tracing),
+        wherever that happens. A refused batch is refused whole: its messages stay due in the store and
+        the poller re-drives them.
+        """
+        if not chains:
+            return set()
+        try:
+            app = celery_app()
+            declared: set[str] = set()
+            with app.producer_or_acquire() as producer, producer.batch():
+                for route, message_id, token, start, traceparent in chains:
+                    first, *rest = step_signatures(route, message_id, token, start)
+                    # Each queue is declared once per batch, not once per message (kombu's cached
+                    # declaration still copies and binds the queue on every publish).
+                    queue = first.options.get("queue", app.conf.task_default_queue)
+                    if queue not in declared:
+                        producer.maybe_declare(app.amqp.queues[queue])
+                        declared.add(queue)
+                    # A chain's own apply_async takes its first task's producer from the pool, outside
+                    # the batch: sent here, the first task carries the rest as Celery's message protocol does.
+                    with continuing(traceparent):  # in the message's trace, even from a poller's tick
+                        first.apply_async(producer=producer, chain=rest[::-1] or None, declare=())
+        except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
+            log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)
+            return set()
+        return {message_id for _route, message_id, _token, _start, _trace in chains}
+
+    def publish_confirmation(self, message_id: int) -> bool:
+        """`openhub.confirm` on OPENHUB_CONFIRM_QUEUE (default: the default queue); a refused publish
+        raises, and the poller sends the confirmation when it is due."""
+        app = celery_app()
+        queue = get_settings().confirm_queue or app.conf.task_default_queue
+        app.send_task(CONFIRM_TASK, args=[message_id], queue=queue, routing_key=queue)
+        return True
+
+    def restore_orphans(self, dead: Collection[str]) -> int:
+        """Only the Redis broker (openhub.redisbroker) knows who holds a delivery; elsewhere 0."""
+        if not dead:
+            return 0
+        with celery_app().connection_for_write() as conn:
+            restore = getattr(conn.default_channel, "restore_orphans", None)
+            return int(restore(dead)) if restore is not None else 0
+
+    def ping_workers(self, timeout: float) -> list[str] | None:
+        """None also when the broker is down, or a transport without broadcast such as the embedded
+        filesystem one: "unknown", which callers must not show as "no workers"."""
+        try:
+            app = celery_app()
+            with app.connection_for_write() as conn:
+                # One quick connection attempt: Celery's default retries would hold a page for seconds.
+                conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+                replies = app.control.inspect(timeout=timeout, connection=conn).ping() or {}
+        except Exception as exc:  # noqa: BLE001 - any broker error means "unknown", never a failed page
+            log.info("could not ping the workers: %s", exc)
+            return None
+        return sorted(replies)
+
+
+_publisher: Publisher = CeleryPublisher()
+
+
+@contextmanager
+def use(publisher: Publisher) -> Iterator[Publisher]:
+    """Publish through `publisher` inside the block (process-wide), then through the one before: the
+    one hook by which `openhub.testing.LocalHub` replaces Celery."""
+    global _publisher
+    previous, _publisher = _publisher, publisher
+    try:
+        yield publisher
+    finally:
+        _publisher = previous
 
 
 def publish(route: Route, message_id: int, token: str, start: int = 0, traceparent: str | None = None) -> bool:
@@ -152,86 +260,25 @@ def publish(route: Route, message_id: int, token: str, start: int = 0, tracepare
     return bool(publish_many([(route, message_id, token, start, traceparent)]))
 
 
-def publish_many(chains: list[tuple[Route, int, str, int, str | None]]) -> set[int]:
-    """Publish several messages' chains (route, message id, token, first step, traceparent); the ids the
-    broker took. Each is published in its message's trace (openhub.tracing), wherever that happens.
-
-    One producer publishes them all inside kombu's publish batch: on Redis every chain's first task
-    message goes out in one pipelined round trip instead of a round trip per chain (other transports
-    publish one by one). A refused batch is refused whole: its messages stay due in the
-    store and the poller re-drives them.
-    """
-    ids = {message_id for _route, message_id, _token, _start, _trace in chains}
-    if local_chains is not None:
-        local_chains.extend((route.name, message_id, token, start) for route, message_id, token, start, _ in chains)
-        return ids
-    if not chains:
-        return ids
-    try:
-        app = celery_app()
-        declared: set[str] = set()
-        with app.producer_or_acquire() as producer, producer.batch():
-            for route, message_id, token, start, traceparent in chains:
-                first, *rest = step_signatures(route, message_id, token, start)
-                # Each queue is declared once per batch, not once per message (kombu's cached
-                # declaration still copies and binds the queue on every publish).
-                queue = first.options.get("queue", app.conf.task_default_queue)
-                if queue not in declared:
-                    producer.maybe_declare(app.amqp.queues[queue])
-                    declared.add(queue)
-                # A chain's own apply_async takes its first task's producer from the pool, outside the
-                # batch: sent here, the first task carries the rest as Celery's message protocol does.
-                with continuing(traceparent):  # in the message's trace, even from a poller's tick
-                    first.apply_async(producer=producer, chain=rest[::-1] or None, declare=())
-        return ids
-    except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
-        log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)
-        return set()
+def publish_many(chains: Sequence[Chain]) -> set[int]:
+    """Publish several messages' chains (route, message id, token, first step, traceparent); the ids
+    that were taken (see `Publisher.publish_many`)."""
+    return _publisher.publish_many(chains)
 
 
 def publish_confirmation(message_id: int) -> bool:
     """Hand the sending of a message's due confirmations and hook notifications to their own task,
-    `openhub.confirm` on OPENHUB_CONFIRM_QUEUE (default: the default queue), so a slow receiver holds
-    that task's worker, never the step task that ended the message. False under LocalHub (the caller
-    sends at once); a refused publish raises, and the poller sends the confirmation when it is due.
-    """
-    if local_chains is not None:
-        return False
-    from .config import get_settings
-
-    app = celery_app()
-    queue = get_settings().confirm_queue or app.conf.task_default_queue
-    app.send_task(CONFIRM_TASK, args=[message_id], queue=queue, routing_key=queue)
-    return True
+    `openhub.confirm`, so a slow receiver holds that task's worker, never the step task that ended the
+    message. False under LocalHub (the caller sends at once)."""
+    return _publisher.publish_confirmation(message_id)
 
 
 def restore_orphans(dead: Collection[str]) -> int:
-    """Hand the broker deliveries that dead worker processes had taken back to their queues.
-
-    Only the Redis broker (openhub.redisbroker) knows who holds a delivery; elsewhere 0.
-    """
-    if local_chains is not None or not dead:
-        return 0
-    with celery_app().connection_for_write() as conn:
-        restore = getattr(conn.default_channel, "restore_orphans", None)
-        return restore(dead) if restore is not None else 0
+    """Hand the broker deliveries that dead worker processes had taken back to their queues; how many."""
+    return _publisher.restore_orphans(dead)
 
 
 def ping_workers(timeout: float = 0.5) -> list[str] | None:
-    """Hostnames of the Celery workers that answered a ping within `timeout` seconds.
-
-    None when the broker cannot be asked (it is down, or a transport without broadcast such as
-    the embedded filesystem one): "unknown", which callers must not show as "no workers".
-    """
-    if local_chains is not None:
-        return None  # LocalHub: there is no broker and no worker
-    try:
-        app = celery_app()
-        with app.connection_for_write() as conn:
-            # One quick connection attempt: Celery's default retries would hold a page for seconds.
-            conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
-            replies = app.control.inspect(timeout=timeout, connection=conn).ping() or {}
-    except Exception as exc:  # noqa: BLE001 - any broker error means "unknown", never a failed page
-        log.info("could not ping the workers: %s", exc)
-        return None
-    return sorted(replies)
+    """Hostnames of the Celery workers that answered a ping within `timeout` seconds; None when they
+    cannot be asked ("unknown", never "no workers"; always under LocalHub: there is no worker)."""
+    return _publisher.ping_workers(timeout)

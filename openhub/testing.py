@@ -32,12 +32,16 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Collection, Sequence
+
+if TYPE_CHECKING:
+    from .dispatch import Chain
 
 
 @dataclass
@@ -208,6 +212,28 @@ class ExternalSystem:
                     self._active[funnel] -= 1
 
 
+class LocalPublisher:
+    """The publisher `LocalHub` installs (`openhub.dispatch.use`): published chains wait in `chains`, in
+    the order they were published, for `LocalHub.run`; there is no confirmation task (the caller sends
+    confirmations at once), no broker to restore deliveries to and no worker to ping."""
+
+    def __init__(self) -> None:
+        self.chains: deque[Chain] = deque()
+
+    def publish_many(self, chains: Sequence[Chain]) -> set[int]:
+        self.chains.extend(chains)
+        return {message_id for _route, message_id, _token, _start, _trace in chains}
+
+    def publish_confirmation(self, message_id: int) -> bool:
+        return False
+
+    def restore_orphans(self, dead: Collection[str]) -> int:
+        return 0
+
+    def ping_workers(self, timeout: float) -> list[str] | None:
+        return None
+
+
 class LocalHub:
     """A hub in this process: a temporary SQLite store, chains run in order, no broker, no worker.
 
@@ -222,6 +248,8 @@ class LocalHub:
         self._dir: Path | None = None
         self._saved: dict[str, str] = {}
         self._count = 0
+        self.publisher = LocalPublisher()  # the chains published and not yet run
+        self._installed = ExitStack()
 
     def __enter__(self) -> "LocalHub":
         from . import dispatch
@@ -240,18 +268,18 @@ class LocalHub:
         reset_registry()
         dispose_engines()
         upgrade()
-        dispatch.local_chains = []
+        self.publisher.chains.clear()
+        self._installed.enter_context(dispatch.use(self.publisher))
         # Steps run in this process: it is the one worker, alive as long as the hub is open.
         beat(current_id(), "LocalHub")
         return self
 
     def __exit__(self, *_: object) -> None:
-        from . import dispatch
         from .config import reset_settings
         from .db import dispose_engines
         from .registry import reset_registry
 
-        dispatch.local_chains = None
+        self._installed.close()
         dispose_engines()
         for key in ("OPENHUB_DATABASE_URL", "OPENHUB_ROUTES", "OPENHUB_VAR_DIR", *self.settings):
             os.environ.pop(key, None)
@@ -275,17 +303,16 @@ class LocalHub:
         from . import dispatch
         from .db import utcnow
         from .engine import run_steps
-        from .registry import get_registry
 
         def clock() -> Any:
             return utcnow() + timedelta(seconds=seconds)
 
         done = 0
-        while dispatch.local_chains and done < limit:
-            name, message_id, token, start = dispatch.local_chains.pop(0)
-            route = get_registry().route(name)
+        while self.publisher.chains and done < limit:
+            route, message_id, token, start, _trace = self.publisher.chains.popleft()
             for index in dispatch.task_starts(route, start):  # task by task, as the workers would
-                if not run_steps(name, index, dispatch.task_end(route, index), message_id, token, clock=clock)[1]:
+                if not run_steps(route.name, index, dispatch.task_end(route, index), message_id, token,
+                                 clock=clock)[1]:
                     break
             done += 1
         return done

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event, select
 
 import openhub
-from openhub import dispatch, engine, lifecycle, poller
+from openhub import engine, lifecycle, poller
 from openhub.db import get_engine, transaction, utcnow
 from openhub.errors import StoreUnavailable
 from openhub.schema import ext_calls, messages, transitions
@@ -170,10 +170,10 @@ def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a
     monkeypatch.setattr(engine, "transaction", interrupted)
     routes.HOOKS["first"] = lambda ctx: limit.update(left=1)
     view = hub.submit("p.flow", {})
-    name, message_id, token, _start = dispatch.local_chains.pop(0)
-    report = engine.run_step(name, 0, message_id, token, translate=boundary.translate)
+    route, message_id, token, _start, _trace = hub.publisher.chains.popleft()
+    report = engine.run_step(route.name, 0, message_id, token, translate=boundary.translate)
     assert limit["left"] == 0 and (report.go_on, report.outcome) == (True, "ok")
-    assert engine.run_step(name, 1, message_id, token).outcome == "ok"  # the chain's next, last task
+    assert engine.run_step(route.name, 1, message_id, token).outcome == "ok"  # the chain's next, last task
     assert hub.get(view.id).state == "OK" and hub.get(view.id).failed_count == 0
     assert routes.calls("first") == 1
 
@@ -305,9 +305,9 @@ def test_a_slow_step_on_a_live_worker_is_never_repaired(route: str, hub: LocalHu
 
 def test_a_chain_handed_over_by_a_worker_that_died_is_published_again_at_once(hub: LocalHub) -> None:
     view = hub.submit("p.flow", {})
-    name, message_id, token, _start = dispatch.local_chains.pop(0)
-    assert engine.run_step(name, 0, message_id, token)  # the first step; the worker dies before sending the next
-    dispatch.local_chains.clear()
+    route, message_id, token, _start, _trace = hub.publisher.chains.popleft()
+    assert engine.run_step(route.name, 0, message_id, token)  # the first step; the worker dies before sending the next
+    hub.publisher.chains.clear()
     with transaction() as conn:
         row = conn.execute(select(messages.c.worker, messages.c.step_run).where(messages.c.id == view.id)).one()
     assert row.worker == current_id() and row.step_run is None  # named as the one to send the next step

@@ -8,7 +8,7 @@ from typing import Iterator
 import pytest
 
 import openhub
-from openhub import Reject, dispatch
+from openhub import Reject
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -31,7 +31,7 @@ def test_a_sequential_split_runs_its_children_one_after_another_in_list_order(hu
     published_meanwhile = []
 
     def note_the_queue(ctx):  # noqa: ANN001, ANN202
-        published_meanwhile.append((_child_number(ctx), len(dispatch.local_chains)))
+        published_meanwhile.append((_child_number(ctx), len(hub.publisher.chains)))
 
     routes.HOOKS["first"] = note_the_queue
     parent = hub.submit("p.sequence", {"children": 3})

@@ -1,12 +1,16 @@
-"""Step options map onto Celery task options (queue, priority, soft and hard time limits)."""
+"""Step options map onto Celery task options (queue, priority, soft and hard time limits); chains go
+to the publisher installed."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from openhub import Route, step
+import pytest
+
+from openhub import Route, dispatch, step
 from openhub.config import get_settings
 from openhub.dispatch import HARD_LIMIT_MARGIN, task_options, task_starts
+from openhub.testing import LocalPublisher
 
 
 @step(timeout=timedelta(seconds=30), queue="mno")
@@ -49,3 +53,18 @@ def test_a_fused_route_runs_the_steps_of_one_queue_in_one_task() -> None:
     default = get_settings().step_timeout.total_seconds()
     assert task_options(fused, 0)["soft_time_limit"] == default + 5.0
     assert task_options(fused, 1)["soft_time_limit"] == 5.0
+
+
+def test_a_publisher_installed_with_use_takes_the_chains_and_is_removed_after_the_block() -> None:
+    route = Route("customer.set", steps=[plain])
+    default = dispatch._publisher
+    outer, inner = LocalPublisher(), LocalPublisher()
+    with dispatch.use(outer):
+        assert dispatch.publish(route, 1, "token-1", traceparent="00-trace-01")
+        with pytest.raises(RuntimeError), dispatch.use(inner):
+            assert dispatch.publish_many([(route, 2, "token-2", 0, None)]) == {2}
+            raise RuntimeError("the block fails")
+        assert dispatch.publish_confirmation(1) is False and dispatch.ping_workers() is None
+    assert dispatch._publisher is default and isinstance(default, dispatch.CeleryPublisher)
+    assert list(outer.chains) == [(route, 1, "token-1", 0, "00-trace-01")]  # the trace travels with it
+    assert list(inner.chains) == [(route, 2, "token-2", 0, None)]
