@@ -317,7 +317,7 @@ def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # 
             with transaction() as conn:
                 message_id = insert_new(conn, row)
             assert message_id is not None
-            chains.append((route, message_id, row["attempt_id"], 0))
+            chains.append((route, message_id, row["attempt_id"], 0, None))
         ids = [c[1] for c in chains]
         redis = backend.redis.client()
 
