@@ -35,8 +35,15 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The chaos files (minutes of faults, each test on servers and workers of its own) run beside the
+# rest, in a second pytest; their report follows the main one.
 test: install system-deps lint
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	@mkdir -p var
+	$(PY) -m pytest $(PYTEST_ARGS) tests/chaos > var/chaos-tests.log 2>&1 & chaos=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS) --ignore=tests/chaos tests; rest=$$?; \
+	wait $$chaos; chaos_rc=$$?; \
+	echo "--- tests/chaos (run beside the rest) ---"; cat var/chaos-tests.log; \
+	exit $$(( rest || chaos_rc ))
 
 check-deploy: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS) tests/acceptance -k deploy
