@@ -86,3 +86,31 @@ def test_a_message_taken_in_by_a_host_whose_clock_is_behind_keeps_its_place_in_g
         hub.tick(seconds=1)
         assert called == ["on-time", "behind"]
         assert [hub.get(v.id).state for v in (earlier, later)] == ["OK", "OK"]
+
+
+@pytest.mark.parametrize("holder, taker", [(0, 90), (-90, 0)])
+def test_a_duplicate_task_on_a_skewed_clock_does_not_take_a_lease_still_running(local_store, holder: int,  # noqa: ANN001
+                                                                                 taker: int) -> None:
+    # The same task delivered twice while its run calls out (an orphaned delivery handed back while its
+    # stalled worker lived on): the second took the step lease where its due time had passed on its own
+    # clock, a lease written on the holder's. 90 s apart with the rig's leases (20 s + 4 s, or the grace
+    # alone once the poller extended it), the second run made the call again beside the first.
+    from openhub import dispatch
+
+    with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_STEP_TIMEOUT="20",
+                          OPENHUB_LEASE_GRACE="4") as hub:
+        duplicate: list[int] = []
+
+        def deliver_again(ctx: Any) -> None:  # mid-call: the duplicate runs, on the taker's clock
+            if not duplicate:
+                duplicate.append(0)
+                duplicate[0] = hub.run(seconds=taker)
+
+        routes.HOOKS["first"] = deliver_again
+        view = hub.submit("p.flow", {})
+        dispatch.local_chains.append(dispatch.local_chains[0])  # the same chain, the same token
+        hub.run(seconds=holder)
+        assert duplicate == [1]
+        assert routes.calls("first") == 1 and routes.MOST["first"] == 1
+        assert routes.calls("second") == 1
+        assert hub.get(view.id).state == "OK"
