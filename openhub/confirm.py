@@ -17,11 +17,11 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, insert, or_, select, update
 
 from .config import get_settings
 from .context import Outcome, error_line
-from .db import is_postgres, transaction, utcnow
+from .db import store_clock, transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .redact import redact_text
 from .policy import confirmation_lease, confirmation_retry, outage_pause
@@ -72,7 +72,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
             # A sending lease is written and ended on one clock, the database's on PostgreSQL: on each
             # sender's own, one whose clock is behind wrote a lease already over for the others, and one
             # ahead took a lease still running, and the confirmation was sent twice (issue 22).
-            lease_now: Any = func.timezone("UTC", func.now()) if is_postgres(conn) else claimed_at
+            lease_now = store_clock(conn, claimed_at)
             due = or_(and_(C.state.in_((CS.PENDING, CS.FAILED)), C.due_at <= claimed_at),
                       and_(C.state == CS.SENDING, C.due_at <= lease_now))
             taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id, due))

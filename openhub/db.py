@@ -16,7 +16,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, func
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -94,6 +94,20 @@ def dispose_engines() -> None:
 def is_postgres(conn: Connection) -> bool:
     """Whether `conn` talks to PostgreSQL (row locks with SKIP LOCKED are available)."""
     return conn.dialect.name == "postgresql"
+
+
+def database_now() -> Any:
+    """PostgreSQL's clock (its transaction's start) as naive UTC, an SQL expression.
+
+    The one clock every host shares: a time that other hosts compare with their own (a lease, the
+    order of messages) is taken from it, not from the clock of the host that writes it (issue 22).
+    """
+    return func.timezone("UTC", func.now())
+
+
+def store_clock(conn: Connection, fallback: datetime) -> Any:
+    """`database_now()` on PostgreSQL; on SQLite (one host, one clock) `fallback`, the caller's time."""
+    return database_now() if is_postgres(conn) else fallback
 
 
 def insert_or_ignore(table: Table, pg: bool, **conflict: Any) -> Insert:

@@ -52,9 +52,13 @@ def between_steps(now: datetime, *, publisher: str | None) -> dict[str, Any]:
 
 # --- taking the lease ---------------------------------------------------------------------------------
 
+# Only a free lease is taken. A run holding one is never taken over by another delivery of its task: its
+# lease was written on one host's clock and would be judged over on another's (a taker 90 s ahead, or
+# a holder or poller 90 s behind, took a lease still running and made the call again, issue 22). A run
+# that ended without its outcome is the poller's to repair (a new token), by its worker's heartbeat.
 _LEASE = (update(messages).where(and_(
     M.id == bindparam("mid"), M.attempt_id == bindparam("token"), M.state == State.PROCESSING.value,
-    or_(M.step_run.is_(None), M.due_at < bindparam("now"))))
+    M.step_run.is_(None)))
     .values(step_run=bindparam("run"), worker=bindparam("holder"), due_at=bindparam("lease_until"),
             updated_at=bindparam("now"))
     .returning(*messages.c))

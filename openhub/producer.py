@@ -16,7 +16,7 @@ from sqlalchemy.exc import DataError
 from . import dispatch, tracing
 from .config import get_settings
 from .context import MessageView
-from .db import insert_or_ignore, is_postgres, transaction, utcnow
+from .db import database_now, insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import Draining, InputError, PayloadTooLarge, SourceNotAllowed
 from .model import Route
 from .policy import handover_due
@@ -217,10 +217,11 @@ def _funnel(value: str | None, source_system: str | None) -> str | None:
     return value
 
 
-def _timestamp(value: datetime | str | None, now: datetime, parent_id: int | None) -> datetime:
+def _timestamp(value: datetime | str | None, now: datetime, parent_id: int | None) -> datetime | None:
+    # None: the source gave none, and the store stamps the message (`_insert`).
     stamp = to_utc(value)
     if stamp is None:
-        return now
+        return None
     # A split child inherits its parent's timestamp, checked when the parent was accepted.
     return stamp if parent_id is not None else not_in_future(stamp, now)
 
@@ -265,10 +266,17 @@ def _insert(conn: Connection, rows: list[dict[str, Any]], drain: bool) -> tuple[
     children = rows[0]["parent_id"] is not None
     if not is_postgres(conn):
         reason = drain_reason(conn) if drain else None
+        for row in rows:  # one host, one clock: the time it was received
+            row["msg_timestamp"] = row["msg_timestamp"] or row["received_at"]
         return ([], reason) if reason is not None else (_insert_sqlite(conn, rows, children), None)
     columns = tuple(rows[0])
     found = conn.execute(_insert_arrays(columns, children, drain), {c: [row[c] for row in rows] for c in columns}).all()
+    stamps = {(r[1], r[2]): r.msg_timestamp for r in found}
     ids = _ids(rows, {(r[1], r[2]): r.id for r in found}, children)
+    key = (_CHILD_KEY if children else _KEY)[0].name
+    for row, message_id in zip(rows, ids):  # what the store stamped, for the caller's view
+        if message_id is not None:
+            row["msg_timestamp"] = stamps[(row[key], row["correlation_id"])]
     if not drain:
         return ids, None
     # Every row a duplicate: no row came back to carry the reason.
@@ -281,15 +289,22 @@ def _insert_arrays(columns: tuple[str, ...], children: bool, drain: bool) -> Any
     # accepted entries as a data-modifying CTE and, with `drain`, the drain's reason. Its text is the same
     # whatever the batch size, so psycopg parses it once; a multi-row VALUES page of 100 messages had
     # 2,000 placeholders for psycopg to find on every call (13 ms a batch).
+    #
+    # A message the source gave no timestamp is stamped with the database's clock, not the ingress
+    # host's: guaranteed order and obsolete checks compare the timestamps of messages taken in on
+    # several API hosts, and one whose clock was 90 s behind sorted a later message before earlier
+    # ones (issue 22). A message accepted after another's answer was sent starts its transaction after
+    # that one committed, so its stamp is not earlier (and its id, the tie-break, is greater).
     key = _CHILD_KEY if children else _KEY
     arrays = func.unnest(*(bindparam(c, type_=ARRAY(_unbounded(messages.c[c].type))) for c in columns)) \
         .table_valued(*columns).render_derived()
-    new = (_INSERT_NEW[(True, children)].from_select(list(columns), select(*arrays.c))
-           .returning(M.id, *key, M.received_at).cte("new"))
+    values = [func.coalesce(c, database_now()).label(c.name) if c.name == "msg_timestamp" else c for c in arrays.c]
+    new = (_INSERT_NEW[(True, children)].from_select(list(columns), select(*values))
+           .returning(M.id, *key, M.received_at, M.msg_timestamp).cte("new"))
     accepted = insert(transitions).from_select(
         ["message_id", "at", "event", "to_state"],
         select(new.c.id, new.c.received_at, literal(Note.ACCEPTED.value), literal(State.NEW.value)))
-    found = [new.c.id, *(new.c[c.name] for c in key)]
+    found = [new.c.id, *(new.c[c.name] for c in key), new.c.msg_timestamp]
     if drain:
         found.append(draining().label("draining"))
     return select(*found).add_cte(accepted.cte("accepted"))

@@ -8,6 +8,8 @@ again. LocalHub runs the step with its clock 90 s behind; the step's hook is the
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from openhub.poller import tick
@@ -55,3 +57,60 @@ def test_a_confirmation_sent_by_a_sender_whose_clock_is_behind_is_not_sent_again
             assert external.count("/cs/confirm") == 1
     finally:
         external.stop()
+
+
+def test_a_message_taken_in_by_a_host_whose_clock_is_behind_keeps_its_place_in_guaranteed_order(local_store) -> None:  # noqa: ANN001
+    # Found by bench/hosts_soak.py (seed 7): a message the source gave no timestamp was stamped with the
+    # ingress host's clock; taken in later through an API host 90 s behind, it sorted before the earlier
+    # one and its guaranteed-order funnel called it first. The API's batcher prepares items with its
+    # host's time, as here; on PostgreSQL the store stamps them with the database's clock.
+    from datetime import timedelta
+
+    from openhub import dispatch
+    from openhub.db import utcnow
+    from openhub.producer import prepare_item, store_new
+
+    with routes.local_hub(OPENHUB_DATABASE_URL=local_store) as hub:
+        called: list[str] = []
+        routes.HOOKS["first"] = lambda ctx: called.append(ctx.message.correlation_id)
+
+        def submit(correlation_id: str, skew: float) -> Any:
+            item = dict(route="p.ordered", payload={"group": "g"}, source_system="CONFIRMED",
+                        correlation_id=correlation_id)
+            return store_new([prepare_item(item, utcnow() + timedelta(seconds=skew))])[0]
+
+        earlier, later = submit("on-time", 0), submit("behind", -90)
+        assert later.msg_timestamp >= earlier.msg_timestamp
+        dispatch.local_chains.reverse()  # the later message's chain is delivered first: it must wait
+        hub.run()
+        hub.tick(seconds=1)
+        assert called == ["on-time", "behind"]
+        assert [hub.get(v.id).state for v in (earlier, later)] == ["OK", "OK"]
+
+
+@pytest.mark.parametrize("holder, taker", [(0, 90), (-90, 0)])
+def test_a_duplicate_task_on_a_skewed_clock_does_not_take_a_lease_still_running(local_store, holder: int,  # noqa: ANN001
+                                                                                 taker: int) -> None:
+    # The same task delivered twice while its run calls out (an orphaned delivery handed back while its
+    # stalled worker lived on): the second took the step lease where its due time had passed on its own
+    # clock, a lease written on the holder's. 90 s apart with the rig's leases (20 s + 4 s, or the grace
+    # alone once the poller extended it), the second run made the call again beside the first.
+    from openhub import dispatch
+
+    with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_STEP_TIMEOUT="20",
+                          OPENHUB_LEASE_GRACE="4") as hub:
+        duplicate: list[int] = []
+
+        def deliver_again(ctx: Any) -> None:  # mid-call: the duplicate runs, on the taker's clock
+            if not duplicate:
+                duplicate.append(0)
+                duplicate[0] = hub.run(seconds=taker)
+
+        routes.HOOKS["first"] = deliver_again
+        view = hub.submit("p.flow", {})
+        dispatch.local_chains.append(dispatch.local_chains[0])  # the same chain, the same token
+        hub.run(seconds=holder)
+        assert duplicate == [1]
+        assert routes.calls("first") == 1 and routes.MOST["first"] == 1
+        assert routes.calls("second") == 1
+        assert hub.get(view.id).state == "OK"
