@@ -66,7 +66,6 @@ def test_a_message_taken_in_by_a_host_whose_clock_is_behind_keeps_its_place_in_g
     # host's time, as here; on PostgreSQL the store stamps them with the database's clock.
     from datetime import timedelta
 
-    from openhub import dispatch
     from openhub.db import utcnow
     from openhub.producer import prepare_item, store_new
 
@@ -81,7 +80,7 @@ def test_a_message_taken_in_by_a_host_whose_clock_is_behind_keeps_its_place_in_g
 
         earlier, later = submit("on-time", 0), submit("behind", -90)
         assert later.msg_timestamp >= earlier.msg_timestamp
-        dispatch.local_chains.reverse()  # the later message's chain is delivered first: it must wait
+        hub.publisher.chains.reverse()  # the later message's chain is delivered first: it must wait
         hub.run()
         hub.tick(seconds=1)
         assert called == ["on-time", "behind"]
@@ -95,7 +94,6 @@ def test_a_duplicate_task_on_a_skewed_clock_does_not_take_a_lease_still_running(
     # stalled worker lived on): the second took the step lease where its due time had passed on its own
     # clock, a lease written on the holder's. 90 s apart with the rig's leases (20 s + 4 s, or the grace
     # alone once the poller extended it), the second run made the call again beside the first.
-    from openhub import dispatch
 
     with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_STEP_TIMEOUT="20",
                           OPENHUB_LEASE_GRACE="4") as hub:
@@ -108,7 +106,7 @@ def test_a_duplicate_task_on_a_skewed_clock_does_not_take_a_lease_still_running(
 
         routes.HOOKS["first"] = deliver_again
         view = hub.submit("p.flow", {})
-        dispatch.local_chains.append(dispatch.local_chains[0])  # the same chain, the same token
+        hub.publisher.chains.append(hub.publisher.chains[0])  # the same chain, the same token
         hub.run(seconds=holder)
         assert duplicate == [1]
         assert routes.calls("first") == 1 and routes.MOST["first"] == 1
