@@ -79,6 +79,16 @@ def running() -> Iterator[str]:
         _runs.discard(run_id)
 
 
+def _locks_anew() -> None:
+    """In a forked child: fresh locks. A child forked while its parent's heartbeat thread held one
+    (prefork replaces a child at any moment) would wait for it forever in its first step."""
+    global _lock, _runs_lock
+    _lock, _runs_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_locks_anew)
+
+
 def current_id() -> str:
     """This process's worker id (a new one after a fork: a child is a worker of its own)."""
     global _current
@@ -99,8 +109,11 @@ def current_node() -> str:
 def start_heartbeat(url: str | None = None, *, keep_trying: bool = False) -> str:
     """Make sure this process heartbeats (once per process); returns its worker id.
 
-    Called by the Celery adapter before a task runs. Processes that never call it (a web app
-    submitting, `openhub.testing.LocalHub`) have no row: their leases end only when they expire.
+    Called by the Celery adapter before a task runs. Processes that never call it have no heartbeat
+    thread (a web app submitting; `openhub.testing.LocalHub` writes one row when it opens): a run they
+    left without its outcome is repaired by the poller by the lease's expiry when they have no row,
+    and is never repaired while their row lists it as in flight (a LocalHub run that crashed stays
+    leased until the hub is opened again).
     `keep_trying` (a worker's main process, which takes no step): a first heartbeat that fails is
     not raised; the thread goes on trying, and the store counts as away (`store_reachable`) meanwhile.
     """
@@ -164,7 +177,7 @@ def fenced(since: float) -> bool:
     its heartbeat is older than the fence now, or was at some moment since (a stall, a store it could
     not reach), when others may have judged it dead and repaired the run.
 
-    A process without a heartbeat thread (LocalHub, a web app) is never fenced: its leases end by expiry.
+    A process without a heartbeat thread (LocalHub, a web app) is never fenced.
     """
     if _beating != os.getpid() or _renewed is None:
         return False

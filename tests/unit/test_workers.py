@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from datetime import datetime, timedelta
 from types import SimpleNamespace
+
+import pytest
 
 from openhub.workers import Liveness, dead_among
 
@@ -59,3 +63,37 @@ def test_a_run_begun_after_the_last_heartbeat_is_in_flight_whatever_the_workers_
     assert live.run_in_flight("w", "7.cd", behind) is True
     assert live.run_in_flight("w", "5.aa", behind) is False  # seen by the heartbeat and left out: crashed
     assert live.run_in_flight("w", "5.aa", T0 + timedelta(seconds=40)) is False  # whatever its clock says
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_the_heartbeat_holds_the_runs_lock_can_start_a_run() -> None:
+    """Prefork forks a new child at any moment; one forked while the parent's heartbeat thread held the
+    lock of the runs in flight waited forever at its first step (the review of issue 22's run numbers)."""
+    from openhub import workers
+
+    held, release = threading.Event(), threading.Event()
+
+    def heartbeat_thread() -> None:
+        with workers._runs_lock:  # noqa: SLF001 - what a heartbeat holds while it lists the runs
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=heartbeat_thread)
+    thread.start()
+    assert held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: start a run within a deadline, or say it could not
+            done = threading.Event()
+
+            def start_a_run() -> None:
+                with workers.running():
+                    done.set()
+
+            threading.Thread(target=start_a_run, daemon=True).start()
+            os._exit(0 if done.wait(5) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0
