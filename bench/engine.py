@@ -21,7 +21,6 @@ process with its own output file; take the larger count of each run):
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import sys
 import time
@@ -33,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 import sqlalchemy  # noqa: E402
 
 from bench.peers import tree_cpu_ms  # noqa: E402
-from bench.throughput import serve_noop  # noqa: E402
-from tests.support.backends import free_port, postgres_database  # noqa: E402
+from bench.throughput import noop_server  # noqa: E402
+from tests.support.backends import postgres_database  # noqa: E402
 
 WARMUP = 100
 
@@ -87,9 +86,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--route", default="bench.flow", help="bench.flow (chain mode) or bench.fused")
     args = parser.parse_args()
-    http_port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
-    server.start()
+    http_port, server = noop_server()
     runs = []
     try:
         for k in range(args.runs):

@@ -16,7 +16,6 @@ and caches fill up first).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import tempfile
 import time
@@ -26,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.peers import Env, Poller  # noqa: E402
-from bench.throughput import serve_noop  # noqa: E402
-from tests.support.backends import free_port, postgres_database  # noqa: E402
+from bench.throughput import noop_server  # noqa: E402
+from tests.support.backends import postgres_database  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
 
@@ -82,9 +81,7 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="openhub-memory-"))
-    http_port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
-    server.start()
+    http_port, server = noop_server()
     try:
         with postgres_database("openhub_memory") as url:
             env = Env(workdir, http_port, url)

@@ -12,7 +12,6 @@ the ratio disable_prefetch / shipped (median and spread over the rounds). Nothin
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.throughput import run_openhub, serve_noop  # noqa: E402
+from bench.throughput import run_openhub, noop_server  # noqa: E402
 
 
 def main() -> None:
@@ -32,13 +31,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args()
 
-    from tests.support.backends import RedisServer, activate, free_port, postgres_database
+    from tests.support.backends import RedisServer, activate, postgres_database
     from tests.support.workers import Worker
 
     workdir = Path(tempfile.mkdtemp(prefix="openhub-prefetch-"))
-    http_port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
-    server.start()
+    http_port, server = noop_server()
     redis_server = RedisServer.start(workdir / "redis")
     variants = {"shipped": [], "disable_prefetch": ["--disable-prefetch"]}
     rates: dict[str, list[float]] = {name: [] for name in variants}

@@ -14,7 +14,6 @@ dead rows and index entries that updates of indexed columns leave until autovacu
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 from pathlib import Path
 
@@ -23,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 import sqlalchemy  # noqa: E402
 
-from bench.throughput import serve_noop  # noqa: E402
-from tests.support.backends import free_port, postgres_database  # noqa: E402
+from bench.throughput import noop_server  # noqa: E402
+from tests.support.backends import postgres_database  # noqa: E402
 
 TABLES = ("messages", "ext_calls", "transitions")
 
@@ -50,9 +49,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--route", default="bench.flow")
     args = parser.parse_args()
-    port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(port,), daemon=True)
-    server.start()
+    port, server = noop_server()
     from openhub.testing import LocalHub
 
     try:

@@ -47,6 +47,16 @@ def serve_noop(port: int) -> None:
     asyncio.run(main())
 
 
+def noop_server() -> tuple[int, multiprocessing.Process]:
+    """`serve_noop` on a free loopback port, started in a daemon process of its own: (port, process)."""
+    from tests.support.backends import free_port
+
+    port = free_port()
+    server = multiprocessing.Process(target=serve_noop, args=(port,), daemon=True)
+    server.start()
+    return port, server
+
+
 def run_plain(n: int, counter) -> float:  # noqa: ANN001
     from celery import chain
 
@@ -144,12 +154,10 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=1_000_000, help="final rows for the tick measurement")
     args = parser.parse_args()
 
-    from tests.support.backends import RedisServer, free_port, postgres_database
+    from tests.support.backends import RedisServer, postgres_database
 
     workdir = Path(tempfile.mkdtemp(prefix="openhub-bench-"))
-    http_port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
-    server.start()
+    http_port, server = noop_server()
     redis_server = RedisServer.start(workdir / "redis")
     try:
         with postgres_database("openhub_bench") as url:

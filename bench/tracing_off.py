@@ -15,7 +15,6 @@ Run with OTEL_TRACES_EXPORTER unset (tracing off). Two figures, both from this o
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import sys
@@ -28,8 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine import one_run  # noqa: E402
-from bench.throughput import serve_noop  # noqa: E402
-from tests.support.backends import free_port  # noqa: E402
+from bench.throughput import noop_server  # noqa: E402
 
 
 def hooks_ns() -> dict[str, float]:
@@ -110,9 +108,7 @@ def main() -> None:
     per_message = ns["submit"] + ns["publish"] + 3 * ns["step"] + ns["confirm"]
     print("off hooks, ns per call: " + ", ".join(f"{k} {v:.0f}" for k, v in ns.items())
           + f"; per message of 3 steps: {per_message:.0f} ns", flush=True)
-    http_port = free_port()
-    server = multiprocessing.Process(target=serve_noop, args=(http_port,), daemon=True)
-    server.start()
+    http_port, server = noop_server()
     shipped: list[float] = []
     stripped: list[float] = []
     try:
