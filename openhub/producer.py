@@ -271,12 +271,11 @@ def _insert(conn: Connection, rows: list[dict[str, Any]], drain: bool) -> tuple[
         return ([], reason) if reason is not None else (_insert_sqlite(conn, rows, children), None)
     columns = tuple(rows[0])
     found = conn.execute(_insert_arrays(columns, children, drain), {c: [row[c] for row in rows] for c in columns}).all()
-    stamps = {(r[1], r[2]): r.msg_timestamp for r in found}
     ids = _ids(rows, {(r[1], r[2]): r.id for r in found}, children)
-    key = (_CHILD_KEY if children else _KEY)[0].name
+    stamps = {r.id: r.msg_timestamp for r in found}
     for row, message_id in zip(rows, ids):  # what the store stamped, for the caller's view
         if message_id is not None:
-            row["msg_timestamp"] = stamps[(row[key], row["correlation_id"])]
+            row["msg_timestamp"] = stamps[message_id]
     if not drain:
         return ids, None
     # Every row a duplicate: no row came back to carry the reason.

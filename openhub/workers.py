@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from .config import get_settings
-from .db import is_postgres, transaction, utcnow
+from .db import database_now, is_postgres, transaction, utcnow
 from .schema import workers
 
 log = logging.getLogger("openhub.workers")
@@ -153,8 +153,7 @@ def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = Fa
     started = time.monotonic()
     with transaction(url, first=True) as conn:  # under gevent, ahead of the steps waiting for the store
         if now is None:
-            now = conn.execute(select(func.timezone("UTC", func.now()))).scalar_one() if is_postgres(conn) \
-                else utcnow()
+            now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()
         with _runs_lock:  # taken after `now`: a run leased after `now` is not missing from it
             runs = ",".join([f"#{_started}", *sorted(_runs)])
         values: dict[str, Any] = {"last_seen": now, "runs": runs}
