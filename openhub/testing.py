@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict, deque
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -311,11 +311,25 @@ class LocalHub:
         while self.publisher.chains and done < limit:
             route, message_id, token, start, _trace = self.publisher.chains.popleft()
             for index in dispatch.task_starts(route, start):  # task by task, as the workers would
-                if not run_steps(route.name, index, dispatch.task_end(route, index), message_id, token,
-                                 clock=clock)[1]:
+                try:
+                    report = run_steps(route.name, index, dispatch.task_end(route, index), message_id, token,
+                                       clock=clock)[1]
+                except BaseException:
+                    self._crashed()
+                    raise
+                if not report:
                     break
             done += 1
         return done
+
+    def _crashed(self) -> None:
+        """A run crashed mid-step (a BaseException out of it, Ctrl-C): this process's heartbeat says so, as
+        a live worker's next one would. The row written when the hub opened vouched for every run begun
+        after it: the run stayed leased while the hub was open. Now the next tick repairs it."""
+        from .workers import beat, current_id
+
+        with suppress(Exception):  # the store away too: the crash is what is raised
+            beat(current_id(), "LocalHub")
 
     def tick(self, seconds: float = 0.0) -> Any:
         """One poller tick `seconds` from now, then run what it re-drove at that time too; returns the

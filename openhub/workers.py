@@ -112,8 +112,8 @@ def start_heartbeat(url: str | None = None, *, keep_trying: bool = False) -> str
     Called by the Celery adapter before a task runs. Processes that never call it have no heartbeat
     thread (a web app submitting; `openhub.testing.LocalHub` writes one row when it opens): a run they
     left without its outcome is repaired by the poller by the lease's expiry when they have no row,
-    and is never repaired while their row lists it as in flight (a LocalHub run that crashed stays
-    leased until the hub is opened again).
+    and is never repaired while their row lists it as in flight (a LocalHub whose run crashed writes
+    its row again, leaving the run out: the next tick repairs it).
     `keep_trying` (a worker's main process, which takes no step): a first heartbeat that fails is
     not raised; the thread goes on trying, and the store counts as away (`store_reachable`) meanwhile.
     """

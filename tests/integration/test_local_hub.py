@@ -46,3 +46,25 @@ def test_children_in_their_parents_funnel_are_not_blocked_by_it(external, monkey
             hub.tick(seconds=60)
         assert hub.get(parent.id).state == "OK"
     assert external.effects("/fam/ordered") == 2
+
+
+def test_a_run_that_crashed_mid_step_is_repaired_by_the_next_tick() -> None:
+    # A BaseException out of a step (Ctrl-C while a test runs it) left its run leased as long as the hub
+    # was open: the hub's heartbeat row, written when it opened, vouched for every run begun after it,
+    # so no tick repaired the run and the message was never carried on.
+    from tests.support import promise_routes as routes
+
+    with routes.local_hub() as hub:
+        def interrupt(_ctx: object) -> None:
+            del routes.HOOKS["first"]
+            raise KeyboardInterrupt
+
+        routes.HOOKS["first"] = interrupt
+        view = hub.submit("p.flow", {})
+        with pytest.raises(KeyboardInterrupt):
+            hub.run()
+        assert hub.get(view.id).state == "PROCESSING"
+        assert hub.tick().repaired == 1
+        done = hub.get(view.id)
+        assert done.state == "OK" and done.failed_count == 1
+        assert routes.calls("first") == 1 and routes.calls("second") == 1
