@@ -54,7 +54,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     # another sender call it again while the first still sends.
     lease = confirmation_lease(settings)
     with transaction() as conn:
-        query = select(C.id).where(and_(C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.due_at <= now))
+        query = select(C.id).where(_due(conn, now))
         if message_id is not None:
             query = query.where(C.message_id == message_id)
         ids = list(conn.execute(query.order_by(C.due_at).limit(limit)).scalars())
@@ -69,18 +69,25 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
         claimed_at = now + timedelta(seconds=time.monotonic() - started)
         claim = str(uuid.uuid4())
         with transaction() as conn:
-            # A sending lease is written and ended on one clock, the database's on PostgreSQL: on each
-            # sender's own, one whose clock is behind wrote a lease already over for the others, and one
-            # ahead took a lease still running, and the confirmation was sent twice (issue 22).
-            lease_now = store_clock(conn, claimed_at)
-            due = or_(and_(C.state.in_((CS.PENDING, CS.FAILED)), C.due_at <= claimed_at),
-                      and_(C.state == CS.SENDING, C.due_at <= lease_now))
-            taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id, due))
-                                 .values(state=CS.SENDING, claim=claim, due_at=lease_now + lease,
+            taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id, _due(conn, claimed_at)))
+                                 .values(state=CS.SENDING, claim=claim, due_at=store_clock(conn, claimed_at) + lease,
                                          updated_at=claimed_at)).rowcount
         if taken:
             sent += _send_one(confirmation_id, claim)
     return sent
+
+
+def _due(conn: Connection, now: datetime) -> Any:
+    """Due to be sent at `now` (the sender's time): a PENDING or FAILED confirmation by its due time, and a
+    SENDING one whose sending lease is over.
+
+    A sending lease is written and ended on one clock, the database's on PostgreSQL: on each sender's
+    own, one whose clock is behind wrote a lease already over for the others, and one ahead took a
+    lease still running, and the confirmation was sent twice (issue 22); and a poller whose clock is
+    behind picked a crashed sender's confirmation that much later.
+    """
+    return or_(and_(C.state.in_((CS.PENDING, CS.FAILED)), C.due_at <= now),
+               and_(C.state == CS.SENDING, C.due_at <= store_clock(conn, now)))
 
 
 def _send_one(confirmation_id: int, claim: str) -> int:

@@ -112,3 +112,25 @@ def test_a_duplicate_task_on_a_skewed_clock_does_not_take_a_lease_still_running(
         assert routes.calls("first") == 1 and routes.MOST["first"] == 1
         assert routes.calls("second") == 1
         assert hub.get(view.id).state == "OK"
+
+
+def test_a_poller_whose_clock_is_behind_sends_again_a_confirmation_whose_sending_lease_ended(local_store) -> None:  # noqa: ANN001
+    # Review of issue 22: a sending lease is written and ended on the database's clock, but the poller
+    # picked the confirmations to send by its own: 90 s behind, it left a crashed sender's confirmation
+    # unsent for 90 s more than its lease.
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from openhub.confirm import queue_confirmation, send_confirmations
+    from openhub.db import database_now, transaction, utcnow
+    from openhub.schema import confirmations
+
+    with routes.local_hub(OPENHUB_DATABASE_URL=local_store) as hub:
+        view = hub.submit("p.flow", {})
+        with transaction() as conn:  # a sender claimed it and crashed; its lease ended a second ago
+            queue_confirmation(conn, view.id, "OK", utcnow())
+            conn.execute(update(confirmations).values(state="SENDING", claim="crashed",
+                                                      due_at=database_now() - timedelta(seconds=1)))
+        assert send_confirmations(view.id, now=utcnow() - timedelta(seconds=90)) == 1
+        assert routes.CONFIRMED == [(view.id, "OK")]
