@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, func
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .concurrency import SQLITE_GATE, green, store_gate
 from .config import get_settings
@@ -33,6 +34,9 @@ _engines: dict[tuple[int, str], Engine] = {}
 # authenticate, fork a backend) for every other transaction (bench/RESULTS.md, issue 21).
 # Prefork processes run one step at a time and open one or two either way.
 PG_POOL_SIZE, PG_MAX_OVERFLOW = 10, 0
+# Seconds a transaction waits for a free connection of the pool (the threads pool runs more steps than
+# that at once); then the store counts as unavailable for it, and it is tried again.
+PG_POOL_TIMEOUT = 30.0
 
 
 def utcnow() -> datetime:
@@ -78,7 +82,8 @@ def get_engine(url: str | None = None) -> Engine:
         else:
             # No pre-ping round trip per checkout: a restarted server shows up as one
             # StoreUnavailable per process, after which SQLAlchemy recycles the whole pool.
-            engine = create_engine(url, pool_size=PG_POOL_SIZE, max_overflow=PG_MAX_OVERFLOW)
+            engine = create_engine(url, pool_size=PG_POOL_SIZE, max_overflow=PG_MAX_OVERFLOW,
+                                   pool_timeout=PG_POOL_TIMEOUT)
         _engines[key] = engine
     return engine
 
@@ -118,9 +123,9 @@ def insert_or_ignore(table: Table, pg: bool, **conflict: Any) -> Insert:
 
 @contextmanager
 def transaction(url: str | None = None, *, first: bool = False) -> Iterator[Connection]:
-    """One database transaction; a lost or refused connection, or a deadlock, becomes StoreUnavailable
-    (the transaction had no effect and may be tried again). Under gevent, `first` goes ahead of the
-    greenlets waiting at the store's gate (a heartbeat)."""
+    """One database transaction; a lost or refused connection, a deadlock, or no free connection in the
+    pool in time becomes StoreUnavailable (the transaction had no effect and may be tried again). Under
+    gevent, `first` goes ahead of the greenlets waiting at the store's gate (a heartbeat)."""
     url = url or get_settings().database_url
     try:
         # Prefork and threads pass straight on: the gate is for greenlets only.
@@ -136,6 +141,8 @@ def transaction(url: str | None = None, *, first: bool = False) -> Iterator[Conn
         if exc.connection_invalidated:
             raise StoreUnavailable(f"message store connection lost: {exc.orig}") from exc
         raise
+    except PoolTimeout as exc:  # every connection of the pool busy (more threads than connections)
+        raise StoreUnavailable(f"message store: no free connection in this process's pool: {exc}") from exc
 
 
 def _is_connectivity(exc: OperationalError) -> bool:

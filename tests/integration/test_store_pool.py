@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from sqlalchemy import event
 
 from openhub.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines, get_engine, transaction
@@ -38,3 +40,25 @@ def test_busy_transactions_reuse_the_processs_connections_instead_of_opening_new
         dispose_engines()
         assert errors == []
         assert len(opened) == busy, f"{len(opened)} connections opened for {busy} at a time"
+
+
+def test_a_transaction_that_finds_no_free_connection_in_time_finds_the_store_unavailable(monkeypatch) -> None:  # noqa: ANN001
+    # On the threads pool more steps than connections wait for one; past the pool's timeout SQLAlchemy
+    # raised its own TimeoutError, which the engine did not read as "try again": the step was recorded
+    # as failed instead of waiting for the store.
+    from openhub import db
+    from openhub.errors import StoreUnavailable
+
+    monkeypatch.setattr(db, "PG_POOL_SIZE", 1)
+    monkeypatch.setattr(db, "PG_POOL_TIMEOUT", 0.2)
+    with postgres_database() as url:
+        dispose_engines()
+        held = get_engine(url).connect()  # the pool's one connection, busy
+        try:
+            with pytest.raises(StoreUnavailable, match="no free connection"), transaction(url):
+                pass
+        finally:
+            held.close()
+        with transaction(url) as conn:  # free again
+            assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+        dispose_engines()
