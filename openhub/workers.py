@@ -120,9 +120,11 @@ def start_heartbeat(url: str | None = None, *, keep_trying: bool = False) -> str
     global _beating, _heart, _store_away
     worker_id = current_id()
     pid = os.getpid()
-    if _beating != pid:
+    if _beating != pid or not _heart_alive():
         with _lock:
-            if _beating != pid:
+            if _beating != pid or not _heart_alive():
+                if _beating == pid:
+                    log.error("worker %s: its heartbeat thread ended; starting it again", worker_id)
                 url = url or get_settings().database_url
                 node = current_node()
                 try:
@@ -183,12 +185,22 @@ def fenced(since: float) -> bool:
     return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since
 
 
+def _heart_alive() -> bool:
+    return _heart is not None and _heart[0].is_alive()
+
+
 def store_reachable() -> bool:
-    """Whether this process's last heartbeat reached the store (True where it does not heartbeat).
+    """Whether this process's heartbeat is current (True where it does not heartbeat): its last one
+    reached the store, no longer ago than the fence. A heartbeat stuck in the store (neither failed nor
+    written) is a store away as well; a heartbeat thread that ended is started again.
 
     A worker's main process takes no task from the broker while it is False (tasks/store_gate.py).
     """
-    return _beating != os.getpid() or not _store_away
+    if _beating != os.getpid():
+        return True
+    if not _heart_alive():
+        start_heartbeat(keep_trying=True)  # a store away meanwhile: the new thread goes on trying
+    return not _store_away and _renewed is not None and time.monotonic() - _renewed <= _fence_after()
 
 
 def stop_heartbeat() -> None:

@@ -2,9 +2,9 @@
 
 A step task needs the store before its call (to take the lease) and after it (to record the
 outcome): a task taken while the store is away waits in the worker, and a worker that dies
-meanwhile takes it along. So while the main process's own heartbeat (openhub.workers) fails, the
-worker stops consuming: a consumer bootstep makes the task channel's `can_consume` answer False,
-the way Celery's own `worker_disable_prefetch` holds back deliveries, and the tasks stay in the
+meanwhile takes it along. So while the main process's own heartbeat (openhub.workers) fails or is
+stuck, the worker stops consuming: a consumer bootstep makes the task channel's `can_consume` answer
+False, the way Celery's own `worker_disable_prefetch` holds back deliveries, and the tasks stay in the
 broker's queue for workers that can record them. The tasks it already took run and wait for the
 store in the engine. When a heartbeat reaches the store again, the worker consumes again.
 

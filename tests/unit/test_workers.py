@@ -97,3 +97,60 @@ def test_a_child_forked_while_the_heartbeat_holds_the_runs_lock_can_start_a_run(
         release.set()
         thread.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.fixture
+def heartbeating(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    """This process heartbeats (as a worker's main process does) on a SQLite store, every 0.2 s, its
+    fence at 0.75 s; the store's path is yielded."""
+    from openhub import workers
+    from openhub.config import reset_settings
+    from openhub.db import dispose_engines
+    from openhub.migrate import upgrade
+
+    path = tmp_path / "store.db"
+    monkeypatch.setenv("OPENHUB_DATABASE_URL", f"sqlite:///{path}")
+    monkeypatch.setenv("OPENHUB_WORKER_DEAD_AFTER", "1")
+    reset_settings()
+    upgrade()
+    workers.start_heartbeat(keep_trying=True)
+    yield path
+    workers.stop_heartbeat()
+    dispose_engines()
+    monkeypatch.undo()
+    reset_settings()
+
+
+def test_a_heartbeat_that_hangs_counts_as_a_store_away(heartbeating) -> None:  # noqa: ANN001
+    # The review of the store gate: a heartbeat stuck in the store (here its write lock, held elsewhere)
+    # neither failed nor succeeded, and the main process went on taking tasks it could not record.
+    import sqlite3
+
+    from openhub import workers
+    from tests.support.waiting import wait_for
+
+    assert workers.store_reachable()
+    holder = sqlite3.connect(heartbeating, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        wait_for(lambda: not workers.store_reachable(), 10, "the hung heartbeat to count as a store away")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    wait_for(workers.store_reachable, 10, "the heartbeat to reach the store again")
+
+
+def test_a_heartbeat_thread_that_ended_is_started_again(heartbeating) -> None:  # noqa: ANN001
+    # The review of the store gate: a heartbeat thread that ended (a BaseException in it) left the store
+    # reachable as its last heartbeat said, while others saw the process dead; or, its last one failed,
+    # unreachable for good: the worker never took a task again.
+    from openhub import workers
+    from tests.support.waiting import wait_for
+
+    thread, stop = workers._heart[:2]  # noqa: SLF001 - the thread is ended as a crash would
+    stop.set()
+    thread.join(10)
+    assert workers.store_reachable()  # the new thread's first heartbeat reached the store
+    assert workers._heart[0] is not thread and workers._heart[0].is_alive()  # noqa: SLF001
+    renewed = workers._renewed  # noqa: SLF001
+    wait_for(lambda: workers._renewed != renewed, 10, "the new thread to heartbeat on")  # noqa: SLF001
