@@ -15,12 +15,9 @@ import uuid
 from queue import Empty
 from time import monotonic_ns
 
-from kombu.transport import TRANSPORT_ALIASES, filesystem
+from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
-
-ALIAS = "openhubfs"
-
 
 _sequence = itertools.count()
 
@@ -66,8 +63,3 @@ class Transport(filesystem.Transport):
 
     Channel = Channel
 
-
-def register() -> str:
-    """Make `openhubfs://` resolve to this transport; returns the broker URL to use."""
-    TRANSPORT_ALIASES[ALIAS] = f"{__name__}:Transport"
-    return f"{ALIAS}://localhost//"  # the host is unused; without one kombu warns on every connection

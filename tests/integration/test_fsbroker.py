@@ -2,25 +2,49 @@
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
 from kombu import Connection
 
-from openhub.fsbroker import register
+from openhub.config import reset_settings
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 
-def test_messages_sent_in_one_millisecond_are_read_in_the_order_sent(tmp_path) -> None:  # noqa: ANN001
-    folder = tmp_path / "broker"
-    folder.mkdir()
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "store_processed": False}
-    with Connection(register(), transport_options=options) as conn:
-        channel = conn.default_channel
-        for n in range(300):  # far more than one millisecond holds
-            channel._put("q", {"n": n})
-        assert [channel._get("q")["n"] for _ in range(300)] == list(range(300))
+@pytest.fixture
+def broker(tmp_path, monkeypatch) -> Any:  # noqa: ANN001
+    """A connection to the embedded broker as celeryconfig.py names it (its URL, transport and folders)."""
+    monkeypatch.setenv("OPENHUB_BROKER_URL", "filesystem://")
+    monkeypatch.setenv("OPENHUB_VAR_DIR", str(tmp_path))
+    reset_settings()
+    try:
+        config = runpy.run_path(str(PROJECT / "celeryconfig.py"))
+    finally:
+        monkeypatch.undo()
+        reset_settings()
+    with Connection(config["broker_url"], transport=config["broker_transport"],
+                    transport_options=config["broker_transport_options"]) as conn:
+        yield conn
 
 
-def test_its_url_names_a_host_so_kombu_warns_of_none(tmp_path, caplog) -> None:  # noqa: ANN001
+def test_it_is_openhubs_transport(broker: Connection) -> None:
+    from openhub.fsbroker import Transport
+
+    assert isinstance(broker.transport, Transport)
+
+
+def test_messages_sent_in_one_millisecond_are_read_in_the_order_sent(broker: Connection) -> None:
+    channel = broker.default_channel
+    for n in range(300):  # far more than one millisecond holds
+        channel._put("q", {"n": n})
+    assert [channel._get("q")["n"] for _ in range(300)] == list(range(300))
+
+
+def test_its_url_names_a_host_so_kombu_warns_of_none(broker: Connection, caplog) -> None:  # noqa: ANN001
     # kombu warned "No hostname was supplied" on every connection: noise in every worker's console.
-    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path)}
-    with caplog.at_level("WARNING", logger="kombu.connection"), Connection(register(), transport_options=options) as c:
-        c.info()
+    with caplog.at_level("WARNING", logger="kombu.connection"):
+        broker.info()
     assert "No hostname" not in caplog.text
