@@ -105,16 +105,17 @@ def _send_one(confirmation_id: int, claim: str) -> int:
         log.info("message %s (%s) ended %s; no confirmer for source system %s", view.id, view.correlation_id,
                  row.outcome, view.source_system)
     else:
+        hook = f"hook {row.hook}" if row.hook else None  # a hook's span and log say which; a confirmation's, to whom
         # In the message's trace (openhub.tracing): the confirmer's HTTP call is a child of this span.
-        with message_span(f"hook {row.hook}" if row.hook else f"confirm {view.source_system}", view,
-                          view.traceparent, outcome=row.outcome, attempt=row.attempts + 1, hook=row.hook) as span:
+        with message_span(hook or f"confirm {view.source_system}", view, view.traceparent, outcome=row.outcome,
+                          attempt=row.attempts + 1, hook=row.hook) as span:
             try:
                 confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
                                   delivery_id=row.id))
             except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
                 error = redact_text(traceback.format_exc())  # a webhook URL's credentials stay out of it
-                log.warning("%s of message %s failed: %s", f"hook {row.hook}" if row.hook else
-                            f"confirmation to {view.source_system}", view.id, error_line(error))
+                log.warning("%s of message %s failed: %s", hook or f"confirmation to {view.source_system}", view.id,
+                            error_line(error))
                 failed(span, error_line(error))
     now = utcnow()
     attempts = row.attempts + 1
@@ -139,8 +140,6 @@ def _send_one(confirmation_id: int, claim: str) -> int:
             attempt += 1
             log.warning("confirmation of message %s: recording failed (%s); trying again", view.id, exc)
             time.sleep(outage_pause(attempt))
-
-
 
 
 def _missing(name: str) -> Confirmer:
