@@ -129,7 +129,7 @@ def test_a_heartbeat_that_hangs_counts_as_a_store_away(heartbeating) -> None:  #
     from openhub import workers
     from tests.support.waiting import wait_for
 
-    assert workers.store_reachable()
+    wait_for(workers.store_reachable, 10, "the heartbeat to reach the store")
     holder = sqlite3.connect(heartbeating, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -150,7 +150,8 @@ def test_a_heartbeat_thread_that_ended_is_started_again(heartbeating) -> None:  
     thread, stop = workers._heart[:2]  # noqa: SLF001 - the thread is ended as a crash would
     stop.set()
     thread.join(10)
-    assert workers.store_reachable()  # the new thread's first heartbeat reached the store
+    workers.store_reachable()  # the worker's gate asks: the thread is started again
     assert workers._heart[0] is not thread and workers._heart[0].is_alive()  # noqa: SLF001
     renewed = workers._renewed  # noqa: SLF001
-    wait_for(lambda: workers._renewed != renewed, 10, "the new thread to heartbeat on")  # noqa: SLF001
+    wait_for(lambda: workers._renewed != renewed, 10, "the new thread to heartbeat")  # noqa: SLF001
+    wait_for(workers.store_reachable, 10, "the store to count as reachable again")
