@@ -151,7 +151,7 @@ def overview(now: datetime | None = None) -> dict[str, Any]:
 
 def workers(timeout: float = 0.5) -> dict[str, Any]:
     """The Celery workers that answered a ping; `available` is False when the broker could not be asked."""
-    from .dispatch import ping_workers
+    from .hub import current
 
-    seen = ping_workers(timeout)
+    seen = current().publisher.ping_workers(timeout)
     return {"available": seen is not None, "workers": seen or []}

@@ -15,11 +15,12 @@ from typing import Any, Callable
 
 from sqlalchemy import Select, and_, not_, select
 
-from . import dispatch, leases
+from . import leases
 from .confirm import send_confirmations
 from .db import is_postgres, transaction
 from .errors import UnknownRouteError
 from .funnel import release_funnel
+from .hub import current
 from .lifecycle import FollowUps, apply_event, redispatch
 from .policy import UNKNOWN_ROUTE_BACKOFF
 from .registry import get_registry
@@ -41,11 +42,12 @@ def carry_out(follow: FollowUps, now: datetime) -> None:
 
     A follow-up that fails is logged and left to the poller's backstop; the others still run.
     """
+    publisher = current().publisher
     if follow.chains:
-        dispatch.publish_many(follow.chains)  # a refused publish is re-driven by the poller
+        publisher.publish_many(follow.chains)  # a refused publish is re-driven by the poller
     for message_id in follow.confirm:  # sent by their own task: a slow receiver must not hold this one
         try:
-            published = dispatch.publish_confirmation(message_id)
+            published = publisher.publish_confirmation(message_id)
         except Exception:  # noqa: BLE001 - the row is due: the poller sends it
             log.exception("message %s: could not publish its confirmation; the poller sends it", message_id)
             continue
