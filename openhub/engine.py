@@ -27,17 +27,16 @@ from sqlalchemy import Connection, and_, select
 
 from . import admission, leases
 from .admission import Refusal
-from .config import get_settings
 from .context import NoEffect, StepContext, WaitForResponse, error_line
-from .db import transaction, utcnow
+from .db import transaction
 from .errors import Holdback, Interrupted, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
+from .hub import Hub, current
 from .breaker import counts_against_system
 from .lifecycle import FollowUps, apply_event, redispatch, resume_split
 from .model import Split
 from .policy import outage_pause, retry_policy, step_timeout, verdict_due
 from .redrive import carry_out
-from .registry import get_registry
 from .runs import Entered, StepRun, TimeLimit
 from .schema import transitions
 from .split import prepare_children, write_children
@@ -64,15 +63,15 @@ class _Tx:
 
 
 def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False,
-             clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None, *,
+             hub: Hub | None = None, limit: TimeLimit | None = None, *,
              translate: Callable[[BaseException], BaseException] | None = None) -> StepReport:
-    """Run step `index` of the route for the message; `clock` tells the time (LocalHub moves it)."""
-    return run_steps(route_name, index, index + 1, message_id, token, redelivered, clock, limit,
+    """Run step `index` of the route for the message in `hub` (default: the process's)."""
+    return run_steps(route_name, index, index + 1, message_id, token, redelivered, hub, limit,
                      translate=translate)[1]
 
 
 def run_steps(route_name: str, start: int, end: int, message_id: int, token: str, redelivered: bool = False,
-              clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None, *,
+              hub: Hub | None = None, limit: TimeLimit | None = None, *,
               translate: Callable[[BaseException], BaseException] | None = None) -> tuple[int, StepReport]:
     """Run steps `start`..`end - 1` of the route for the message, one after another in this process
     (a fused task); returns the last step that ran and its report. `translate` reads the driver's own
@@ -81,8 +80,9 @@ def run_steps(route_name: str, start: int, end: int, message_id: int, token: str
     A step that succeeded hands its lease to the next in the transaction that records it: one commit
     between two steps instead of two, with the same claim, fencing token and external-call record.
     """
+    hub = hub or current()  # the driver's hub: its routes, settings and clock (LocalHub moves the clock)
     options = {} if translate is None else {"translate": translate}
-    return _carry_through(StepRun(get_registry().route(route_name), start, message_id, token, clock, redelivered,
+    return _carry_through(StepRun(hub.registry.route(route_name), start, message_id, token, hub, redelivered,
                                   limit, **options), end)
 
 
@@ -159,7 +159,7 @@ def _outcome(run: StepRun, entered: Entered) -> Verdict:
 def _run(run: StepRun, ctx: StepContext) -> Verdict:
     item = run.item
     try:
-        with run.limit(step_timeout(item, get_settings()).total_seconds()) if run.limit else nullcontext():
+        with run.limit(step_timeout(item, run.hub.settings).total_seconds()) if run.limit else nullcontext():
             result = item.fn(ctx)
         if isinstance(item, Split):
             return Verdict(Event.SPLIT, children=list(result or []))
@@ -314,7 +314,7 @@ def _answered_early(conn: Connection, message_id: int) -> bool:
 
 def _finish(tx: _Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> None:
     """Apply a verdict that ends this chain: final state, retry, postpone, wait or split."""
-    settings = get_settings()
+    settings = run.hub.settings
     item, event = run.item, verdict.event
     assert event is not None
     values.update(leases.dropped())

@@ -34,7 +34,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -321,12 +321,15 @@ class LocalHub:
         def clock() -> Any:
             return utcnow() + timedelta(seconds=seconds)
 
+        assert self.hub is not None, "run() inside `with LocalHub(...)`"
+        hub = replace(self.hub, clock=clock)
+
         done = 0
         while self.publisher.chains and done < limit:
             route, message_id, token, start, _trace = self.publisher.chains.popleft()
             for index in dispatch.task_starts(route, start):  # task by task, as the workers would
                 if not run_steps(route.name, index, dispatch.task_end(route, index), message_id, token,
-                                 clock=clock)[1]:
+                                 hub=hub)[1]:
                     break
             done += 1
         return done

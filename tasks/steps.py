@@ -64,7 +64,7 @@ def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
     return step_alarm if steps > 1 else None
 
 
-def _step_task(app: Celery, route: Route, index: int) -> Task:
+def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
     end = task_end(route, index)
 
     def run(self: Task, message_id: int, token: str) -> str:
@@ -72,8 +72,8 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
         try:
-            step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered=redelivered,
-                                            limit=limit, translate=translate)
+            step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered, hub, limit,
+                                            translate=translate)
         except StoreUnavailable as exc:
             # The database restarted or is briefly away: try the same task again, same token
             # (steps it already carried through are found OK and skipped).
@@ -103,7 +103,7 @@ def register_step_tasks(app: Celery, hub: Hub) -> None:
                 raise ConfigurationError(f"task {task_name(route, item)} may run {timeout:.0f} s, longer than the "
                                          f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
             queues.add(route.step_queue(item) or app.conf.task_default_queue)
-            _step_task(app, route, index)
+            _step_task(app, hub, route, index)
     confirm = hub.settings.confirm_queue  # openhub.confirm's own queue, bound by its name alone
     app.conf.task_queues = [Queue(q) for q in sorted(queues - {confirm})] + (
         [Queue(confirm, routing_key=confirm)] if confirm and confirm not in queues else [])
