@@ -54,6 +54,16 @@ class FollowUps:
             getattr(self, f.name).extend(getattr(other, f.name))
 
 
+@dataclass(frozen=True)
+class Tx:
+    """One transaction that writes message state: its connection, the time it writes at, and what it
+    asks for after commit."""
+
+    conn: Connection
+    now: datetime
+    follow: FollowUps
+
+
 def apply_event(conn: Connection, row: Any, event: Event, route: Route | None, item: RouteStep | None,
                 now: datetime, follow: FollowUps, detail: str | None = None, *, keep_run: bool = False,
                 settle: bool = True, **values: Any) -> State:
