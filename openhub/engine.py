@@ -315,7 +315,7 @@ def _finish(tx: Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> 
         values["due_at"] = None
         assert isinstance(item, Split)
         write_children(tx.conn, row.id, item, verdict.children)
-    apply_event(tx.conn, row, event, run.route, item, tx.now, tx.follow, detail=verdict.short(), **values)
+    apply_event(tx, row, event, run.route, item, detail=verdict.short(), **values)
 
 
 # --- entering a step ----------------------------------------------------------------------------------------
@@ -356,14 +356,14 @@ def _claim(tx: Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
     # A retry's chain starts at the route's first step and skips those already OK: the history names
     # the step the attempt resumes at, as its call records tell (a first attempt has none to read).
     resumes = leases.first_step_not_done(tx.conn, row, run.route, run.item) if row.attempts else run.item
-    apply_event(tx.conn, row, Event.CLAIMED, run.route, resumes, tx.now, tx.follow, attempts=row.attempts + 1,
+    apply_event(tx, row, Event.CLAIMED, run.route, resumes, attempts=row.attempts + 1,
                 started_at=row.started_at or tx.now, blocked_since=None, **lease)
     return True
 
 
 def _refuse(tx: Tx, row: Any, run: StepRun, refusal: Refusal) -> None:
     """Write what admission refused, instead of the step."""
-    apply_event(tx.conn, row, refusal.event, run.route, run.item, tx.now, tx.follow, detail=refusal.detail,
+    apply_event(tx, row, refusal.event, run.route, run.item, detail=refusal.detail,
                 **refusal.values)
 
 
