@@ -18,7 +18,7 @@ from .context import MessageView
 from .db import database_now, insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import Draining, InputError, PayloadTooLarge, SourceNotAllowed
 from .config import get_settings
-from .model import Route
+from .model import Route, route_name
 from .hub import current
 from .policy import handover_due
 from .registry import get_registry
@@ -361,7 +361,7 @@ def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
     chain was refused (or lost) is re-driven by the poller when its due time comes.
     """
     hub = current()
-    return hub.publisher.publish_many([(hub.registry.route(f"{row['service']}.{row['operation']}"), message_id,
+    return hub.publisher.publish_many([(hub.registry.route(route_name(row['service'], row['operation'])), message_id,
                                         row["attempt_id"], 0, row.get("traceparent")) for message_id, row in fresh])
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from .config import Settings, get_settings
 from .errors import ConfigurationError, UnknownRouteError
-from .model import Route, Split
+from .model import Route, Split, route_name
 from .states import State
 
 if TYPE_CHECKING:
@@ -102,11 +102,11 @@ class Registry:
 
     def route_of(self, message: MessageRow) -> Route:
         """The route a stored message belongs to (by its `service` and `operation`), or UnknownRouteError."""
-        return self.route(f"{message.service}.{message.operation}")
+        return self.route(route_name(message.service, message.operation))
 
     def find_route_of(self, message: MessageRow) -> Route | None:
         """The route a stored message belongs to, or None when no loaded route has its name."""
-        return self.routes.get(f"{message.service}.{message.operation}")
+        return self.routes.get(route_name(message.service, message.operation))
 
     def add(self, route: Route, origin: str) -> None:
         """Add a route, refusing a second route of the same name."""

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from .. import operator, producer, tracing
 from ..context import MessageView
-from ..model import Route
+from ..model import Route, route_name
 from ..errors import InputError
 from ..registry import get_registry
 from ..states import State
@@ -398,7 +398,7 @@ async def submit_message(
     request.state.correlation_id = x_correlation_id
     if x_source_system is not None and x_source_system != system:
         raise ApiError(403, f"this API key belongs to {system}, not {x_source_system}")
-    route = served(request).registry.route(f"{service}.{operation}")
+    route = served(request).registry.route(route_name(service, operation))
     mime, charset = body.media_type(request)
     if not (body.is_json(mime) or body.is_text(mime)):
         raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
@@ -471,9 +471,9 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
         if item.source_system is not None and item.source_system != system:
             raise ApiError(403, f"message #{i}: this API key belongs to {system}, not {item.source_system}")
         if item.route is not None and (item.service or item.operation):
-            if item.route != f"{item.service}.{item.operation}":
+            if item.route != route_name(item.service, item.operation):
                 raise InputError(f"message #{i}: give either route or service and operation")
-        name = item.route or (f"{item.service}.{item.operation}" if item.service and item.operation else None)
+        name = item.route or (route_name(item.service, item.operation) if item.service and item.operation else None)
         if name is None:
             raise InputError(f"message #{i}: route (or service and operation) is required")
         route = registry.route(name)

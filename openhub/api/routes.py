@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import operator
+from ..model import route_name
 from .auth import Caller, admin
 from .served import ServedHub
 
@@ -38,7 +39,7 @@ def list_routes(_: Annotated[Caller, Depends(admin)], hub: ServedHub) -> list[di
 def pause_route(service: Name, operation: Name, _: Annotated[Caller, Depends(admin)],
                 hub: ServedHub) -> dict[str, Any]:
     """Stop starting messages of the route until it is resumed."""
-    name = hub.registry.route(f"{service}.{operation}").name
+    name = hub.registry.route(route_name(service, operation)).name
     operator.pause(name)
     return {"route": name, "paused": True}
 
@@ -47,7 +48,7 @@ def pause_route(service: Name, operation: Name, _: Annotated[Caller, Depends(adm
 def resume_route(service: Name, operation: Name, _: Annotated[Caller, Depends(admin)],
                  hub: ServedHub) -> dict[str, Any]:
     """Resume the route; its postponed messages are re-driven at once."""
-    name = hub.registry.route(f"{service}.{operation}").name
+    name = hub.registry.route(route_name(service, operation)).name
     redriven = operator.resume(name)
     return {"route": name, "paused": False, "redriven": redriven}
 

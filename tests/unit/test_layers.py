@@ -110,3 +110,14 @@ def test_imports_under_type_checking_do_not_count() -> None:
     # model.py names StepContext for its type hints only; context.py imports model at run time.
     assert "openhub.context" not in _imports(PACKAGE / "model.py")
 
+
+# Modules that read settings, routes and the clock from the hub they are given (a step run's), never
+# from the process's globals: what a driver passes in is what they run with.
+GIVEN_THE_HUB = ["engine.py", "runs.py"]
+
+
+def test_the_engine_reads_the_hub_it_is_given_not_the_process_globals() -> None:
+    for name in GIVEN_THE_HUB:
+        calls = {node.func.id for node in ast.walk(ast.parse((PACKAGE / name).read_text()))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        assert not calls & {"get_settings", "get_registry"}, name
