@@ -11,17 +11,18 @@ import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Mapping
 
 from .errors import ConfigurationError
 from .signing import secret_keys
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+def _env(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(name, default)
 
 
-def _seconds(name: str, default: float) -> timedelta:
-    raw = os.environ.get(name)
+def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
+    raw = env.get(name)
     if raw is None or raw == "":
         return timedelta(seconds=default)
     try:
@@ -33,8 +34,8 @@ def _seconds(name: str, default: float) -> timedelta:
     return timedelta(seconds=value)
 
 
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -43,10 +44,10 @@ def _int(name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _limits(name: str) -> dict[str, int]:
+def _limits(env: Mapping[str, str], name: str) -> dict[str, int]:
     """Parse `billing=4,crm=2` into {"billing": 4, "crm": 2} (each at least 1)."""
     limits = {}
-    for system, raw in _pairs(name).items():
+    for system, raw in _pairs(env, name).items():
         try:
             limits[system] = int(raw)
         except ValueError:
@@ -56,10 +57,10 @@ def _limits(name: str) -> dict[str, int]:
     return limits
 
 
-def _rates(name: str) -> dict[str, tuple[int, float]]:
+def _rates(env: Mapping[str, str], name: str) -> dict[str, tuple[int, float]]:
     """Parse `billing=10/1,crm=100/60` (calls per seconds) into {"billing": (10, 1.0), "crm": (100, 60.0)}."""
     rates = {}
-    for system, raw in _pairs(name).items():
+    for system, raw in _pairs(env, name).items():
         calls, _, seconds = raw.partition("/")
         try:
             rates[system] = (int(calls), float(seconds))
@@ -70,9 +71,9 @@ def _rates(name: str) -> dict[str, tuple[int, float]]:
     return rates
 
 
-def _all_pairs(name: str) -> tuple[tuple[str, str], ...]:
+def _all_pairs(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
     """Parse `A=x,A=y,B=z` into every (name, value), a name given twice keeping both."""
-    raw = os.environ.get(name, "").strip()
+    raw = env.get(name, "").strip()
     pairs = []
     for part in raw.split(",") if raw else []:
         if "=" not in part:
@@ -82,9 +83,9 @@ def _all_pairs(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _pairs(name: str) -> dict[str, str]:
+def _pairs(env: Mapping[str, str], name: str) -> dict[str, str]:
     """Parse `A=x,B=y` into {"A": "x", "B": "y"}."""
-    raw = os.environ.get(name, "").strip()
+    raw = env.get(name, "").strip()
     result: dict[str, str] = {}
     if not raw:
         return result
@@ -96,16 +97,16 @@ def _pairs(name: str) -> dict[str, str]:
     return result
 
 
-def _redact_bodies() -> str:
+def _redact_bodies(env: Mapping[str, str]) -> str:
     # Checked at load: a typo here must not silently record bodies in clear (or drop them).
-    mode = _env("OPENHUB_REDACT_BODIES", "fields").strip().lower() or "fields"
+    mode = _env(env, "OPENHUB_REDACT_BODIES", "fields").strip().lower() or "fields"
     if mode not in ("fields", "all", "none"):
         raise ConfigurationError(f"OPENHUB_REDACT_BODIES must be fields, all or none, got {mode!r}")
     return mode
 
 
-def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = _env(name, default).strip().lower() or default
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _env(env, name, default).strip().lower() or default
     if value not in choices:
         raise ConfigurationError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
@@ -172,68 +173,81 @@ class Settings:
         return self.database_url.startswith("sqlite")
 
     @classmethod
-    def from_env(cls) -> "Settings":
-        """Read every OPENHUB_* variable, falling back to the embedded defaults under ./var/."""
-        var_dir = Path(_env("OPENHUB_VAR_DIR", "var")).absolute()
-        routes = tuple(r.strip() for r in _env("OPENHUB_ROUTES", "routes").split(",") if r.strip())
-        broker = _env("OPENHUB_BROKER_URL", "filesystem://")
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Read every OPENHUB_* variable of `env` (default: this process's environment), falling back
+        to the embedded defaults under ./var/."""
+        env = os.environ if env is None else env
+        var_dir = Path(_env(env, "OPENHUB_VAR_DIR", "var")).absolute()
+        routes = tuple(r.strip() for r in _env(env, "OPENHUB_ROUTES", "routes").split(",") if r.strip())
+        broker = _env(env, "OPENHUB_BROKER_URL", "filesystem://")
         return cls(
             var_dir=var_dir,
-            database_url=_env("OPENHUB_DATABASE_URL", f"sqlite:///{var_dir / 'openhub.db'}"),
+            database_url=_env(env, "OPENHUB_DATABASE_URL", f"sqlite:///{var_dir / 'openhub.db'}"),
             broker_url=broker,
             routes=routes,
-            max_fails=_int("OPENHUB_MAX_FAILS", 3),
-            retry_interval=_seconds("OPENHUB_RETRY_INTERVAL", 60),
-            postpone_interval=_seconds("OPENHUB_POSTPONE_INTERVAL", 5),
-            poll_interval=_seconds("OPENHUB_POLL_INTERVAL", 5),
-            lease_grace=_seconds("OPENHUB_LEASE_GRACE", 300),
-            step_timeout=_seconds("OPENHUB_STEP_TIMEOUT", 300),
-            confirm_max_fails=_int("OPENHUB_CONFIRM_MAX_FAILS", 3),
-            confirm_interval=_seconds("OPENHUB_CONFIRM_INTERVAL", 60),
-            confirm_timeout=_seconds("OPENHUB_CONFIRM_TIMEOUT", 30),
-            confirm_queue=_env("OPENHUB_CONFIRM_QUEUE", ""),
-            api_keys=_pairs("OPENHUB_API_KEYS"),
-            api_key_pairs=_all_pairs("OPENHUB_API_KEYS"),
-            auth_failures=_int("OPENHUB_AUTH_FAILURES", 20),
-            auth_window=_seconds("OPENHUB_AUTH_WINDOW", 60),
-            admin_token=os.environ.get("OPENHUB_ADMIN_TOKEN") or None,
-            metrics_token=os.environ.get("OPENHUB_METRICS_TOKEN") or None,
-            max_payload_bytes=_int("OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
-            throttling=_env("OPENHUB_THROTTLING", ""),
-            redis_url=os.environ.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),
-            worker_dead_after=_seconds("OPENHUB_WORKER_DEAD_AFTER", 15),
-            max_clock_skew=_seconds("OPENHUB_MAX_CLOCK_SKEW", 300),
-            worker_metrics=_env("OPENHUB_WORKER_METRICS", ""),
-            max_nesting=_int("OPENHUB_MAX_NESTING", 64),
-            max_concurrency=_int("OPENHUB_MAX_CONCURRENCY", 256),
-            metrics_cache=_seconds("OPENHUB_METRICS_CACHE", 5),
-            http_record_bytes=_int("OPENHUB_HTTP_RECORD_BYTES", 4096),
-            http_record_days=_int("OPENHUB_HTTP_RECORD_DAYS", 14),
-            redact_headers=frozenset(h.strip().lower() for h in _env("OPENHUB_REDACT_HEADERS", "").split(",")
+            max_fails=_int(env, "OPENHUB_MAX_FAILS", 3),
+            retry_interval=_seconds(env, "OPENHUB_RETRY_INTERVAL", 60),
+            postpone_interval=_seconds(env, "OPENHUB_POSTPONE_INTERVAL", 5),
+            poll_interval=_seconds(env, "OPENHUB_POLL_INTERVAL", 5),
+            lease_grace=_seconds(env, "OPENHUB_LEASE_GRACE", 300),
+            step_timeout=_seconds(env, "OPENHUB_STEP_TIMEOUT", 300),
+            confirm_max_fails=_int(env, "OPENHUB_CONFIRM_MAX_FAILS", 3),
+            confirm_interval=_seconds(env, "OPENHUB_CONFIRM_INTERVAL", 60),
+            confirm_timeout=_seconds(env, "OPENHUB_CONFIRM_TIMEOUT", 30),
+            confirm_queue=_env(env, "OPENHUB_CONFIRM_QUEUE", ""),
+            api_keys=_pairs(env, "OPENHUB_API_KEYS"),
+            api_key_pairs=_all_pairs(env, "OPENHUB_API_KEYS"),
+            auth_failures=_int(env, "OPENHUB_AUTH_FAILURES", 20),
+            auth_window=_seconds(env, "OPENHUB_AUTH_WINDOW", 60),
+            admin_token=env.get("OPENHUB_ADMIN_TOKEN") or None,
+            metrics_token=env.get("OPENHUB_METRICS_TOKEN") or None,
+            max_payload_bytes=_int(env, "OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
+            throttling=_env(env, "OPENHUB_THROTTLING", ""),
+            redis_url=env.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),
+            worker_dead_after=_seconds(env, "OPENHUB_WORKER_DEAD_AFTER", 15),
+            max_clock_skew=_seconds(env, "OPENHUB_MAX_CLOCK_SKEW", 300),
+            worker_metrics=_env(env, "OPENHUB_WORKER_METRICS", ""),
+            max_nesting=_int(env, "OPENHUB_MAX_NESTING", 64),
+            max_concurrency=_int(env, "OPENHUB_MAX_CONCURRENCY", 256),
+            metrics_cache=_seconds(env, "OPENHUB_METRICS_CACHE", 5),
+            http_record_bytes=_int(env, "OPENHUB_HTTP_RECORD_BYTES", 4096),
+            http_record_days=_int(env, "OPENHUB_HTTP_RECORD_DAYS", 14),
+            redact_headers=frozenset(h.strip().lower() for h in _env(env, "OPENHUB_REDACT_HEADERS", "").split(",")
                                      if h.strip()),
-            redact_bodies=_redact_bodies(),
-            breaker_failures=_int("OPENHUB_BREAKER_FAILURES", 5),
-            breaker_open=_seconds("OPENHUB_BREAKER_OPEN", 60),
-            system_limits=_limits("OPENHUB_SYSTEM_LIMITS"),
-            system_rates=_rates("OPENHUB_SYSTEM_RATES"),
-            webhook_url=os.environ.get("OPENHUB_WEBHOOK_URL") or None,
-            webhook_states=frozenset(s.strip().upper() for s in _env("OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
+            redact_bodies=_redact_bodies(env),
+            breaker_failures=_int(env, "OPENHUB_BREAKER_FAILURES", 5),
+            breaker_open=_seconds(env, "OPENHUB_BREAKER_OPEN", 60),
+            system_limits=_limits(env, "OPENHUB_SYSTEM_LIMITS"),
+            system_rates=_rates(env, "OPENHUB_SYSTEM_RATES"),
+            webhook_url=env.get("OPENHUB_WEBHOOK_URL") or None,
+            webhook_states=frozenset(s.strip().upper() for s in _env(env, "OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),
-            webhook_secrets=secret_keys(_env("OPENHUB_WEBHOOK_SECRET", ""), "OPENHUB_WEBHOOK_SECRET"),
-            trace_url=os.environ.get("OPENHUB_TRACE_URL") or None,
-            log_format=_choice("OPENHUB_LOG_FORMAT", "text", ("text", "json")),
+            webhook_secrets=secret_keys(_env(env, "OPENHUB_WEBHOOK_SECRET", ""), "OPENHUB_WEBHOOK_SECRET"),
+            trace_url=env.get("OPENHUB_TRACE_URL") or None,
+            log_format=_choice(env, "OPENHUB_LOG_FORMAT", "text", ("text", "json")),
         )
 
 
-_settings: Settings | None = None
+_settings: Settings | None = None  # read from the environment on first use
+_served: Settings | None = None  # the settings of the hub installed in this process (openhub.hub.install)
 
 
 def get_settings() -> Settings:
-    """The process-wide settings (read from the environment on first use)."""
+    """The settings of the hub installed in this process (`openhub.hub.install`), else the process's
+    own, read from the OPENHUB_* environment on first use."""
     global _settings
+    if _served is not None:
+        return _served
     if _settings is None:
         _settings = Settings.from_env()
     return _settings
+
+
+def serve_settings(settings: Settings | None) -> None:
+    """Answer `settings` from `get_settings()` until told otherwise (None: the environment's again);
+    `openhub.hub.install` calls it."""
+    global _served
+    _served = settings
 
 
 def reset_settings() -> None:

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .errors import StepOutcome
+from .model import route_name
 
 log = logging.getLogger("openhub.step")
 
@@ -33,7 +34,7 @@ class MessageInfo:
     @property
     def route(self) -> str:
         """`service.operation`."""
-        return f"{self.service}.{self.operation}"
+        return route_name(self.service, self.operation)
 
 
 @dataclass(frozen=True)

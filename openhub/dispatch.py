@@ -2,8 +2,8 @@
 
 It builds the Celery application from `celeryconfig.py`, turns a route into a chain of
 signatures (one task per step, named `openhub.<service>.<operation>.<step>`, or one per run of
-steps for a fused route) and publishes it through the process's `Publisher`: `CeleryPublisher`, or
-what `use` installs in its place (`openhub.testing.LocalHub` keeps the chains in this process).
+steps for a fused route) and publishes it: `CeleryPublisher` is the `Publisher` of a hub
+(openhub.hub) that hands its work to Celery; `openhub.testing.LocalHub`'s keeps the chains in this process.
 Celery is imported lazily so that the routing model and reading messages need no broker.
 """
 
@@ -14,10 +14,9 @@ import logging
 import os
 import sys
 import threading
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Collection, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Protocol, Sequence
 
-from .config import get_settings
+from .config import Settings
 from .errors import ConfigurationError
 from .model import Route, RouteStep
 from .policy import step_timeout
@@ -105,12 +104,11 @@ def task_starts(route: Route, start: int = 0) -> list[int]:
     return starts
 
 
-def task_options(route: Route, index: int) -> dict[str, Any]:
+def task_options(route: Route, index: int, settings: Settings) -> dict[str, Any]:
     """Celery options of the task that starts at step `index`: queue, priority and time limits.
 
     A fused task may run as long as all its steps together; each step keeps its own limit inside it.
     """
-    settings = get_settings()
     steps = route.steps[index:task_end(route, index)]
     timeout = sum(step_timeout(item, settings).total_seconds() for item in steps)
     options: dict[str, Any] = {"soft_time_limit": timeout, "time_limit": timeout + HARD_LIMIT_MARGIN}
@@ -122,7 +120,7 @@ def task_options(route: Route, index: int) -> dict[str, Any]:
     return options
 
 
-def step_signatures(route: Route, message_id: int, token: str, start: int = 0) -> list[Any]:
+def step_signatures(route: Route, message_id: int, token: str, start: int, settings: Settings) -> list[Any]:
     """The tasks that carry one message through `route` from step `start` on: one per step, or per run
     of fused steps, each with the error callback that records a crashed task."""
     app = celery_app()
@@ -131,15 +129,15 @@ def step_signatures(route: Route, message_id: int, token: str, start: int = 0) -
     # Celery's saferepr for every task published: that was a tenth of publishing a chain.
     shown = {"argsrepr": repr((message_id, token)), "kwargsrepr": "{}"}
     return [app.signature(task_name(route, route.steps[index]), args=(message_id, token), immutable=True,
-                          options={**task_options(route, index), **shown}).on_error(errback)
+                          options={**task_options(route, index, settings), **shown}).on_error(errback)
             for index in task_starts(route, start)]
 
 
-def step_chain(route: Route, message_id: int, token: str, start: int = 0) -> Any:
+def step_chain(route: Route, message_id: int, token: str, start: int, settings: Settings) -> Any:
     """The same tasks as a Celery chain."""
     from celery.canvas import chain
 
-    return chain(*step_signatures(route, message_id, token, start))
+    return chain(*step_signatures(route, message_id, token, start, settings))
 
 
 # A message's chain as the engine asks for it: route, message id, fencing token, first step, and the
@@ -150,8 +148,8 @@ Chain = tuple[Route, int, str, int, str | None]
 class Publisher(Protocol):
     """Where the hub hands its work to workers, and asks about them.
 
-    `CeleryPublisher` (the default) publishes to the broker; `openhub.testing.LocalHub` installs a
-    local one (`use`) that keeps the chains in this process for `LocalHub.run`.
+    `CeleryPublisher` (the default) publishes to the broker; `openhub.testing.LocalHub`'s hub has a
+    local one that keeps the chains in this process for `LocalHub.run`.
     """
 
     def publish_many(self, chains: Sequence[Chain]) -> set[int]:
@@ -174,7 +172,11 @@ class Publisher(Protocol):
 
 
 class CeleryPublisher:
-    """Publishes to the Celery broker of `celery_app()`."""
+    """Publishes to the Celery broker of `celery_app()`, with the time limits and confirmation queue
+    `settings` give."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
 
     def publish_many(self, chains: Sequence[Chain]) -> set[int]:
         """One producer publishes them all inside kombu's publish batch: on Redis every chain's first
@@ -190,7 +192,7 @@ class CeleryPublisher:
             declared: set[str] = set()
             with app.producer_or_acquire() as producer, producer.batch():
                 for route, message_id, token, start, traceparent in chains:
-                    first, *rest = step_signatures(route, message_id, token, start)
+                    first, *rest = step_signatures(route, message_id, token, start, self.settings)
                     # Each queue is declared once per batch, not once per message (kombu's cached
                     # declaration still copies and binds the queue on every publish).
                     queue = first.options.get("queue", app.conf.task_default_queue)
@@ -210,7 +212,7 @@ class CeleryPublisher:
         """`openhub.confirm` on OPENHUB_CONFIRM_QUEUE (default: the default queue); a refused publish
         raises, and the poller sends the confirmation when it is due."""
         app = celery_app()
-        queue = get_settings().confirm_queue or app.conf.task_default_queue
+        queue = self.settings.confirm_queue or app.conf.task_default_queue
         app.send_task(CONFIRM_TASK, args=[message_id], queue=queue, routing_key=queue)
         return True
 
@@ -235,50 +237,3 @@ class CeleryPublisher:
             log.info("could not ping the workers: %s", exc)
             return None
         return sorted(replies)
-
-
-_publisher: Publisher = CeleryPublisher()
-
-
-@contextmanager
-def use(publisher: Publisher) -> Iterator[Publisher]:
-    """Publish through `publisher` inside the block (process-wide), then through the one before: the
-    one hook by which `openhub.testing.LocalHub` replaces Celery."""
-    global _publisher
-    previous, _publisher = _publisher, publisher
-    try:
-        yield publisher
-    finally:
-        _publisher = previous
-
-
-def publish(route: Route, message_id: int, token: str, start: int = 0, traceparent: str | None = None) -> bool:
-    """Publish the message's chain; False (and a log line) when the broker refused it.
-
-    A message whose chain was not published stays due in the store, so the poller re-drives it.
-    """
-    return bool(publish_many([(route, message_id, token, start, traceparent)]))
-
-
-def publish_many(chains: Sequence[Chain]) -> set[int]:
-    """Publish several messages' chains (route, message id, token, first step, traceparent); the ids
-    that were taken (see `Publisher.publish_many`)."""
-    return _publisher.publish_many(chains)
-
-
-def publish_confirmation(message_id: int) -> bool:
-    """Hand the sending of a message's due confirmations and hook notifications to their own task,
-    `openhub.confirm`, so a slow receiver holds that task's worker, never the step task that ended the
-    message. False under LocalHub (the caller sends at once)."""
-    return _publisher.publish_confirmation(message_id)
-
-
-def restore_orphans(dead: Collection[str]) -> int:
-    """Hand the broker deliveries that dead worker processes had taken back to their queues; how many."""
-    return _publisher.restore_orphans(dead)
-
-
-def ping_workers(timeout: float = 0.5) -> list[str] | None:
-    """Hostnames of the Celery workers that answered a ping within `timeout` seconds; None when they
-    cannot be asked ("unknown", never "no workers"; always under LocalHub: there is no worker)."""
-    return _publisher.ping_workers(timeout)

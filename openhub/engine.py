@@ -17,8 +17,6 @@ import logging
 import time
 import traceback
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from types import SimpleNamespace
 from typing import Any, Callable, TypeVar
@@ -27,17 +25,16 @@ from sqlalchemy import Connection, and_, select
 
 from . import admission, leases
 from .admission import Refusal
-from .config import get_settings
 from .context import NoEffect, StepContext, WaitForResponse, error_line
-from .db import transaction, utcnow
+from .db import transaction
 from .errors import Holdback, Interrupted, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
+from .hub import Hub, current
 from .breaker import counts_against_system
-from .lifecycle import FollowUps, apply_event, redispatch, resume_split
+from .lifecycle import FollowUps, Tx, apply_event, redispatch, resume_split
 from .model import Split
 from .policy import outage_pause, retry_policy, step_timeout, verdict_due
 from .redrive import carry_out
-from .registry import get_registry
 from .runs import Entered, StepRun, TimeLimit
 from .schema import transitions
 from .split import prepare_children, write_children
@@ -53,26 +50,16 @@ log = logging.getLogger("openhub.engine")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class _Tx:
-    """One transaction of the engine: its connection, the time it writes at, and what it asks for
-    after commit."""
-
-    conn: Connection
-    now: datetime
-    follow: FollowUps
-
-
 def run_step(route_name: str, index: int, message_id: int, token: str, redelivered: bool = False,
-             clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None, *,
+             hub: Hub | None = None, limit: TimeLimit | None = None, *,
              translate: Callable[[BaseException], BaseException] | None = None) -> StepReport:
-    """Run step `index` of the route for the message; `clock` tells the time (LocalHub moves it)."""
-    return run_steps(route_name, index, index + 1, message_id, token, redelivered, clock, limit,
+    """Run step `index` of the route for the message in `hub` (default: the process's)."""
+    return run_steps(route_name, index, index + 1, message_id, token, redelivered, hub, limit,
                      translate=translate)[1]
 
 
 def run_steps(route_name: str, start: int, end: int, message_id: int, token: str, redelivered: bool = False,
-              clock: Callable[[], datetime] = utcnow, limit: TimeLimit | None = None, *,
+              hub: Hub | None = None, limit: TimeLimit | None = None, *,
               translate: Callable[[BaseException], BaseException] | None = None) -> tuple[int, StepReport]:
     """Run steps `start`..`end - 1` of the route for the message, one after another in this process
     (a fused task); returns the last step that ran and its report. `translate` reads the driver's own
@@ -81,8 +68,9 @@ def run_steps(route_name: str, start: int, end: int, message_id: int, token: str
     A step that succeeded hands its lease to the next in the transaction that records it: one commit
     between two steps instead of two, with the same claim, fencing token and external-call record.
     """
+    hub = hub or current()  # the driver's hub: its routes, settings and clock (LocalHub moves the clock)
     options = {} if translate is None else {"translate": translate}
-    return _carry_through(StepRun(get_registry().route(route_name), start, message_id, token, clock, redelivered,
+    return _carry_through(StepRun(hub.registry.route(route_name), start, message_id, token, hub, redelivered,
                                   limit, **options), end)
 
 
@@ -96,7 +84,7 @@ def _carry_through(run: StepRun, end: int) -> tuple[int, StepReport]:
                 if entered is None:
                     run_id = _new_run(runs)
                     with transaction() as conn:
-                        entered = _enter(_Tx(conn, run.clock(), follow), run, run_id)
+                        entered = _enter(Tx(conn, run.clock(), follow), run, run_id)
                 if isinstance(entered, Entered):
                     handed, report = _carry(run, end, entered, runs, follow)
                     if handed is not None:
@@ -159,7 +147,7 @@ def _outcome(run: StepRun, entered: Entered) -> Verdict:
 def _run(run: StepRun, ctx: StepContext) -> Verdict:
     item = run.item
     try:
-        with run.limit(step_timeout(item, get_settings()).total_seconds()) if run.limit else nullcontext():
+        with run.limit(step_timeout(item, run.hub.settings).total_seconds()) if run.limit else nullcontext():
             result = item.fn(ctx)
         if isinstance(item, Split):
             return Verdict(Event.SPLIT, children=list(result or []))
@@ -185,7 +173,7 @@ def _run(run: StepRun, ctx: StepContext) -> Verdict:
 
 # --- writing what it came to ------------------------------------------------------------------------------
 
-def _stored(run: StepRun, what: str, write: Callable[[_Tx], T]) -> tuple[T, FollowUps]:
+def _stored(run: StepRun, what: str, write: Callable[[Tx], T]) -> tuple[T, FollowUps]:
     """`write` in one transaction, and what it asks for after commit; never given up while the store is
     away (this process lives: the lease stays ours, its heartbeat tells the poller so)."""
     attempt = 0
@@ -193,7 +181,7 @@ def _stored(run: StepRun, what: str, write: Callable[[_Tx], T]) -> tuple[T, Foll
         follow = FollowUps()
         try:
             with transaction() as conn:
-                result = write(_Tx(conn, run.clock(), follow))
+                result = write(Tx(conn, run.clock(), follow))
             return result, follow
         except StoreUnavailable as exc:
             attempt += 1
@@ -221,7 +209,7 @@ def _hand_over(run: StepRun, entered: Entered, verdict: Verdict, next_run: str,
     return entered_next
 
 
-def _record_and_enter(tx: _Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
+def _record_and_enter(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
     row, following = entered.row, run.next()
     errors = loads(row.business_errors, []) + entered.ctx.business_errors
     # The compare-and-set of `_record`, taking the next step's lease in the same statement.
@@ -266,7 +254,7 @@ def _interrupted(run: StepRun, exc: BaseException) -> bool:
     return isinstance(run.translate(exc), Interrupted)
 
 
-def _record(tx: _Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+def _record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
     item = run.item
     row = entered.row  # still accurate: the step lease kept everyone else off the message
     # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
@@ -312,9 +300,9 @@ def _answered_early(conn: Connection, message_id: int) -> bool:
     return bool(last == Note.RESPONSE_EARLY)
 
 
-def _finish(tx: _Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> None:
+def _finish(tx: Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> None:
     """Apply a verdict that ends this chain: final state, retry, postpone, wait or split."""
-    settings = get_settings()
+    settings = run.hub.settings
     item, event = run.item, verdict.event
     assert event is not None
     values.update(leases.dropped())
@@ -327,12 +315,12 @@ def _finish(tx: _Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) ->
         values["due_at"] = None
         assert isinstance(item, Split)
         write_children(tx.conn, row.id, item, verdict.children)
-    apply_event(tx.conn, row, event, run.route, item, tx.now, tx.follow, detail=verdict.short(), **values)
+    apply_event(tx, row, event, run.route, item, detail=verdict.short(), **values)
 
 
 # --- entering a step ----------------------------------------------------------------------------------------
 
-def _enter(tx: _Tx, run: StepRun, run_id: str) -> Entered | bool:
+def _enter(tx: Tx, run: StepRun, run_id: str) -> Entered | bool:
     lease = leases.lease(run.item, run_id, tx.now)
     # The route's first step finds its message NEW or IN_QUEUE, to be claimed: the lease would not take it.
     row, call_taken = (None, False) if run.index == 0 else leases.take(tx.conn, run, lease, tx.now)
@@ -359,7 +347,7 @@ def _enter(tx: _Tx, run: StepRun, run_id: str) -> Entered | bool:
     return _prepare(tx, run, row, run_id, call_taken)
 
 
-def _claim(tx: _Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
+def _claim(tx: Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
     """The chain's first task takes a NEW/IN_QUEUE message, unless admission refuses it."""
     refusal = admission.claim(tx.conn, row, run.route, tx.now)
     if refusal is not None:
@@ -368,18 +356,18 @@ def _claim(tx: _Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
     # A retry's chain starts at the route's first step and skips those already OK: the history names
     # the step the attempt resumes at, as its call records tell (a first attempt has none to read).
     resumes = leases.first_step_not_done(tx.conn, row, run.route, run.item) if row.attempts else run.item
-    apply_event(tx.conn, row, Event.CLAIMED, run.route, resumes, tx.now, tx.follow, attempts=row.attempts + 1,
+    apply_event(tx, row, Event.CLAIMED, run.route, resumes, attempts=row.attempts + 1,
                 started_at=row.started_at or tx.now, blocked_since=None, **lease)
     return True
 
 
-def _refuse(tx: _Tx, row: Any, run: StepRun, refusal: Refusal) -> None:
+def _refuse(tx: Tx, row: Any, run: StepRun, refusal: Refusal) -> None:
     """Write what admission refused, instead of the step."""
-    apply_event(tx.conn, row, refusal.event, run.route, run.item, tx.now, tx.follow, detail=refusal.detail,
+    apply_event(tx, row, refusal.event, run.route, run.item, detail=refusal.detail,
                 **refusal.values)
 
 
-def _prepare(tx: _Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = False) -> Entered | bool:
+def _prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = False) -> Entered | bool:
     """With the step lease ours: the step's context and its external-call record (or why it does not run);
     `call_taken`: the statement that took the lease inserted the step's first call record."""
     item, conn = run.item, tx.conn

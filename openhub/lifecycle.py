@@ -54,11 +54,20 @@ class FollowUps:
             getattr(self, f.name).extend(getattr(other, f.name))
 
 
-def apply_event(conn: Connection, row: Any, event: Event, route: Route | None, item: RouteStep | None,
-                now: datetime, follow: FollowUps, detail: str | None = None, *, keep_run: bool = False,
-                settle: bool = True, **values: Any) -> State:
+@dataclass(frozen=True)
+class Tx:
+    """One transaction that writes message state: its connection, the time it writes at, and what it
+    asks for after commit."""
+
+    conn: Connection
+    now: datetime
+    follow: FollowUps
+
+
+def apply_event(tx: Tx, row: Any, event: Event, route: Route | None, item: RouteStep | None = None,
+                detail: str | None = None, *, keep_run: bool = False, settle: bool = True, **values: Any) -> State:
     """Write the transition of `event` with the state table's verdict and carry out its actions:
-    those of this transaction here, the rest noted in `follow`. Returns the new state.
+    those of this transaction here, the rest noted in `tx.follow`. Returns the new state.
 
     `keep_run`: a final state leaves the message's step run in place (a cancelled step still calling
     out keeps its lease until it ends). `settle=False`: the caller settles the split parent itself.
@@ -67,28 +76,28 @@ def apply_event(conn: Connection, row: Any, event: Event, route: Route | None, i
     result = transition(row.state, event, row.failed_count, policy.max_fails)
     values.setdefault("failed_count", result.failed_count)
     if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
-        values["due_at"] = retry_due(policy, result.failed_count, now)
+        values["due_at"] = retry_due(policy, result.failed_count, tx.now)
     if result.state in FINAL:
-        values.update(due_at=None, finished_at=now)
+        values.update(due_at=None, finished_at=tx.now)
         if not keep_run:
             values.update(dropped())
     if Action.CONFIRM in result.actions:
-        if confirmed_to_source(conn, row):
-            queue_confirmation(conn, row.id, result.state.value, now)
-            follow.confirm.append(row.id)
+        if confirmed_to_source(tx.conn, row):
+            queue_confirmation(tx.conn, row.id, result.state.value, tx.now)
+            tx.follow.confirm.append(row.id)
         else:
             log.info("message %s (%s) ended %s; not confirmed (no confirmer for %s, or a split child)", row.id,
                      row.correlation_id, result.state.value, row.source_system)
-    set_state(conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=now,
+    set_state(tx.conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=tx.now,
               **values)
     if Action.PAUSE_ROUTE in result.actions and route is not None:
-        pause_route(conn, route.name, f"held back by message {row.id}: {detail}", now)
+        pause_route(tx.conn, route.name, f"held back by message {row.id}: {detail}", tx.now)
     if Action.RELEASE_FUNNEL in result.actions and row.funnel is not None:
-        follow.funnels.append(row.id)
+        tx.follow.funnels.append(row.id)
     if Action.DISPATCH_CHILDREN in result.actions:
-        follow.children.append(row.id)
+        tx.follow.children.append(row.id)
     if Action.NOTIFY_PARENT in result.actions and row.parent_id is not None and settle:
-        settle_parent(conn, row.parent_id, now, follow)
+        settle_parent(tx.conn, row.parent_id, tx.now, tx.follow)
     return result.state
 
 
@@ -100,7 +109,7 @@ def redispatch(conn: Connection, row: Any, event: Event, now: datetime, follow: 
     route = get_registry().route_of(row)
     token = str(uuid.uuid4())
     handed_over: dict[str, Any] = {"worker": None} if row.step_run is None else {}  # a run in flight keeps its worker
-    apply_event(conn, row, event, route, None, now, follow, detail, attempt_id=token,
+    apply_event(Tx(conn, now, follow), row, event, route, detail=detail, attempt_id=token,
                 due_at=now + chain_wait(event, now - row.updated_at, get_settings()), **handed_over)
     follow.chains.append((route, row.id, token, start, getattr(row, "traceparent", None)))
 
@@ -113,7 +122,7 @@ def cancel_family(conn: Connection, row: Any, now: datetime, follow: FollowUps) 
     restart runs the step a second time meanwhile. A run of an unknown worker cannot be waited for.
     """
     route = get_registry().find_route_of(row)
-    apply_event(conn, row, Event.CANCELLED, route, None, now, follow, attempt_id=str(uuid.uuid4()),
+    apply_event(Tx(conn, now, follow), row, Event.CANCELLED, route, attempt_id=str(uuid.uuid4()),
                 keep_run=row.worker is not None and row.step_run is not None)
     children = conn.execute(select(M.id).where(and_(M.parent_id == row.id, M.state.not_in(FINAL)))
                             .order_by(M.id)).scalars().all()
@@ -155,14 +164,14 @@ def settle_parent(conn: Connection, parent_id: int, now: datetime, follow: Follo
         counts = children_counts(conn, parent)  # those awaiting their turn may have been cancelled
         failed, cancelled = counts.get(State.FAILED, 0), counts.get(State.CANCEL, 0)
     if failed or cancelled:
-        apply_event(conn, parent, Event.CHILD_FAILED, route, None, now, follow,
+        apply_event(Tx(conn, now, follow), parent, Event.CHILD_FAILED, route,
                     failed_error=f"{failed} child message(s) FAILED, {cancelled} cancelled")
     elif sum(counts.values()) == counts.get(State.OK, 0) + counts.get(State.SKIPPED, 0):
         start = next(i for i, s in enumerate(route.steps) if isinstance(s, Split)) + 1
         if start < len(route.steps):
             redispatch(conn, parent, Event.CHILDREN_OK, now, follow, start)
         else:  # nothing after the split: the family's success is the parent's
-            apply_event(conn, parent, Event.COMPLETED, route, None, now, follow)
+            apply_event(Tx(conn, now, follow), parent, Event.COMPLETED, route)
 
 
 def _next_turn(conn: Connection, parent: Any, split: Split, failed: int, now: datetime, follow: FollowUps) -> bool:
@@ -178,7 +187,7 @@ def _next_turn(conn: Connection, parent: Any, split: Split, failed: int, now: da
     waiting = [r for r in live if r.state in (State.NEW, State.PARTLY_FAILED) and r.due_at is None]
     if failed:
         for child in waiting:
-            apply_event(conn, child, Event.CANCELLED, None, None, now, follow, settle=False,
+            apply_event(Tx(conn, now, follow), child, Event.CANCELLED, None, settle=False,
                         detail=f"a child before it in sequential split of message {parent.id} failed")
         return len(live) > len(waiting)  # a child still running ends first
     if len(live) > len(waiting):
@@ -205,10 +214,10 @@ def resume_split(conn: Connection, parent: Any, item: Split, now: datetime, foll
         due = now if n == 0 or not item.sequential else None  # a sequential family goes on with its first
         # A cancelled child whose step was still calling out keeps that run (its lease): the child's
         # next claim waits for it, as after an operator's restart, instead of calling a second time.
-        apply_event(conn, child, Event.RESTARTED, None, None, now, follow, detail=f"parent {parent.id} restarted",
+        apply_event(Tx(conn, now, follow), child, Event.RESTARTED, None, detail=f"parent {parent.id} restarted",
                     due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))
     route = get_registry().route_of(parent)
-    apply_event(conn, parent, Event.SPLIT, route, item, now, follow, **dropped(keep_worker=True), due_at=None,
+    apply_event(Tx(conn, now, follow), parent, Event.SPLIT, route, item, **dropped(keep_worker=True), due_at=None,
                 detail=f"waiting again for its children ({len(again)} restarted)")
     follow.redrive.extend(c.id for c in again[:1 if item.sequential else len(again)])
     return False

@@ -189,6 +189,10 @@ _ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exc
                   "sources", "responders"}
 
 
+def route_name(service: str, operation: str) -> str:
+    """The name of the route of `service` and `operation`, as a stored message names it (and as shown)."""
+    return f"{service}.{operation}"
+
 @dataclass(frozen=True, init=False)
 class Route:
     """A named chain of steps that messages for `service.operation` go through, top to bottom."""

@@ -12,7 +12,7 @@ from . import leases
 from .context import MessageView
 from .db import transaction, utcnow
 from .errors import InputError, NotFound, StateConflict
-from .lifecycle import FollowUps, apply_event, cancel_family, redispatch
+from .lifecycle import FollowUps, Tx, apply_event, cancel_family, redispatch
 from .model import Route
 from .producer import get_message, shallow
 from .redrive import carry_out, redrive_due_messages
@@ -51,7 +51,7 @@ def restart(message_id: int, total: bool = False) -> MessageView:
             leases.forget_calls(conn, row)
             values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
         # StateConflict unless OK, FAILED or CANCEL, and then the transaction writes nothing.
-        apply_event(conn, row, Event.RESTARTED, _route_of(row), None, now, follow,
+        apply_event(Tx(conn, now, follow), row, Event.RESTARTED, _route_of(row),
                     detail="total restart" if total else None, **values)
     carry_out(follow, now)
     return get_message(message_id)

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, and_, case, func, select, text
 from .breaker import open_breakers
 from .context import aware
 from .db import is_postgres, transaction, utcnow
+from .model import route_name
 from .schema import LIVE_PREDICATE, confirmations, messages, route_pauses
 from .states import FINAL, ConfirmationState, State
 from .store import DRAIN, drain_reason
@@ -61,14 +62,14 @@ def route_states(conn: Connection, now: datetime) -> list[dict[str, Any]]:
                           .join(messages, and_(M.state == live.c.state, M.received_at == live.c.oldest,
                                                M.service == live.c.service, M.operation == live.c.operation))
                           .group_by(live.c.service, live.c.operation, live.c.state, live.c.count, live.c.oldest)):
-        rows.append({"route": f"{r.service}.{r.operation}", "state": r.state, "count": r.count, "final": False,
+        rows.append({"route": route_name(r.service, r.operation), "state": r.state, "count": r.count, "final": False,
                      "oldest_id": r.id, "oldest_received_at": _iso(r.oldest),
                      "oldest_age_seconds": round((now - r.oldest).total_seconds(), 1)})
     since = now - timedelta(days=1)
     for r in conn.execute(select(M.service, M.operation, M.state, func.count().label("count"))
                           .where(M.finished_at >= since, M.finished_at <= now, M.state.in_(_FINAL))
                           .group_by(M.service, M.operation, M.state)):
-        rows.append({"route": f"{r.service}.{r.operation}", "state": r.state, "count": r.count, "final": True,
+        rows.append({"route": route_name(r.service, r.operation), "state": r.state, "count": r.count, "final": True,
                      "oldest_id": None, "oldest_received_at": None, "oldest_age_seconds": None})
     rows.sort(key=lambda x: (x["route"], x["final"], x["state"]))
     return rows
@@ -151,7 +152,7 @@ def overview(now: datetime | None = None) -> dict[str, Any]:
 
 def workers(timeout: float = 0.5) -> dict[str, Any]:
     """The Celery workers that answered a ping; `available` is False when the broker could not be asked."""
-    from .dispatch import ping_workers
+    from .hub import current
 
-    seen = ping_workers(timeout)
+    seen = current().publisher.ping_workers(timeout)
     return {"available": seen is not None, "workers": seen or []}

@@ -23,7 +23,7 @@ from .config import get_settings
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
 from .leases import dropped, orphan_chains_due, release_run
-from .lifecycle import FollowUps, apply_event
+from .lifecycle import FollowUps, Tx, apply_event
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
 from .registry import get_registry
@@ -90,7 +90,7 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
             if row.state == State.PROCESSING and route is not None:
                 reason = (f"step run {row.step_run} ended without an outcome: "
                           f"worker {row.worker} died or its task crashed")
-                apply_event(conn, row, Event.LEASE_EXPIRED, route, None, now, follow, detail=reason,
+                apply_event(Tx(conn, now, follow), row, Event.LEASE_EXPIRED, route, detail=reason,
                             **dropped(), due_at=now, failed_error=reason, error_code="WORKER_LOST")
             else:  # a cancelled message's last run is over: its funnel may go on
                 release_run(conn, row.id, now)
@@ -118,7 +118,7 @@ def expire_guaranteed_order(now: datetime) -> int:
             if is_postgres(conn):
                 query = query.with_for_update(skip_locked=True, key_share=True)
             for row in conn.execute(query.limit(BATCH)).all():
-                apply_event(conn, row, Event.ORDER_EXPIRED, route, None, now, follow, error_code="ORDER_TIMEOUT",
+                apply_event(Tx(conn, now, follow), row, Event.ORDER_EXPIRED, route, error_code="ORDER_TIMEOUT",
                             failed_error=f"blocked in funnel {row.funnel!r} longer than {route.order_timeout}")
                 expired += 1
     carry_out(follow, now)

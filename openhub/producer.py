@@ -13,12 +13,13 @@ import pydantic
 from sqlalchemy import ARRAY, Connection, String, Text, and_, bindparam, func, insert, literal, select
 from sqlalchemy.exc import DataError
 
-from . import dispatch, tracing
-from .config import get_settings
+from . import tracing
 from .context import MessageView
 from .db import database_now, insert_or_ignore, is_postgres, transaction, utcnow
 from .errors import Draining, InputError, PayloadTooLarge, SourceNotAllowed
-from .model import Route
+from .config import get_settings
+from .model import Route, route_name
+from .hub import current
 from .policy import handover_due
 from .registry import get_registry
 from .schema import messages, transitions
@@ -359,9 +360,9 @@ def publish_new(fresh: list[tuple[int, dict[str, Any]]]) -> set[int]:
     Nothing is written back: the message stays NEW until its first task claims it, and one whose
     chain was refused (or lost) is re-driven by the poller when its due time comes.
     """
-    registry = get_registry()
-    return dispatch.publish_many([(registry.route(f"{row['service']}.{row['operation']}"), message_id,
-                                   row["attempt_id"], 0, row.get("traceparent")) for message_id, row in fresh])
+    hub = current()
+    return hub.publisher.publish_many([(hub.registry.route(route_name(row['service'], row['operation'])), message_id,
+                                        row["attempt_id"], 0, row.get("traceparent")) for message_id, row in fresh])
 
 
 def submit(route: str, payload: Any, *, source_system: str, correlation_id: str, process_id: str | None = None,

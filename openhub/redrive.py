@@ -15,12 +15,13 @@ from typing import Any, Callable
 
 from sqlalchemy import Select, and_, not_, select
 
-from . import dispatch, leases
+from . import leases
 from .confirm import send_confirmations
 from .db import is_postgres, transaction
 from .errors import UnknownRouteError
 from .funnel import release_funnel
-from .lifecycle import FollowUps, apply_event, redispatch
+from .hub import current
+from .lifecycle import FollowUps, Tx, apply_event, redispatch
 from .policy import UNKNOWN_ROUTE_BACKOFF
 from .registry import get_registry
 from .schema import messages
@@ -41,11 +42,12 @@ def carry_out(follow: FollowUps, now: datetime) -> None:
 
     A follow-up that fails is logged and left to the poller's backstop; the others still run.
     """
+    publisher = current().publisher
     if follow.chains:
-        dispatch.publish_many(follow.chains)  # a refused publish is re-driven by the poller
+        publisher.publish_many(follow.chains)  # a refused publish is re-driven by the poller
     for message_id in follow.confirm:  # sent by their own task: a slow receiver must not hold this one
         try:
-            published = dispatch.publish_confirmation(message_id)
+            published = publisher.publish_confirmation(message_id)
         except Exception:  # noqa: BLE001 - the row is due: the poller sends it
             log.exception("message %s: could not publish its confirmation; the poller sends it", message_id)
             continue
@@ -129,11 +131,11 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
             if row.state == State.WAITING_FOR_RES:  # the request is sent again on the next attempt
                 reason = "no response before the timeout"
                 leases.waiting_calls_failed(conn, row.id, reason, now)
-                apply_event(conn, row, Event.TRANSIENT, route, None, now, follow, detail=reason, failed_error=reason,
+                apply_event(Tx(conn, now, follow), row, Event.TRANSIENT, route, detail=reason, failed_error=reason,
                             error_code="RESPONSE_TIMEOUT")
             else:
                 reason = f"lease expired in step run {row.step_run}: its worker is gone"
-                apply_event(conn, row, Event.LEASE_EXPIRED, route, None, now, follow, detail=reason, due_at=now,
+                apply_event(Tx(conn, now, follow), row, Event.LEASE_EXPIRED, route, detail=reason, due_at=now,
                             **leases.dropped(), failed_error=reason, error_code="WORKER_LOST")
             repaired += 1
     carry_out(follow, now)

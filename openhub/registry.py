@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from .config import get_settings
+from .config import Settings, get_settings
 from .errors import ConfigurationError, UnknownRouteError
-from .model import Route, Split
+from .model import Route, Split, route_name
 from .states import State
 
 if TYPE_CHECKING:
@@ -102,11 +102,11 @@ class Registry:
 
     def route_of(self, message: MessageRow) -> Route:
         """The route a stored message belongs to (by its `service` and `operation`), or UnknownRouteError."""
-        return self.route(f"{message.service}.{message.operation}")
+        return self.route(route_name(message.service, message.operation))
 
     def find_route_of(self, message: MessageRow) -> Route | None:
         """The route a stored message belongs to, or None when no loaded route has its name."""
-        return self.routes.get(f"{message.service}.{message.operation}")
+        return self.routes.get(route_name(message.service, message.operation))
 
     def add(self, route: Route, origin: str) -> None:
         """Add a route, refusing a second route of the same name."""
@@ -147,8 +147,9 @@ def _modules(name: str) -> list[ModuleType]:
     return found
 
 
-def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
-    """Import the route modules (packages: every submodule) and collect their `routes` lists."""
+def build_registry(module_names: tuple[str, ...] | list[str], settings: Settings) -> Registry:
+    """Import the route modules (packages: every submodule) and collect their `routes` lists (and
+    the stock webhook, where `settings` configure one)."""
     registry = Registry()
     for name in module_names:
         for module in _modules(name):
@@ -163,7 +164,6 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
                 raise ConfigurationError(f"{module.__name__}.routes must be a list of Route")
             for route in declared:
                 registry.add(route, module.__name__)
-    settings = get_settings()
     if settings.webhook_url:
         from .notify import webhook  # httpx is loaded only where a webhook is configured
 
@@ -174,15 +174,27 @@ def build_registry(module_names: tuple[str, ...] | list[str]) -> Registry:
     return registry
 
 
-_registry: Registry | None = None
+_registry: Registry | None = None  # loaded from OPENHUB_ROUTES on first use
+_served: Registry | None = None  # the registry of the hub installed in this process (openhub.hub.install)
 
 
 def get_registry() -> Registry:
-    """The process-wide registry, loaded from OPENHUB_ROUTES on first use."""
+    """The registry of the hub installed in this process (`openhub.hub.install`), else the process's
+    own, loaded from OPENHUB_ROUTES on first use."""
     global _registry
+    if _served is not None:
+        return _served
     if _registry is None:
-        _registry = build_registry(get_settings().routes)
+        settings = get_settings()
+        _registry = build_registry(settings.routes, settings)
     return _registry
+
+
+def serve_registry(registry: Registry | None) -> None:
+    """Answer `registry` from `get_registry()` until told otherwise (None: the environment's again);
+    `openhub.hub.install` calls it."""
+    global _served
+    _served = registry
 
 
 def reset_registry() -> None:

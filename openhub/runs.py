@@ -1,9 +1,9 @@
 """What travels with one step run: the step a chain carries a message through, and the run once entered.
 
-A `StepRun` names the step (route and index), the message and the chain's fencing token, and how the
-task runs it (redelivered by the broker, the clock, the step's own time limit, how the driver's
-foreign exceptions read); the engine passes it whole instead of its parts. `Entered` is the run once
-its lease is ours. Pure data: no I/O here.
+A `StepRun` names the step (route and index), the message and the chain's fencing token, the hub it
+runs in (settings, clock), and how the task runs it (redelivered by the broker, the step's own time
+limit, how the driver's foreign exceptions read); the engine passes it whole instead of its parts.
+`Entered` is the run once its lease is ours. Pure data: no I/O here.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from .context import StepContext
 from .model import Route, RouteStep
+
+if TYPE_CHECKING:
+    from .hub import Hub
 
 # How a step's own time limit is kept where the task's limit covers more than the step (a fused
 # task): given the step's timeout in seconds, a context that interrupts the step when it runs over.
@@ -34,11 +37,16 @@ class StepRun:
     index: int
     message_id: int
     token: str
-    clock: Callable[[], datetime]
+    hub: Hub  # the settings and clock it runs with (openhub.hub)
     redelivered: bool = False
     limit: TimeLimit | None = None  # the step's own time limit, where the task's covers more (fused)
     # The driver's translation of its framework's exceptions into openhub's own (tasks/: Celery's).
     translate: Callable[[BaseException], BaseException] = _as_is
+
+    @property
+    def clock(self) -> Callable[[], datetime]:
+        """The hub's clock (LocalHub moves it)."""
+        return self.hub.clock
 
     @property
     def item(self) -> RouteStep:
@@ -51,7 +59,7 @@ class StepRun:
 
     def next(self) -> StepRun:
         """The run of the route's next step, for the same message and chain."""
-        return StepRun(self.route, self.index + 1, self.message_id, self.token, self.clock, self.redelivered,
+        return StepRun(self.route, self.index + 1, self.message_id, self.token, self.hub, self.redelivered,
                        self.limit, self.translate)
 
 

@@ -34,7 +34,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Collection, Sequence
 
 if TYPE_CHECKING:
     from .dispatch import Chain
+    from .hub import Hub
 
 
 @dataclass
@@ -213,7 +214,7 @@ class ExternalSystem:
 
 
 class LocalPublisher:
-    """The publisher `LocalHub` installs (`openhub.dispatch.use`): published chains wait in `chains`, in
+    """The publisher of `LocalHub`'s hub: published chains wait in `chains`, in
     the order they were published, for `LocalHub.run`; there is no confirmation task (the caller sends
     confirmations at once), no broker to restore deliveries to and no worker to ping."""
 
@@ -234,6 +235,18 @@ class LocalPublisher:
         return None
 
 
+class _Reads(dict[str, str]):
+    """An environment that remembers the names looked up in it (the ones the settings read)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.read.add(key)
+        return super().get(key, default)
+
+
 class LocalHub:
     """A hub in this process: a temporary SQLite store, chains run in order, no broker, no worker.
 
@@ -247,45 +260,46 @@ class LocalHub:
         self.settings = settings
         self._dir: Path | None = None
         self._saved: dict[str, str] = {}
+        self._theirs: tuple[str, ...] = ()
+        self.hub: Hub | None = None  # the hub it serves while open (openhub.hub)
         self._count = 0
         self.publisher = LocalPublisher()  # the chains published and not yet run
         self._installed = ExitStack()
 
     def __enter__(self) -> "LocalHub":
-        from . import dispatch
-        from .config import reset_settings
+        from .config import Settings
         from .db import dispose_engines
+        from .hub import Hub, install
         from .migrate import upgrade
-        from .registry import reset_registry
         from .workers import beat, current_id
 
         self._dir = Path(tempfile.mkdtemp(prefix="openhub-local-"))
-        env = {"OPENHUB_DATABASE_URL": f"sqlite:///{self._dir / 'openhub.db'}", "OPENHUB_ROUTES": self.routes,
-               "OPENHUB_VAR_DIR": str(self._dir), **self.settings}
-        self._saved = {k: os.environ[k] for k in env if k in os.environ}
-        os.environ.update(env)
-        reset_settings()
-        reset_registry()
+        env = _Reads({**os.environ, "OPENHUB_DATABASE_URL": f"sqlite:///{self._dir / 'openhub.db'}",
+                      "OPENHUB_ROUTES": self.routes, "OPENHUB_VAR_DIR": str(self._dir), **self.settings})
+        settings = Settings.from_env(env)
+        # The hub's own settings are its own; what else was given (the variables a route module reads,
+        # such as OPENHUB_EXAMPLE_URL) can only reach the routes through the environment.
+        theirs = {k: v for k, v in self.settings.items() if k not in env.read}
+        self._saved = {k: os.environ[k] for k in theirs if k in os.environ}
+        self._theirs = tuple(theirs)
+        os.environ.update(theirs)
+        self.hub = Hub.build(settings, self.publisher)
         dispose_engines()
+        self._installed.enter_context(install(self.hub))
         upgrade()
         self.publisher.chains.clear()
-        self._installed.enter_context(dispatch.use(self.publisher))
         # Steps run in this process: it is the one worker, alive as long as the hub is open.
         beat(current_id(), "LocalHub")
         return self
 
     def __exit__(self, *_: object) -> None:
-        from .config import reset_settings
         from .db import dispose_engines
-        from .registry import reset_registry
 
         self._installed.close()
         dispose_engines()
-        for key in ("OPENHUB_DATABASE_URL", "OPENHUB_ROUTES", "OPENHUB_VAR_DIR", *self.settings):
+        for key in self._theirs:
             os.environ.pop(key, None)
         os.environ.update(self._saved)
-        reset_settings()
-        reset_registry()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -307,13 +321,16 @@ class LocalHub:
         def clock() -> Any:
             return utcnow() + timedelta(seconds=seconds)
 
+        assert self.hub is not None, "run() inside `with LocalHub(...)`"
+        hub = replace(self.hub, clock=clock)
+
         done = 0
         while self.publisher.chains and done < limit:
             route, message_id, token, start, _trace = self.publisher.chains.popleft()
             for index in dispatch.task_starts(route, start):  # task by task, as the workers would
                 try:
                     report = run_steps(route.name, index, dispatch.task_end(route, index), message_id, token,
-                                       clock=clock)[1]
+                                       hub=hub)[1]
                 except BaseException:
                     self._crashed()
                     raise

@@ -26,6 +26,7 @@ from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from .logs import MessageScope
+from .model import route_name
 
 if TYPE_CHECKING:
     from .context import StepContext
@@ -249,9 +250,10 @@ def _submitting(rows: list[dict[str, Any]]) -> Iterator[Callable[[list[int | Non
     for row in rows:
         caller = valid(row.get("traceparent"))
         parent = TraceContextTextMapPropagator().extract({"traceparent": caller}) if caller else None
-        span = tracer.start_span(f"submit {row['service']}.{row['operation']}", context=parent,
+        route = route_name(row["service"], row["operation"])
+        span = tracer.start_span(f"submit {route}", context=parent,
                                  kind=trace.SpanKind.PRODUCER, attributes={
-                                     "openhub.route": f"{row['service']}.{row['operation']}",
+                                     "openhub.route": route,
                                      "openhub.correlation_id": row["correlation_id"],
                                      "openhub.source_system": row["source_system"]})
         row["traceparent"] = _format(span.get_span_context())

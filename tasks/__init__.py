@@ -11,6 +11,7 @@ from celery.signals import after_setup_logger, after_setup_task_logger, worker_p
 
 from openhub import concurrency, logs, tracing
 from openhub.dispatch import celery_app
+from openhub.hub import current
 
 from .pool import GeventPatched
 from .steps import register_step_tasks
@@ -22,8 +23,10 @@ from . import heartbeat  # noqa: F401 - worker liveness file
 # rebind what it took unpatched (time.sleep of connection retries, queue.LifoQueue of its pools).
 concurrency.repair_early_imports()
 
+# The process's hub: its settings and routes from the OPENHUB_* environment, publishing to Celery.
+HUB = current()
 app = celery_app()
-register_step_tasks(app)
+register_step_tasks(app, HUB)
 # Workers and beat trace when OTEL_TRACES_EXPORTER says so (openhub/tracing.py); a prefork pool's
 # children inherit the instrumentation, and the SDK starts its export thread anew in each.
 tracing.setup("openhub-worker")
@@ -38,7 +41,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 def _message_fields(logger: logging.Logger, **_: object) -> None:
     # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/logs.py).
-    logs.install(logger.handlers)
+    logs.install(logger.handlers, HUB.settings.log_format)
 
 
 after_setup_logger.connect(_message_fields, weak=False)

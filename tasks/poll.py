@@ -7,8 +7,9 @@ import logging
 from openhub import poller, workers
 from openhub.confirm import send_confirmations
 from openhub.errors import StepFailed
+from openhub.hub import current
 from openhub.store import record_crash
-from openhub.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app, restore_orphans
+from openhub.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app
 
 log = logging.getLogger("openhub.tasks")
 app = celery_app()
@@ -52,7 +53,7 @@ def poll() -> dict:
     try:
         # What dead workers had taken and not started: back on the queue now, not after the visibility
         # timeout (the hub's lease grace would repair those messages later still).
-        restored = restore_orphans(report.dead_workers)
+        restored = current().publisher.restore_orphans(report.dead_workers)
     except Exception as exc:  # noqa: BLE001 - the broker is away: the next tick tries again
         log.warning("could not hand dead workers' deliveries back: %s", exc)
         restored = 0

@@ -12,11 +12,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Queue
 
 from openhub import concurrency, engine, workers
-from openhub.config import get_settings
 from openhub.dispatch import task_end, task_name, task_options
 from openhub.errors import ConfigurationError, StepFailed, StoreUnavailable
+from openhub.hub import Hub
 from openhub.model import Route
-from openhub.registry import get_registry
 
 from .exceptions import translate
 
@@ -65,7 +64,7 @@ def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
     return step_alarm if steps > 1 else None
 
 
-def _step_task(app: Celery, route: Route, index: int) -> Task:
+def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
     end = task_end(route, index)
 
     def run(self: Task, message_id: int, token: str) -> str:
@@ -73,8 +72,8 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
         try:
-            step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered=redelivered,
-                                            limit=limit, translate=translate)
+            step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered, hub, limit,
+                                            translate=translate)
         except StoreUnavailable as exc:
             # The database restarted or is briefly away: try the same task again, same token
             # (steps it already carried through are found OK and skipped).
@@ -93,18 +92,18 @@ def _step_task(app: Celery, route: Route, index: int) -> Task:
     return app.task(name=task_name(route, route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
 
 
-def register_step_tasks(app: Celery) -> None:
-    """Register every step of every loaded route, and declare the queues the routes name."""
+def register_step_tasks(app: Celery, hub: Hub) -> None:
+    """Register every step of the hub's routes, and declare the queues the routes name."""
     limit = app.conf.get("visibility_timeout") or 3600
     queues = {app.conf.task_default_queue}
-    for route in get_registry().routes.values():
+    for route in hub.registry.routes.values():
         for index, item in enumerate(route.steps):
-            timeout = task_options(route, index)["soft_time_limit"]
+            timeout = task_options(route, index, hub.settings)["soft_time_limit"]
             if timeout >= limit:
                 raise ConfigurationError(f"task {task_name(route, item)} may run {timeout:.0f} s, longer than the "
                                          f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
             queues.add(route.step_queue(item) or app.conf.task_default_queue)
-            _step_task(app, route, index)
-    confirm = get_settings().confirm_queue  # openhub.confirm's own queue, bound by its name alone
+            _step_task(app, hub, route, index)
+    confirm = hub.settings.confirm_queue  # openhub.confirm's own queue, bound by its name alone
     app.conf.task_queues = [Queue(q) for q in sorted(queues - {confirm})] + (
         [Queue(confirm, routing_key=confirm)] if confirm and confirm not in queues else [])

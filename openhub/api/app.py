@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .. import tracing
 from ..config import Settings, get_settings
+from ..hub import current
 from ..errors import ConfigurationError, InputError
 from ..producer import identifier
 from . import confirmations, health, messages, metrics, overview, problems, routes
@@ -113,12 +114,14 @@ def _header(scope: dict, name: bytes) -> str | None:
 
 def create_app(dev: bool = False, *, settings: Settings | None = None, credentials: Credentials | None = None,
                throttle: Throttle | None = None, announce: Any = print) -> FastAPI:
-    """The ingress app. In `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed.
+    """The ingress app serving the process's hub (with `settings` in place of its own, when given). In
+    `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed.
 
     Outside `dev`, secrets read from the environment are checked (`auth.weaknesses`): placeholders,
     short or shared secrets stop the start with ConfigurationError.
     """
-    settings = settings or get_settings()
+    hub = current() if settings is None else dataclasses.replace(current(), settings=settings)
+    settings = hub.settings
     if credentials is None:
         credentials = Credentials.from_settings(settings)
         unsafe = [] if dev else weaknesses(credentials, settings.database_url)
@@ -147,7 +150,7 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
         "through their route by Celery workers. Authenticate with `Authorization: Bearer <key>`: a source "
         "system's API key (OPENHUB_API_KEYS) to submit and read its own messages, the admin token "
         "(OPENHUB_ADMIN_TOKEN) for everything else."))
-    app.state.settings = settings
+    app.state.hub = hub  # what the endpoints serve (openhub.api.served)
     app.state.credentials = credentials
     app.state.auth_failures = FailureLimit(settings.auth_failures, settings.auth_window.total_seconds())
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)

@@ -11,6 +11,7 @@ from ..config import get_settings
 from ..context import aware, error_line
 from ..db import transaction
 from ..exchanges import message_exchanges
+from ..model import route_name
 from ..schema import confirmations, ext_calls, messages, transitions
 from ..store import message_view
 from ..tracing import trace_url
@@ -34,7 +35,7 @@ def message_detail(message_id: int) -> dict[str, Any]:
             for c in conn.execute(select(ext_calls).where(X.message_id == message_id).order_by(X.id))]
         M = messages.c
         out["children"] = [
-            {"id": r.id, "route": f"{r.service}.{r.operation}", "state": r.state, "object_id": r.object_id}
+            {"id": r.id, "route": route_name(r.service, r.operation), "state": r.state, "object_id": r.object_id}
             for r in conn.execute(select(M.id, M.service, M.operation, M.state, M.object_id)
                                   .where(M.parent_id == message_id).order_by(M.id))]
         C = confirmations.c

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from .. import operator, producer, tracing
 from ..context import MessageView
-from ..model import Route
+from ..model import Route, route_name
 from ..errors import InputError
 from ..registry import get_registry
 from ..states import State
@@ -26,6 +26,7 @@ from . import body, metrics
 from .auth import Caller, admin, reader, source_system
 from .detail import message_detail, source_view
 from .problems import NO_CONTROL, ApiError
+from .served import served
 from .summary import message_summaries
 
 MAX_ID = 2**63 - 1
@@ -341,12 +342,12 @@ async def respond_message(request: Request, message_id: MessageId,
     names none the message's own source system."""
     request.state.message_id = message_id
     mime, charset = body.media_type(request)
-    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
+    data = await body.read_limited(request, served(request).settings.max_payload_bytes)
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
 
     def deliver() -> dict[str, Any]:
         message = producer.get_message(message_id)
-        route = get_registry().route(message.route)
+        route = served(request).registry.route(message.route)
         refused = may_respond(route, message.source_system, caller)
         if refused == 404:
             raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
@@ -397,7 +398,7 @@ async def submit_message(
     request.state.correlation_id = x_correlation_id
     if x_source_system is not None and x_source_system != system:
         raise ApiError(403, f"this API key belongs to {system}, not {x_source_system}")
-    route = get_registry().route(f"{service}.{operation}")
+    route = served(request).registry.route(route_name(service, operation))
     mime, charset = body.media_type(request)
     if not (body.is_json(mime) or body.is_text(mime)):
         raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
@@ -406,7 +407,7 @@ async def submit_message(
     # Throttled before the body is read: a refused caller costs no reading or parsing.
     if request.app.state.throttle.applies(system, route.operation):
         await run_in_threadpool(_throttled, request, system, {route.operation: 1})
-    data = await body.read_limited(request, request.app.state.settings.max_payload_bytes)
+    data = await body.read_limited(request, served(request).settings.max_payload_bytes)
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
     # The request's trace context travels with the item: the batcher stores it among other requests'.
     view = await request.app.state.batcher.submit(dict(
@@ -453,13 +454,14 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
     if not body.is_json(mime):
         raise ApiError(415, "a batch is application/json")
     throttle = request.app.state.throttle
-    operations = sorted({r.operation for r in get_registry().routes.values()})
+    registry = served(request).registry
+    operations = sorted({r.operation for r in registry.routes.values()})
     if throttle.rules:  # refused before reading when nothing in the batch could be accepted now
         verdict = await run_in_threadpool(throttle.exhausted, system, operations)
         if not verdict.allowed:
             raise ApiError(429, f"{system} is over its throttling limits; retry later",
                            {"Retry-After": str(verdict.retry_after)})
-    limit = request.app.state.settings.max_payload_bytes * BATCH_BODY_FACTOR
+    limit = served(request).settings.max_payload_bytes * BATCH_BODY_FACTOR
     data = await body.read_limited(request, limit)
     batch = await run_in_threadpool(_parse_batch, data, charset)
     items = []
@@ -469,12 +471,12 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
         if item.source_system is not None and item.source_system != system:
             raise ApiError(403, f"message #{i}: this API key belongs to {system}, not {item.source_system}")
         if item.route is not None and (item.service or item.operation):
-            if item.route != f"{item.service}.{item.operation}":
+            if item.route != route_name(item.service, item.operation):
                 raise InputError(f"message #{i}: give either route or service and operation")
-        name = item.route or (f"{item.service}.{item.operation}" if item.service and item.operation else None)
+        name = item.route or (route_name(item.service, item.operation) if item.service and item.operation else None)
         if name is None:
             raise InputError(f"message #{i}: route (or service and operation) is required")
-        route = get_registry().route(name)
+        route = registry.route(name)
         _utc(item.msg_timestamp, f"message #{i}: msg_timestamp")
         _utc(item.expires_at, f"message #{i}: expires_at")
         counts[route.operation] = counts.get(route.operation, 0) + 1

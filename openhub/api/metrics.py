@@ -48,6 +48,7 @@ from sqlalchemy import and_, func, or_, select
 
 from ..config import get_settings
 from ..db import transaction, utcnow
+from ..model import route_name
 from ..registry import get_registry
 from ..schema import confirmations, ext_calls, messages, transitions
 from ..states import FINAL, NON_FINAL, CallState, ConfirmationState, Event
@@ -148,7 +149,7 @@ class StoreCollector:
         query = (select(M.service, M.operation, M.state, func.count(), func.min(M.received_at))
                  .where(M.state.in_([s.value for s in NON_FINAL])).group_by(M.service, M.operation, M.state))
         for service, operation, state, n, received in conn.execute(query):
-            route = f"{service}.{operation}"
+            route = route_name(service, operation)
             counts[(route, state)] = n
             if received is not None and (route not in first or received < first[route]):
                 first[route] = received
@@ -188,7 +189,7 @@ class StoreCollector:
             if tid in self._seen_transitions:
                 continue
             self._seen_transitions.add(tid)
-            route = f"{service}.{operation}"
+            route = route_name(service, operation)
             if state in FINAL:
                 self._finished[(route, state)] += 1
             if event == Event.TRANSIENT.value and step_key:
@@ -209,7 +210,7 @@ class StoreCollector:
             if key in self._seen_calls:
                 continue
             self._seen_calls[key] = updated_at
-            label = (f"{service}.{operation}", step_key)
+            label = (route_name(service, operation), step_key)
             if duration_ms is not None:
                 seconds = duration_ms / 1000
                 buckets = self._buckets.setdefault(label, [0] * len(BUCKETS))

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import operator
-from ..registry import get_registry
+from ..model import route_name
 from .auth import Caller, admin
+from .served import ServedHub
 
 router = APIRouter(prefix="/api/v1/routes", tags=["routes"])
 drain_router = APIRouter(prefix="/api/v1/drain", tags=["routes"])
@@ -24,28 +25,30 @@ Name = Annotated[str, Path(max_length=100)]
 
 
 @router.get("", summary="The loaded routes, their steps and whether they are paused", responses=_ERRORS)
-def list_routes(_: Annotated[Caller, Depends(admin)]) -> list[dict[str, Any]]:
+def list_routes(_: Annotated[Caller, Depends(admin)], hub: ServedHub) -> list[dict[str, Any]]:
     """Every route with its steps and, when paused, why."""
     paused = operator.paused()
     return [{"route": r.name, "service": r.service, "operation": r.operation,
              "steps": [{"key": s.key, "scope": getattr(s, "scope", None)} for s in r.steps],
              "funnel": r.funnel is not None, "guaranteed_order": r.guaranteed_order,
              "paused": r.name in paused, "paused_reason": paused.get(r.name)}
-            for r in get_registry().routes.values()]
+            for r in hub.registry.routes.values()]
 
 
 @router.post("/{service}/{operation}/pause", summary="Pause a route", responses=_ERRORS)
-def pause_route(service: Name, operation: Name, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+def pause_route(service: Name, operation: Name, _: Annotated[Caller, Depends(admin)],
+                hub: ServedHub) -> dict[str, Any]:
     """Stop starting messages of the route until it is resumed."""
-    name = get_registry().route(f"{service}.{operation}").name
+    name = hub.registry.route(route_name(service, operation)).name
     operator.pause(name)
     return {"route": name, "paused": True}
 
 
 @router.post("/{service}/{operation}/resume", summary="Resume a paused route", responses=_ERRORS)
-def resume_route(service: Name, operation: Name, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+def resume_route(service: Name, operation: Name, _: Annotated[Caller, Depends(admin)],
+                 hub: ServedHub) -> dict[str, Any]:
     """Resume the route; its postponed messages are re-driven at once."""
-    name = get_registry().route(f"{service}.{operation}").name
+    name = hub.registry.route(route_name(service, operation)).name
     redriven = operator.resume(name)
     return {"route": name, "paused": False, "redriven": redriven}
 

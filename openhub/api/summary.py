@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from ..context import aware, error_line
 from ..db import transaction
+from ..model import route_name
 from ..schema import messages
 from ..store import filtered
 
@@ -36,7 +37,7 @@ def message_summaries(*, limit: int = 100, **filters: Any) -> list[dict[str, Any
     query = query.order_by(M.id.desc()).limit(max(1, min(int(limit), 1000)))
     with transaction() as conn:
         rows = conn.execute(query).all()
-    return [{"id": r.id, "route": f"{r.service}.{r.operation}", "service": r.service, "operation": r.operation,
+    return [{"id": r.id, "route": route_name(r.service, r.operation), "service": r.service, "operation": r.operation,
              "state": r.state, "source_system": r.source_system, "correlation_id": r.correlation_id,
              "process_id": r.process_id, "object_id": r.object_id, "entity_type": r.entity_type,
              "parent_id": r.parent_id, "failed_count": r.failed_count, "failed_step": r.failed_step,

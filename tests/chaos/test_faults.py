@@ -217,6 +217,7 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
     from openhub import dispatch
     from openhub.db import transaction
     from openhub.producer import insert_new, prepare
+    from openhub.config import get_settings
     from openhub.registry import get_registry
 
     with _hub(tmp_path, OPENHUB_LEASE_GRACE="300") as (backend, external, _pg):
@@ -227,7 +228,7 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
         with transaction() as conn:
             message_id = insert_new(conn, row)
         # Published with a countdown, the first task waits in the worker that took it, unstarted.
-        dispatch.step_chain(get_registry().route(f"{svc}.flow"), message_id, row["attempt_id"]) \
+        dispatch.step_chain(get_registry().route(f"{svc}.flow"), message_id, row["attempt_id"], 0, get_settings()) \
             .apply_async(countdown=4)
         assert backend.redis is not None
         wait_for(lambda: backend.redis.client().hlen("unacked.owners") == 1, 30, "the worker to take the task")
@@ -299,9 +300,9 @@ def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # 
     import httpx
     from sqlalchemy import select
 
-    from openhub import dispatch
     from openhub.db import dispose_engines, transaction
     from openhub.producer import insert_new, prepare
+    from openhub.hub import current
     from openhub.registry import get_registry
     from openhub.schema import workers
 
@@ -348,7 +349,7 @@ def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # 
         # A BRPOP sent before the pause may still pop one task (kombu keeps it for when the worker takes
         # tasks again): publish once none waits, so every task published during the outage is seen in the queue.
         wait_for(lambda: not [c for c in redis.client_list() if "b" in c["flags"]], 10, "no BRPOP waiting")
-        assert dispatch.publish_many(chains) == set(ids)
+        assert current().publisher.publish_many(chains) == set(ids)
         outage_end = time.monotonic() + 3  # the outage's length (the fault): the queue must keep them all
         while time.monotonic() < outage_end:
             assert redis.llen("openhub") == len(ids) and redis.hlen("unacked") == 0, "a task was taken"

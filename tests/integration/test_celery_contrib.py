@@ -14,6 +14,7 @@ from celery import Celery
 
 import openhub
 from openhub import dispatch
+from openhub.hub import current
 from openhub.api.detail import message_detail
 from openhub.workers import current_node, stop_heartbeat
 from tasks.steps import register_step_tasks
@@ -33,7 +34,7 @@ def celery_app(backend: backends.Backend, tmp_path: Path) -> Iterator[Celery]:
         private["OPENHUB_VAR_DIR"] = str(tmp_path / "var")  # the filesystem broker's folders live there
     backends.activate(private)
     app = dispatch.celery_app()
-    register_step_tasks(app)
+    register_step_tasks(app, current())
     yield app
     stop_heartbeat()  # the worker thread's steps started this process's heartbeat, on this test's store
     backend.activate()

@@ -236,7 +236,7 @@ def test_unpublished_new_message_is_redriven_by_the_poller(svc, prefix, external
 
 
 def test_duplicate_and_stale_chains_have_no_effect(svc, prefix, external) -> None:
-    from openhub import dispatch
+    from openhub.hub import current
     from openhub.registry import get_registry
 
     external.delay(f"{prefix}/a", 0.5)
@@ -244,8 +244,8 @@ def test_duplicate_and_stale_chains_have_no_effect(svc, prefix, external) -> Non
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == m.id)).scalar()
     route = get_registry().route(f"{svc}.flow")
-    dispatch.publish(route, m.id, token)  # the same chain delivered twice
-    dispatch.publish(route, m.id, "stale-token")  # a chain from an earlier attempt
+    current().publisher.publish_many([(route, m.id, token, 0, None)])  # the same chain delivered twice
+    current().publisher.publish_many([(route, m.id, "stale-token", 0, None)])  # a chain from an earlier attempt
     done = wait_final(m.id)
     assert done.state == "OK"
     assert [external.effects(f"{prefix}/{s}") for s in "abc"] == [1, 1, 1]

@@ -154,14 +154,14 @@ def test_many_children_on_two_workers_finalise_the_parent_once(svc, prefix, exte
 
 
 def test_split_delivered_twice_creates_children_once(svc, prefix, external) -> None:
-    from openhub import dispatch
+    from openhub.hub import current
     from openhub.registry import get_registry
 
     external.delay(f"{prefix}/a", 0.3)
     parent = submit(f"{svc}.order", prefix, lines=[{"sku": 1}, {"sku": 2}])
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == parent.id)).scalar()
-    dispatch.publish(get_registry().route(f"{svc}.order"), parent.id, token)
+    current().publisher.publish_many([(get_registry().route(f"{svc}.order"), parent.id, token, 0, None)])
     assert wait_final(parent.id).state == "OK"
     assert len(openhub.list_messages(parent_id=parent.id)) == 2
     assert external.effects(f"{prefix}/line") == 2 and external.effects(f"{prefix}/after") == 1
@@ -316,7 +316,7 @@ ONCE_ONLY = [
 @ON_EVERY_POOL
 @pytest.mark.parametrize("route, payload, paths", ONCE_ONLY, ids=[r[0] for r in ONCE_ONLY])
 def test_a_message_delivered_twice_has_one_effect(svc, route, payload, paths, prefix, external) -> None:  # noqa: ANN001
-    from openhub import dispatch
+    from openhub.hub import current
     from openhub.registry import get_registry
 
     for path in paths:
@@ -330,7 +330,8 @@ def test_a_message_delivered_twice_has_one_effect(svc, route, payload, paths, pr
     m = openhub.submit(route, payload, source_system="CRM", correlation_id=f"twice-{uuid.uuid4().hex}")
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == m.id)).scalar()
-    dispatch.publish(get_registry().route(route), m.id, token)  # the broker delivers it again
+    # The broker delivers it again.
+    current().publisher.publish_many([(get_registry().route(route), m.id, token, 0, None)])
     if route.endswith(".wait"):
         wait_state(m.id, "WAITING_FOR_RES")
         openhub.respond(m.id, {"ok": True})

@@ -129,10 +129,11 @@ def test_more_acknowledgements_at_once_than_the_pool_has_connections_wait_for_on
 def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
               "OPENHUB_VAR_DIR": str(tmp_path / "var")})
+    from openhub.hub import current
     from openhub.registry import get_registry
 
     route = get_registry().route("p.flow")
-    dispatch.publish_many([(route, 0, "warm-up", 0, None)])  # connects, declares the queue
+    current().publisher.publish_many([(route, 0, "warm-up", 0, None)])  # connects, declares the queue
     client = server.client()
     client.delete("openhub")
     sends: list[int] = []
@@ -143,7 +144,8 @@ def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, t
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
-    assert dispatch.publish_many([(route, n, f"token-{n}", 0, None) for n in range(1, 51)]) == set(range(1, 51))
+    publisher = current().publisher
+    assert publisher.publish_many([(route, n, f"token-{n}", 0, None) for n in range(1, 51)]) == set(range(1, 51))
     assert len(sends) <= 2, f"{len(sends)} round trips to Redis for 50 chains"
     monkeypatch.undo()
     tasks = [json.loads(raw) for raw in client.lrange("openhub", 0, -1)]
@@ -162,6 +164,7 @@ def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, t
 def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_path, asked) -> None:  # noqa: ANN001
     activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
               "OPENHUB_VAR_DIR": str(tmp_path / "var"), "OPENHUB_TASK_SENT_EVENTS": asked})
+    from openhub.hub import current
     from openhub.registry import get_registry
 
     route = get_registry().route("p.flow")
@@ -169,7 +172,8 @@ def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_pa
     listener = client.pubsub()  # Celery's events travel over Redis pub/sub (a fanout exchange), as Flower hears them
     listener.psubscribe("*celeryev*")
     assert listener.get_message(timeout=5)["type"] == "psubscribe"
-    assert dispatch.publish_many([(route, n, f"token-{n}", 0, None) for n in range(1, 21)]) == set(range(1, 21))
+    publisher = current().publisher
+    assert publisher.publish_many([(route, n, f"token-{n}", 0, None) for n in range(1, 21)]) == set(range(1, 21))
     client.publish("/0.celeryev/end-of-test", "end")  # after every event the publish sent, on one Redis
     heard: list[bytes] = []
     while (message := listener.get_message(timeout=5)) is not None and message["data"] != b"end":

@@ -1,5 +1,5 @@
 """Step options map onto Celery task options (queue, priority, soft and hard time limits); chains go
-to the publisher installed."""
+to the publisher of the hub installed."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from datetime import timedelta
 
 import pytest
 
-from openhub import Route, dispatch, step
+from openhub import Route, step
+from openhub.dispatch import HARD_LIMIT_MARGIN, CeleryPublisher, task_options, task_starts
 from openhub.config import get_settings
-from openhub.dispatch import HARD_LIMIT_MARGIN, task_options, task_starts
+from openhub.hub import Hub, current, install
+from openhub.registry import Registry
 from openhub.testing import LocalPublisher
 
 
@@ -30,16 +32,16 @@ def quick(ctx):  # noqa: ANN001, ANN201
 
 def test_step_timeout_queue_and_route_priority() -> None:
     route = Route("customer.set", steps=[activate, plain], priority=7, queue="crm")
-    assert task_options(route, 0) == {"soft_time_limit": 30.0, "time_limit": 30.0 + HARD_LIMIT_MARGIN,
+    assert task_options(route, 0, get_settings()) == {"soft_time_limit": 30.0, "time_limit": 30.0 + HARD_LIMIT_MARGIN,
                                       "queue": "mno", "priority": 7}
     # A step without its own queue or timeout takes the route's queue and the default timeout.
-    options = task_options(route, 1)
+    options = task_options(route, 1, get_settings())
     assert options["queue"] == "crm"
     assert options["soft_time_limit"] == get_settings().step_timeout.total_seconds()
 
 
 def test_no_queue_means_the_default_queue() -> None:
-    assert "queue" not in task_options(Route("customer.set", steps=[plain]), 0)
+    assert "queue" not in task_options(Route("customer.set", steps=[plain]), 0, get_settings())
 
 
 def test_a_fused_route_runs_the_steps_of_one_queue_in_one_task() -> None:
@@ -51,20 +53,20 @@ def test_a_fused_route_runs_the_steps_of_one_queue_in_one_task() -> None:
     assert task_starts(fused, 1) == [1, 2, 3]  # resuming inside a run of fused steps starts a task there
     # The task may take all its steps' time; each step keeps its own limit inside it.
     default = get_settings().step_timeout.total_seconds()
-    assert task_options(fused, 0)["soft_time_limit"] == default + 5.0
-    assert task_options(fused, 1)["soft_time_limit"] == 5.0
+    assert task_options(fused, 0, get_settings())["soft_time_limit"] == default + 5.0
+    assert task_options(fused, 1, get_settings())["soft_time_limit"] == 5.0
 
 
-def test_a_publisher_installed_with_use_takes_the_chains_and_is_removed_after_the_block() -> None:
+def test_a_hub_installed_publishes_through_its_publisher_and_is_removed_after_the_block() -> None:
     route = Route("customer.set", steps=[plain])
-    default = dispatch._publisher
     outer, inner = LocalPublisher(), LocalPublisher()
-    with dispatch.use(outer):
-        assert dispatch.publish(route, 1, "token-1", traceparent="00-trace-01")
-        with pytest.raises(RuntimeError), dispatch.use(inner):
-            assert dispatch.publish_many([(route, 2, "token-2", 0, None)]) == {2}
+    with install(Hub(get_settings(), Registry(), outer)):
+        assert current().publisher.publish_many([(route, 1, "token-1", 0, "00-trace-01")]) == {1}
+        with pytest.raises(RuntimeError), install(Hub(get_settings(), Registry(), inner)):
+            assert current().publisher.publish_many([(route, 2, "token-2", 0, None)]) == {2}
             raise RuntimeError("the block fails")
-        assert dispatch.publish_confirmation(1) is False and dispatch.ping_workers() is None
-    assert dispatch._publisher is default and isinstance(default, dispatch.CeleryPublisher)
+        assert current().publisher is outer
+        assert outer.publish_confirmation(1) is False and outer.ping_workers(0.5) is None
+    assert isinstance(current().publisher, CeleryPublisher)
     assert list(outer.chains) == [(route, 1, "token-1", 0, "00-trace-01")]  # the trace travels with it
     assert list(inner.chains) == [(route, 2, "token-2", 0, None)]

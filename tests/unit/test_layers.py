@@ -22,10 +22,11 @@ def _imports(path: Path) -> set[str]:
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
-    skipped = {id(n) for node in ast.walk(ast.parse(path.read_text()))
+    tree = ast.parse(path.read_text())  # one tree: node ids from another parse would name other nodes
+    skipped = {id(n) for node in ast.walk(tree)
                if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
                for n in ast.walk(node)}
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if id(node) in skipped:
             continue
         if isinstance(node, ast.ImportFrom):
@@ -103,3 +104,20 @@ def test_the_lease_and_call_record_columns_have_one_writer() -> None:
     writers = sorted(_module_name(path) for path in PACKAGE.rglob("*.py")
                      if path.name not in ("leases.py", "limits.py") and writes.search(path.read_text()))
     assert writers == []
+
+
+def test_imports_under_type_checking_do_not_count() -> None:
+    # model.py names StepContext for its type hints only; context.py imports model at run time.
+    assert "openhub.context" not in _imports(PACKAGE / "model.py")
+
+
+# Modules that read settings, routes and the clock from the hub they are given (a step run's), never
+# from the process's globals: what a driver passes in is what they run with.
+GIVEN_THE_HUB = ["engine.py", "runs.py"]
+
+
+def test_the_engine_reads_the_hub_it_is_given_not_the_process_globals() -> None:
+    for name in GIVEN_THE_HUB:
+        calls = {node.func.id for node in ast.walk(ast.parse((PACKAGE / name).read_text()))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        assert not calls & {"get_settings", "get_registry"}, name

@@ -10,6 +10,7 @@ import pytest
 
 from openhub import Child, ConfigurationError, RetryPolicy, Route, Split, step
 from openhub.dispatch import task_name
+from openhub.config import get_settings
 from openhub.registry import build_registry
 
 
@@ -110,7 +111,7 @@ def test_duplicate_route_across_modules(tmp_path, monkeypatch) -> None:  # noqa:
     a = _module(tmp_path, monkeypatch, "routes_dup_a", body)
     b = _module(tmp_path, monkeypatch, "routes_dup_b", body)
     with pytest.raises(ConfigurationError, match="duplicate route 'dup.route'"):
-        build_registry([a, b])
+        build_registry([a, b], get_settings())
 
 
 def test_split_to_unknown_route(tmp_path, monkeypatch) -> None:  # noqa: ANN001
@@ -120,18 +121,18 @@ def test_split_to_unknown_route(tmp_path, monkeypatch) -> None:  # noqa: ANN001
         routes = [Route("order.create", steps=[Split(kids, route="order.nothere")])]
     """)
     with pytest.raises(ConfigurationError, match="unknown route 'order.nothere'"):
-        build_registry([name])
+        build_registry([name], get_settings())
 
 
 def test_routes_must_hold_routes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     name = _module(tmp_path, monkeypatch, "routes_not_routes", "routes = ['customer.set']\n")
     with pytest.raises(ConfigurationError, match="must hold Route objects"):
-        build_registry([name])
+        build_registry([name], get_settings())
 
 
 def test_unimportable_routes_module() -> None:
     with pytest.raises(ConfigurationError, match="cannot be imported"):
-        build_registry(["routes_that_do_not_exist"])
+        build_registry(["routes_that_do_not_exist"], get_settings())
 
 
 def test_two_confirmers_for_one_system(tmp_path, monkeypatch) -> None:  # noqa: ANN001
@@ -139,16 +140,16 @@ def test_two_confirmers_for_one_system(tmp_path, monkeypatch) -> None:  # noqa: 
             "@confirmation('UNIT-SYS')\ndef second(outcome): pass\n")
     name = _module(tmp_path, monkeypatch, "routes_two_confirmers", code)
     with pytest.raises(ConfigurationError, match="two confirmers"):
-        build_registry([name])
+        build_registry([name], get_settings())
 
 
 def test_confirmers_belong_to_the_registry_that_loaded_them(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     code = "from openhub import confirmation\n\n@confirmation('CRM')\ndef mine(outcome): pass\n"
     one = _module(tmp_path, monkeypatch, "routes_confirm_one", code)
     other = _module(tmp_path, monkeypatch, "routes_confirm_other", code.replace("mine", "theirs"))
-    assert build_registry([one]).confirmers["CRM"].__name__ == "mine"
-    assert build_registry([other]).confirmers["CRM"].__name__ == "theirs"  # nothing leaked from the first
-    assert "CRM" not in build_registry(["tests.support.promise_routes"]).confirmers
+    assert build_registry([one], get_settings()).confirmers["CRM"].__name__ == "mine"
+    assert build_registry([other], get_settings()).confirmers["CRM"].__name__ == "theirs"  # nothing leaked
+    assert "CRM" not in build_registry(["tests.support.promise_routes"], get_settings()).confirmers
 
 
 def test_split_and_child_are_plain_data() -> None:
@@ -158,7 +159,7 @@ def test_split_and_child_are_plain_data() -> None:
 
 
 def test_example_routes_load() -> None:
-    registry = build_registry(["routes"])
+    registry = build_registry(["routes"], get_settings())
     assert "customer.setCustomer" in registry.routes
     assert "CRM" in registry.confirmers
 

@@ -1,0 +1,18 @@
+"""The hub the ingress app serves (`app.state.hub`, set by `create_app`), as a FastAPI dependency."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from ..hub import Hub
+
+
+def served(request: Request) -> Hub:
+    """The hub of the app answering `request`."""
+    hub: Hub = request.app.state.hub
+    return hub
+
+
+ServedHub = Annotated[Hub, Depends(served)]
