@@ -128,14 +128,18 @@ def transaction(url: str | None = None, *, first: bool = False) -> Iterator[Conn
             if green() else nullcontext()
         with gate, get_engine(url).begin() as conn:
             yield conn
-    except OperationalError as exc:
-        if _is_connectivity(exc):
+    except DBAPIError as exc:
+        if is_outage(exc):
             raise StoreUnavailable(f"message store unavailable: {exc.orig}") from exc
         raise
-    except DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise StoreUnavailable(f"message store connection lost: {exc.orig}") from exc
-        raise
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a database error lost the whole transaction (a lost or refused connection, a deadlock):
+    `transaction` raises StoreUnavailable for it; a savepoint cannot contain it."""
+    if isinstance(exc, OperationalError) and _is_connectivity(exc):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def _is_connectivity(exc: OperationalError) -> bool:
