@@ -57,7 +57,8 @@ def test_a_batch_carries_its_messages_step_by_step_each_step_called_once(hub: Lo
         assert external.count(f"{prefix}/{name}") == 5 and external.effects(f"{prefix}/{name}") == 5
     # Lockstep: every message's step a ended before any step b began (one task carried them all).
     calls = [c for c in external.calls if c.path.startswith(prefix)]
-    assert max(c.ended for c in calls if c.path.endswith("/a")) <= min(c.started for c in calls if c.path.endswith("/b"))
+    last_a = max(c.ended for c in calls if c.path.endswith("/a"))
+    assert last_a <= min(c.started for c in calls if c.path.endswith("/b"))
 
 
 def test_mixed_outcomes_in_one_batch_each_go_their_own_way(hub: LocalHub, external: ExternalSystem) -> None:
