@@ -1,7 +1,8 @@
 """openhub side by side with a plain Celery chain and DBOS Transact (issue 10).
 
-    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3] [--variants plain,hub,hub1,fused,dbos]
-        [--latency-ms 0] [--pool prefork|gevent|threads] [--concurrency 2] [--warmup 200]
+    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3]
+        [--variants plain,hub,hub1,fused,batch,dbos] [--latency-ms 0] [--pool prefork|gevent|threads]
+        [--concurrency 2] [--warmup 200]
 
 The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
 after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx client of bench/flows.py)
@@ -10,6 +11,8 @@ run as
   (b) hub    - openhub, today's chain mode, submit_many in batches of 100
       hub1   - openhub, chain mode, one openhub.submit() per message
   (c) fused  - openhub fused mode (Route(..., fused=True)): one Celery task per message, submit_many
+      batch  - openhub batch mode (Route(..., batch=100)): one Celery task per 100 messages submitted
+               together, each step entered and recorded for all of them in one transaction
   (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
                2 worker processes with worker_concurrency=1, enqueued with DBOSClient
 each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
@@ -420,6 +423,10 @@ def run_fused(env: Env, n: int) -> dict[str, float]:
     return _hub(env, n, 100, "bench.fused")
 
 
+def run_batch(env: Env, n: int) -> dict[str, float]:
+    return _hub(env, n, 100, "bench.batch")
+
+
 def _dbos_url(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
@@ -480,7 +487,8 @@ def run_dbos(env: Env, n: int) -> dict[str, float]:
     return result
 
 
-RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "fused": run_fused, "dbos": run_dbos}
+RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "fused": run_fused, "batch": run_batch,
+           "dbos": run_dbos}
 
 
 # ---------------------------------------------------------------- submit side alone
@@ -539,7 +547,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--variants", default="plain,hub,hub1,fused,dbos")
+    parser.add_argument("--variants", default="plain,hub,hub1,fused,batch,dbos")
     parser.add_argument("--submits", type=int, default=1000, help="messages for the submit-only figures (0: skip)")
     parser.add_argument("--latency-ms", type=float, default=0, help="how long each external call takes")
     parser.add_argument("--pool", default="prefork", choices=("prefork", "gevent", "threads"),

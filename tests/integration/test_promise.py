@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event, select
 
 import openhub
-from openhub import engine, lifecycle, poller
+from openhub import batch, engine, lifecycle, poller
 from openhub.db import get_engine, transaction, utcnow
 from openhub.errors import StoreUnavailable
 from openhub.schema import ext_calls, messages, transitions
@@ -81,7 +81,7 @@ def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHu
 
 # --- 2. the store away right after a call, longer than any fixed number of retries -------------------
 
-@pytest.mark.parametrize("route", ["p.flow", "p.fused"])
+@pytest.mark.parametrize("route", ["p.flow", "p.fused", "p.batch"])
 def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(route: str, hub: LocalHub,
                                                                               monkeypatch) -> None:  # noqa: ANN001
     real = engine.transaction
@@ -93,14 +93,32 @@ def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(ro
             raise StoreUnavailable("message store unavailable: connection refused")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "transaction", away)
-    monkeypatch.setattr(engine, "_pause_before_retry", lambda seconds: None)
+    for module in (engine, batch):  # a batch route's group transactions are batch's
+        monkeypatch.setattr(module, "transaction", away)
+        monkeypatch.setattr(module, "pause_before_retry", lambda seconds: None)
     routes.HOOKS["first"] = lambda ctx: outage.update(left=100)  # far more tries than the old limit of 12
-    view = hub.submit(route, {})
+    views = [hub.submit(route, {}) for _ in range(3)]  # one batch of p.batch
     hub.run()
     assert outage["left"] == 0
-    assert hub.get(view.id).state == "OK"
-    assert routes.calls("first") == 1
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert routes.calls("first") == 3
+
+
+def test_a_batch_enters_and_records_each_step_of_all_its_messages_in_one_commit(hub: LocalHub) -> None:
+    commits = []
+
+    def count(conn) -> None:  # noqa: ANN001
+        commits.append(conn)
+
+    views = [hub.submit("p.batch", {}, source_system="UNCONFIRMED") for _ in range(3)]
+    event.listen(get_engine(), "commit", count)
+    try:
+        hub.run()
+    finally:
+        event.remove(get_engine(), "commit", count)
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert len(commits) == 3  # claim and enter all three; record first and enter second; record second
+    assert all(_history(v.id) == ["accepted", "claimed", "step_ok", "step_ok", "completed"] for v in views)
 
 
 def test_a_fused_task_hands_each_lease_on_in_the_commit_that_records_the_step(hub: LocalHub) -> None:
