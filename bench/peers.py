@@ -34,11 +34,11 @@ Also per variant and run: whether each step of every message (warm-up included) 
 exactly once (the HTTP server's count per path: calls == distinct paths == 3 x messages), the peak
 of calls in flight at the server during the measured part, and the peak RSS of all the worker's
 processes together (sum of VmRSS, sampled every 0.5 s: shared pages are counted in every process).
-With --profile DIR, the measured part of each variant is also profiled: `py-spy record` on the
-worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top functions by bench/collapsed.py
-printed), CPU ms/message of the redis-server, the HTTP server and this process from /proc, and, if
-the PostgreSQL server preloads pg_stat_statements (a private cluster: OPENHUB_TEST_PG), the SQL
-statements per message.
+With --profile DIR, the measured part of each variant is also profiled: `py-spy record` (beside the
+python, or $PY_SPY) on the worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top
+functions by bench/collapsed.py printed), CPU ms/message of the redis-server, the HTTP server and this
+process from /proc, and, if the PostgreSQL server preloads pg_stat_statements (a private cluster:
+OPENHUB_TEST_PG), the SQL statements per message.
 Then submit figures with no worker running: openhub.submit() one per message from one
 thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
 """
@@ -251,7 +251,7 @@ class Profile:
         with pg.engine.connect() as conn:
             conn.exec_driver_sql("SELECT pg_stat_statements_reset()") if self._statements(conn) else None
         self.cpu = {k: _stat(pid)[1] * TICK_MS for k, pid in others.items()}  # each process alone
-        spy = str(Path(sys.executable).parent / "py-spy")
+        spy = os.environ.get("PY_SPY") or str(Path(sys.executable).parent / "py-spy")  # or another install
         self.spy = [subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
                                       "--rate", str(PROFILE["rate"]), "--format", "raw",
                                       "--output", str(self.out.with_suffix(f".{pid}.txt"))],
@@ -424,6 +424,11 @@ def run_fused(env: Env, n: int) -> dict[str, float]:
 
 
 def run_batch(env: Env, n: int) -> dict[str, float]:
+    if env.pool == "gevent":  # each task keeps a batch of calls in flight, not one: clients for them all
+        # (httpcore scans every connection of its pool per request: hundreds on one client cost ms per call)
+        from bench.flows import BATCH
+
+        env.env["BENCH_HTTP_CLIENTS"] = str(max(1, min(env.concurrency * BATCH, n) // 16))
     return _hub(env, n, 100, "bench.batch")
 
 

@@ -3,12 +3,14 @@
 Each step of the batch goes in three parts, as one message's step does in openhub.engine, but for all
 the batch's messages at once:
 
-1. enter: ONE transaction takes every message's step lease (or claims it, at its first step), each in
-   a savepoint of its own and in message-id order (two batches lock rows in the same order, never
-   crosswise), so one message's failure rolls back only its own part;
+1. enter: ONE transaction takes every message's step lease (or claims it, at its first step), in
+   message-id order (two batches lock rows in the same order, never crosswise); where one message's
+   part fails, the transaction is rolled back and written again with each part in a savepoint of its
+   own, so the failure rolls back only its own part (savepoints from the start would cost two
+   statements more per message and step, for a failure that is rare);
 2. run: the entered steps, outside any transaction; as greenlets under gevent (each with its own step
    time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
-3. write: ONE transaction records every outcome, again a savepoint each: a success hands the message over
+3. write: ONE transaction records every outcome, again in savepoints where a part failed: a success hands the message over
    to its next step's lease in the same statement (`engine.record_and_enter`), anything else is recorded
    (`engine.record`).
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from datetime import datetime
@@ -110,10 +112,14 @@ def _enter_all(members: list[_Member], runs: ExitStack, follow: FollowUps, first
                 _settle(m, StepReport(bool(m.entered), "skipped" if m.entered else "stopped"))
 
 
-def _enter_one(tx: Tx, m: _Member) -> None:
-    assert m.run_id is not None
-    m.entered = enter(tx, m.run, m.run_id)
-    m.run_id = None
+def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
+    run_id = m.run_id
+    assert run_id is not None
+    entered, _ = _savepoint(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
+    if entered is None:  # nothing of it written: its message is re-driven by the lease or lost-chain repair
+        m.done, m.report = True, StepReport(False, "stopped")
+        return
+    m.entered, m.run_id = entered, None
 
 
 def _settle(m: _Member, report: StepReport, handed: Entered | bool | None = None) -> None:
@@ -165,7 +171,7 @@ def _write_all(members: list[_Member], runs: ExitStack, follow: FollowUps) -> No
     _group(members, follow, _write_one)
 
 
-def _write_one(tx: Tx, m: _Member) -> None:
+def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
     """Record the member's step in a savepoint of its own, falling back as `engine` does: a success that
     could not be handed over is recorded alone, a record that failed is replaced by a transient failure
     "UNRECORDED", and where that fails too the lease repair takes over."""
@@ -174,13 +180,14 @@ def _write_one(tx: Tx, m: _Member) -> None:
     next_run = m.run_id
     if next_run is not None:
         handed, _ = _savepoint(tx, m, "handing over", partial(record_and_enter, run=m.run, entered=entered,
-                                                                  verdict=verdict, next_run=next_run))
+                                                                  verdict=verdict, next_run=next_run), careful)
         if handed is not None:
             m.run_id = None
             _settle(m, StepReport(True, "ok"), handed)
             return
     while True:
-        go_on, failure = _savepoint(tx, m, "recording", partial(record, run=m.run, entered=entered, verdict=verdict))
+        go_on, failure = _savepoint(tx, m, "recording", partial(record, run=m.run, entered=entered, verdict=verdict),
+                                    careful)
         if go_on is not None:
             _settle(m, StepReport.of(verdict, go_on))
             return
@@ -191,30 +198,40 @@ def _write_one(tx: Tx, m: _Member) -> None:
                           error=f"{UNRECORDED} {m.run.item.key!r}:\n{failure}")
 
 
-def _savepoint(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any]) -> tuple[Any, str]:
-    """`write` in a savepoint of the group's transaction, and what it returned; (None, the traceback)
-    when it failed for this message alone (rolled back to the savepoint). What it asks for after
-    commit joins the group's on success."""
+class _Redo(Exception):
+    """A message's write failed outside a savepoint: the group's transaction is written again, carefully."""
+
+
+def _savepoint(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], careful: bool) -> tuple[Any, str]:
+    """`write` for one message in the group's transaction, and what it returned; (None, the traceback)
+    when it failed for this message alone. What it asks for after commit joins the group's on success.
+
+    Only a `careful` group puts each write in a savepoint (two statements more each, a fifth of a step's):
+    a write that fails in a group that is not raises `_Redo`, and the group is written again, carefully,
+    so that the failure rolls back to its own savepoint and the others are written.
+    """
     own = Tx(tx.conn, tx.now, FollowUps())
     try:
-        with tx.conn.begin_nested():
+        with tx.conn.begin_nested() if careful else nullcontext():
             result = write(own)
     except Exception as exc:
         if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(m.run, exc):
             raise  # the whole group's transaction is lost (or the task's limit came): tried again whole
+        if not careful:
+            raise _Redo(f"message {m.run.message_id}: {what} step {m.run.item.key} failed") from exc
         log.exception("message %s: %s step %s failed", m.run.message_id, what, m.run.item.key)
         return None, traceback.format_exc()
     tx.follow.merge(own.follow)
     return result, ""
 
 
-def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Member], None], *,
+def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Member, bool], None], *,
            raise_outage: bool = False) -> None:
     """`each` for every member in ONE transaction (a savepoint each), committed together; a store outage
     (or Celery's soft time limit arriving meanwhile) rolls it back whole: paused and tried again whole,
     never given up while this process lives, unless `raise_outage` (no lease is held yet)."""
     saved = [(m.run, m.entered, m.run_id, m.verdict, m.report, m.done) for m in members]
-    attempt = 0
+    attempt, careful = 0, False  # savepoints only once a write failed (`_savepoint`)
     while True:
         group = FollowUps()
         clock = members[0].run.clock
@@ -222,17 +239,20 @@ def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Membe
             with transaction() as conn:
                 tx = Tx(conn, clock(), group)
                 for m in members:
-                    each(tx, m)
+                    each(tx, m, careful)
             follow.merge(group)
             return
         except Exception as exc:
+            for m, state in zip(members, saved):  # what the rolled-back transaction made of them is undone
+                m.run, m.entered, m.run_id, m.verdict, m.report, m.done = state
+            if isinstance(exc, _Redo):
+                careful = True
+                continue
             outage = isinstance(exc, StoreUnavailable)
             if not outage and not interrupted(members[0].run, exc):
                 raise
             if outage and raise_outage:
                 raise
-            for m, state in zip(members, saved):  # what the rolled-back transaction made of them is undone
-                m.run, m.entered, m.run_id, m.verdict, m.report, m.done = state
             attempt += 1
             log.warning("batch of %d message(s), message %s first: the store failed (%s); trying the whole "
                         "group again", len(members), members[0].run.message_id, exc)

@@ -533,3 +533,40 @@ def test_each_external_call_names_the_process_of_its_last_attempt(hub: LocalHub)
     view = hub.submit("p.flow", {})
     hub.run()
     assert {c["worker"] for c in message_detail(view.id)["ext_calls"]} == {current_node()}
+
+
+def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    """The group's write fails for the middle message: written again with a savepoint each, its hand-over
+    rolls back alone, it is recorded alone and enters its next step anew; the others are handed over."""
+    real, failures = engine._prepare, []
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+
+    def fails_twice_for_one(tx, run, *args):  # noqa: ANN001, ANN002, ANN202
+        if run.index == 1 and run.message_id == views[1].id and len(failures) < 2:
+            failures.append(run.message_id)
+            raise RuntimeError("a bug in entering the step")
+        return real(tx, run, *args)
+
+    monkeypatch.setattr(engine, "_prepare", fails_twice_for_one)
+    hub.run()
+    assert len(failures) == 2  # the group's write, then its own savepoint in the careful one
+    assert [(hub.get(v.id).state, hub.get(v.id).failed_count) for v in views] == [("OK", 0)] * 3
+    assert routes.calls("first") == 3 and routes.calls("second") == 3
+
+
+def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    real = engine._claim
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+
+    def fails_for_one(tx, row, run, lease):  # noqa: ANN001, ANN202
+        if run.message_id == views[1].id:
+            raise RuntimeError("a bug in claiming")
+        return real(tx, row, run, lease)
+
+    monkeypatch.setattr(engine, "_claim", fails_for_one)
+    hub.run()
+    assert [hub.get(v.id).state for v in views] == ["OK", "NEW", "OK"]  # nothing of its entry written
+    monkeypatch.setattr(engine, "_claim", real)
+    hub.tick(seconds=600)  # its chain is overdue: the poller publishes it again
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert routes.calls("first") == 3 and routes.calls("second") == 3
