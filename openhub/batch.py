@@ -10,9 +10,9 @@ the batch's messages at once:
    statements more per message and step, for a failure that is rare);
 2. run: the entered steps, outside any transaction; as greenlets under gevent (each with its own step
    time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
-3. write: ONE transaction records every outcome, again in savepoints where a part failed: a success hands the message over
-   to its next step's lease in the same statement (`engine.record_and_enter`), anything else is recorded
-   (`engine.record`).
+3. write: ONE transaction records every outcome (again in savepoints where a part failed): a success
+   hands the message over to its next step's lease in the same statement (`engine.record_and_enter`),
+   anything else is recorded (`engine.record`).
 
 Every guarantee stays per message, written by the engine's own functions: lease and fencing token,
 external-call record, retry, funnel, order, entity scope, cancel, expiry, splits, waits. A write that
