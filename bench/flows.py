@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from datetime import timedelta
 
 import httpx
 
@@ -56,5 +57,11 @@ def third(ctx: StepContext) -> None:
     http_call(f"third/{ctx.message.id}")
 
 
+# A batch task may run its messages' steps one after another (prefork): its time limit is the route's
+# once per message, which must stay under the broker's visibility timeout (1 h): 100 x 3 x 10 s.
+BATCH, BATCH_STEP_TIMEOUT = 100, timedelta(seconds=10)
+
 routes = [Route("bench.flow", steps=[first, second, third]),
-          Route("bench.fused", steps=[first, second, third], fused=True)]
+          Route("bench.fused", steps=[first, second, third], fused=True),
+          Route("bench.batch", batch=BATCH,
+                steps=[step(s.fn, key=s.key, timeout=BATCH_STEP_TIMEOUT) for s in (first, second, third)])]

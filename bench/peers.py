@@ -1,7 +1,8 @@
 """openhub side by side with a plain Celery chain and DBOS Transact (issue 10).
 
-    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3] [--variants plain,hub,hub1,fused,dbos]
-        [--latency-ms 0] [--pool prefork|gevent|threads] [--concurrency 2] [--warmup 200]
+    PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3]
+        [--variants plain,hub,hub1,fused,batch,dbos] [--latency-ms 0] [--pool prefork|gevent|threads]
+        [--concurrency 2] [--warmup 200]
 
 The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
 after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx client of bench/flows.py)
@@ -10,6 +11,8 @@ run as
   (b) hub    - openhub, today's chain mode, submit_many in batches of 100
       hub1   - openhub, chain mode, one openhub.submit() per message
   (c) fused  - openhub fused mode (Route(..., fused=True)): one Celery task per message, submit_many
+      batch  - openhub batch mode (Route(..., batch=100)): one Celery task per 100 messages submitted
+               together, each step entered and recorded for all of them in one transaction
   (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
                2 worker processes with worker_concurrency=1, enqueued with DBOSClient
 each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
@@ -31,11 +34,11 @@ Also per variant and run: whether each step of every message (warm-up included) 
 exactly once (the HTTP server's count per path: calls == distinct paths == 3 x messages), the peak
 of calls in flight at the server during the measured part, and the peak RSS of all the worker's
 processes together (sum of VmRSS, sampled every 0.5 s: shared pages are counted in every process).
-With --profile DIR, the measured part of each variant is also profiled: `py-spy record` on the
-worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top functions by bench/collapsed.py
-printed), CPU ms/message of the redis-server, the HTTP server and this process from /proc, and, if
-the PostgreSQL server preloads pg_stat_statements (a private cluster: OPENHUB_TEST_PG), the SQL
-statements per message.
+With --profile DIR, the measured part of each variant is also profiled: `py-spy record` (beside the
+python, or $PY_SPY) on the worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top
+functions by bench/collapsed.py printed), CPU ms/message of the redis-server, the HTTP server and this
+process from /proc, and, if the PostgreSQL server preloads pg_stat_statements (a private cluster:
+OPENHUB_TEST_PG), the SQL statements per message.
 Then submit figures with no worker running: openhub.submit() one per message from one
 thread, submit_many in batches of 100, DBOSClient.enqueue one per message.
 """
@@ -248,7 +251,7 @@ class Profile:
         with pg.engine.connect() as conn:
             conn.exec_driver_sql("SELECT pg_stat_statements_reset()") if self._statements(conn) else None
         self.cpu = {k: _stat(pid)[1] * TICK_MS for k, pid in others.items()}  # each process alone
-        spy = str(Path(sys.executable).parent / "py-spy")
+        spy = os.environ.get("PY_SPY") or str(Path(sys.executable).parent / "py-spy")  # or another install
         self.spy = [subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
                                       "--rate", str(PROFILE["rate"]), "--format", "raw",
                                       "--output", str(self.out.with_suffix(f".{pid}.txt"))],
@@ -420,6 +423,15 @@ def run_fused(env: Env, n: int) -> dict[str, float]:
     return _hub(env, n, 100, "bench.fused")
 
 
+def run_batch(env: Env, n: int) -> dict[str, float]:
+    if env.pool == "gevent":  # each task keeps a batch of calls in flight, not one: clients for them all
+        # (httpcore scans every connection of its pool per request: hundreds on one client cost ms per call)
+        from bench.flows import BATCH
+
+        env.env["BENCH_HTTP_CLIENTS"] = str(max(1, min(env.concurrency * BATCH, n) // 16))
+    return _hub(env, n, 100, "bench.batch")
+
+
 def _dbos_url(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
@@ -480,7 +492,8 @@ def run_dbos(env: Env, n: int) -> dict[str, float]:
     return result
 
 
-RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "fused": run_fused, "dbos": run_dbos}
+RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "fused": run_fused, "batch": run_batch,
+           "dbos": run_dbos}
 
 
 # ---------------------------------------------------------------- submit side alone
@@ -539,7 +552,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--variants", default="plain,hub,hub1,fused,dbos")
+    parser.add_argument("--variants", default="plain,hub,hub1,fused,batch,dbos")
     parser.add_argument("--submits", type=int, default=1000, help="messages for the submit-only figures (0: skip)")
     parser.add_argument("--latency-ms", type=float, default=0, help="how long each external call takes")
     parser.add_argument("--pool", default="prefork", choices=("prefork", "gevent", "threads"),

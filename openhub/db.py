@@ -133,16 +133,20 @@ def transaction(url: str | None = None, *, first: bool = False) -> Iterator[Conn
             if green() else nullcontext()
         with gate, get_engine(url).begin() as conn:
             yield conn
-    except OperationalError as exc:
-        if _is_connectivity(exc):
-            raise StoreUnavailable(f"message store unavailable: {exc.orig}") from exc
-        raise
     except DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise StoreUnavailable(f"message store connection lost: {exc.orig}") from exc
+        if is_outage(exc):
+            raise StoreUnavailable(f"message store unavailable: {exc.orig}") from exc
         raise
     except PoolTimeout as exc:  # every connection of the pool busy (more threads than connections)
         raise StoreUnavailable(f"message store: no free connection in this process's pool: {exc}") from exc
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a database error lost the whole transaction (a lost or refused connection, a deadlock):
+    `transaction` raises StoreUnavailable for it; a savepoint cannot contain it."""
+    if isinstance(exc, OperationalError) and _is_connectivity(exc):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def _is_connectivity(exc: OperationalError) -> bool:

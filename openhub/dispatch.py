@@ -2,7 +2,8 @@
 
 It builds the Celery application from `celeryconfig.py`, turns a route into a chain of
 signatures (one task per step, named `openhub.<service>.<operation>.<step>`, or one per run of
-steps for a fused route) and publishes it: `CeleryPublisher` is the `Publisher` of a hub
+steps for a fused route; a batch route's messages go in tasks of up to `batch` messages each,
+`openhub.<service>.<operation>.batch`) and publishes it: `CeleryPublisher` is the `Publisher` of a hub
 (openhub.hub) that hands its work to Celery; `openhub.testing.LocalHub`'s keeps the chains in this process.
 Celery is imported lazily so that the routing model and reading messages need no broker.
 """
@@ -88,6 +89,8 @@ def task_end(route: Route, index: int) -> int:
     own; fused mode only saves the broker round trip between steps.
     """
     end = index + 1
+    if route.batch:  # a batch task carries its messages to the route's end (all its steps share a queue)
+        return len(route.steps)
     if route.fused:
         queue = route.step_queue(route.steps[index])
         while end < len(route.steps) and route.step_queue(route.steps[end]) == queue:
@@ -118,6 +121,50 @@ def task_options(route: Route, index: int, settings: Settings) -> dict[str, Any]
     if route.priority is not None:
         options["priority"] = route.priority
     return options
+
+
+def batch_task_name(route: Route) -> str:
+    """The Celery task name of a batch route's tasks (what Flower shows)."""
+    return f"openhub.{route.name}.batch"
+
+
+# One batch task's share of the chains: the route, its first step, and (message id, token) pairs.
+Batch = tuple[Route, int, list[tuple[int, str]]]
+
+
+def batches(chains: Sequence["Chain"]) -> tuple[list["Chain"], list[Batch]]:
+    """Split the chains into those of ordinary routes, in order, and the tasks that carry those of batch
+    routes: grouped by (route, first step), in order of publishing, up to `route.batch` messages each."""
+    single: list[Chain] = []
+    groups: dict[tuple[str, int], list[Batch]] = {}
+    for route, message_id, token, start, _trace in chains:
+        if not route.batch:
+            single.append((route, message_id, token, start, _trace))
+            continue
+        tasks = groups.setdefault((route.name, start), [])
+        if not tasks or len(tasks[-1][2]) >= route.batch:
+            tasks.append((route, start, []))
+        tasks[-1][2].append((message_id, token))
+    return single, [task for tasks in groups.values() for task in tasks]
+
+
+def batch_options(route: Route, start: int, size: int, settings: Settings) -> dict[str, Any]:
+    """Celery options of a batch task of `size` messages from step `start`: those of a task over the
+    route's steps from there, its time limits once per message (the prefork pool runs the messages'
+    steps one after another; `tasks.steps.register_step_tasks` checks a full batch against the
+    broker's visibility timeout)."""
+    options = task_options(route, start, settings)
+    timeout = options["soft_time_limit"] * size
+    return {**options, "soft_time_limit": timeout, "time_limit": timeout + HARD_LIMIT_MARGIN}
+
+
+def batch_signature(task: Batch, settings: Settings) -> Any:
+    """The Celery task that carries a batch: args (pairs, first step); Flower shows the message ids."""
+    route, start, pairs = task
+    shown = {"argsrepr": f"messages {', '.join(str(m) for m, _ in pairs)} from step {route.steps[start].key}",
+             "kwargsrepr": "{}"}
+    return celery_app().signature(batch_task_name(route), args=(pairs, start), immutable=True,
+                                  options={**batch_options(route, start, len(pairs), settings), **shown})
 
 
 def step_signatures(route: Route, message_id: int, token: str, start: int, settings: Settings) -> list[Any]:
@@ -190,19 +237,28 @@ class CeleryPublisher:
         try:
             app = celery_app()
             declared: set[str] = set()
+
+            def declare(signature: Any) -> None:
+                # Each queue is declared once per batch, not once per message (kombu's cached
+                # declaration still copies and binds the queue on every publish).
+                queue = signature.options.get("queue", app.conf.task_default_queue)
+                if queue not in declared:
+                    producer.maybe_declare(app.amqp.queues[queue])
+                    declared.add(queue)
+
+            single, tasks = batches(chains)
             with app.producer_or_acquire() as producer, producer.batch():
-                for route, message_id, token, start, traceparent in chains:
+                for route, message_id, token, start, traceparent in single:
                     first, *rest = step_signatures(route, message_id, token, start, self.settings)
-                    # Each queue is declared once per batch, not once per message (kombu's cached
-                    # declaration still copies and binds the queue on every publish).
-                    queue = first.options.get("queue", app.conf.task_default_queue)
-                    if queue not in declared:
-                        producer.maybe_declare(app.amqp.queues[queue])
-                        declared.add(queue)
+                    declare(first)
                     # A chain's own apply_async takes its first task's producer from the pool, outside
                     # the batch: sent here, the first task carries the rest as Celery's message protocol does.
                     with continuing(traceparent):  # in the message's trace, even from a poller's tick
                         first.apply_async(producer=producer, chain=rest[::-1] or None, declare=())
+                for task in tasks:  # each message's steps join its own trace when they run (openhub.tracing)
+                    signature = batch_signature(task, self.settings)
+                    declare(signature)
+                    signature.apply_async(producer=producer, declare=())
         except Exception as exc:  # noqa: BLE001 - any broker error: the poller re-drives later
             log.warning("could not publish %d chain(s), message %s first: %s", len(chains), chains[0][1], exc)
             return set()

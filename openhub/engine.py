@@ -82,9 +82,9 @@ def _carry_through(run: StepRun, end: int) -> tuple[int, StepReport]:
         with ExitStack() as runs:  # each run listed in this process's heartbeat until the task ends
             while True:
                 if entered is None:
-                    run_id = _new_run(runs)
+                    run_id = new_run(runs)
                     with transaction() as conn:
-                        entered = _enter(Tx(conn, run.clock(), follow), run, run_id)
+                        entered = enter(Tx(conn, run.clock(), follow), run, run_id)
                 if isinstance(entered, Entered):
                     handed, report = _carry(run, end, entered, runs, follow)
                     if handed is not None:
@@ -108,9 +108,9 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
         log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
                     "unreachable); the run is left to the repair", run.message_id, run.item.key)
         return None, StepReport(False, "stopped")
-    verdict = _outcome(run, entered)
+    verdict = outcome(run, entered)
     if verdict.event is None and run.index + 1 < end:
-        handed = _hand_over(run, entered, verdict, _new_run(runs), follow)
+        handed = _hand_over(run, entered, verdict, new_run(runs), follow)
         if handed is not None:
             return handed, StepReport(True, "ok")
     recorded, go_on, verdict = _record_outcome(run, entered, verdict)
@@ -118,13 +118,13 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
     return None, StepReport.of(verdict, go_on)
 
 
-def _new_run(runs: ExitStack) -> str:
+def new_run(runs: ExitStack) -> str:
     return runs.enter_context(running())  # listed before its lease is taken
 
 
 # --- the step itself, outside any transaction ------------------------------------------------------------
 
-def _outcome(run: StepRun, entered: Entered) -> Verdict:
+def outcome(run: StepRun, entered: Entered) -> Verdict:
     """Run the step (outside any transaction) and tell how it ended."""
     item = run.item
     with step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
@@ -186,7 +186,7 @@ def _stored(run: StepRun, what: str, write: Callable[[Tx], T]) -> tuple[T, Follo
         except StoreUnavailable as exc:
             attempt += 1
             log.warning("message %s: %s step %s failed (%s); trying again", run.message_id, what, run.item.key, exc)
-            _pause_before_retry(outage_pause(attempt))
+            pause_before_retry(outage_pause(attempt))
 
 
 def _hand_over(run: StepRun, entered: Entered, verdict: Verdict, next_run: str,
@@ -198,10 +198,10 @@ def _hand_over(run: StepRun, entered: Entered, verdict: Verdict, next_run: str,
     step's success is never mislabelled by a fault of the step after it.
     """
     try:
-        entered_next, handed = _stored(run, "handing over", partial(_record_and_enter, run=run, entered=entered,
+        entered_next, handed = _stored(run, "handing over", partial(record_and_enter, run=run, entered=entered,
                                                                     verdict=verdict, next_run=next_run))
     except Exception as exc:  # noqa: BLE001 - recorded alone instead
-        if not _interrupted(run, exc):
+        if not interrupted(run, exc):
             log.exception("message %s: handing step %s over to the next failed; recording it alone",
                           run.message_id, run.item.key)
         return None
@@ -209,16 +209,16 @@ def _hand_over(run: StepRun, entered: Entered, verdict: Verdict, next_run: str,
     return entered_next
 
 
-def _record_and_enter(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
+def record_and_enter(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
     row, following = entered.row, run.next()
     errors = loads(row.business_errors, []) + entered.ctx.business_errors
-    # The compare-and-set of `_record`, taking the next step's lease in the same statement.
+    # The compare-and-set of `record`, taking the next step's lease in the same statement.
     taken, call_taken = leases.write_outcome(tx.conn, run, entered, verdict, dict(
         leases.lease(following.item, next_run, tx.now),
         custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
         business_errors=dumps(errors) if errors else None), tx.now, hand_over=True)
-    if taken is None:  # the lease was lost: discard the outcome as `_record` does
-        return _record(tx, run, entered, verdict)
+    if taken is None:  # the lease was lost: discard the outcome as `record` does
+        return record(tx, run, entered, verdict)
     admission.call_ended(tx.conn, run.item, entered.run_id, verdict, tx.now)
     return _prepare(tx, following, taken, next_run, call_taken)
 
@@ -232,10 +232,10 @@ def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[F
     """
     while True:
         try:
-            go_on, recorded = _stored(run, "recording", partial(_record, run=run, entered=entered, verdict=verdict))
+            go_on, recorded = _stored(run, "recording", partial(record, run=run, entered=entered, verdict=verdict))
             return recorded, go_on, verdict
         except Exception as exc:  # noqa: BLE001 - see below
-            if _interrupted(run, exc):
+            if interrupted(run, exc):
                 continue  # Celery's soft time limit arrived while recording: the step itself is done
             if verdict.unrecorded:
                 raise  # the fallback failed too: the lease repair takes over
@@ -245,16 +245,16 @@ def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[F
                               error=f"{UNRECORDED} {run.item.key!r}:\n{traceback.format_exc()}")
 
 
-def _pause_before_retry(seconds: float) -> None:
+def pause_before_retry(seconds: float) -> None:
     time.sleep(seconds)  # back off from an outage or a conflict; the step's outcome waits in memory
 
 
-def _interrupted(run: StepRun, exc: BaseException) -> bool:
+def interrupted(run: StepRun, exc: BaseException) -> bool:
     """A time limit stopped the work where it stood (the driver's, read as openhub's `Interrupted`)."""
     return isinstance(run.translate(exc), Interrupted)
 
 
-def _record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
     item = run.item
     row = entered.row  # still accurate: the step lease kept everyone else off the message
     # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
@@ -320,7 +320,7 @@ def _finish(tx: Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> 
 
 # --- entering a step ----------------------------------------------------------------------------------------
 
-def _enter(tx: Tx, run: StepRun, run_id: str) -> Entered | bool:
+def enter(tx: Tx, run: StepRun, run_id: str) -> Entered | bool:
     lease = leases.lease(run.item, run_id, tx.now)
     # The route's first step finds its message NEW or IN_QUEUE, to be claimed: the lease would not take it.
     row, call_taken = (None, False) if run.index == 0 else leases.take(tx.conn, run, lease, tx.now)

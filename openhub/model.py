@@ -184,8 +184,22 @@ class Split:
 
 RouteStep = Union[Step, Split]
 
+
+def _check_batch(name: str, steps: tuple[RouteStep, ...], options: dict[str, Any]) -> None:
+    """A batch task carries its messages through the whole route on one worker: one queue for all steps."""
+    batch = options.get("batch")
+    if batch is None:
+        return
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigurationError(f"route {name!r}: batch must be a whole number of messages >= 1 (or None)")
+    queue = steps[0].queue or options.get("queue")
+    for item in steps[1:]:
+        if (item.queue or options.get("queue")) != queue:
+            raise ConfigurationError(f"route {name!r}: batch needs all steps on one queue; step {item.key!r} is on "
+                                     f"{item.queue or options.get('queue')!r}, step {steps[0].key!r} on {queue!r}")
+
 _ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exclude_failed", "validate",
-                  "retry", "priority", "queue", "order_timeout", "fatal", "fused", "expires_after",
+                  "retry", "priority", "queue", "order_timeout", "fatal", "fused", "batch", "expires_after",
                   "sources", "responders"}
 
 
@@ -211,6 +225,9 @@ class Route:
     order_timeout: timedelta | None = None
     fatal: tuple[type[BaseException], ...] = ()  # exceptions that fail its messages at once, in every step
     fused: bool = False  # consecutive steps on one queue run in one Celery task (`dispatch.task_end`)
+    # Up to this many messages in one Celery task, each carried from its first step to the route's end,
+    # step by step in lockstep (openhub.batch); all the route's steps on one queue.
+    batch: int | None = None
     expires_after: timedelta | None = None  # a message not started by then ends FAILED (error code EXPIRED)
     # The source systems whose keys may submit its messages (empty: any source system's key).
     sources: tuple[str, ...] = ()
@@ -251,6 +268,7 @@ class Route:
             raise ConfigurationError(f"route {name!r}: exclude_failed needs guaranteed_order=True")
         if not isinstance(options.get("fused", False), bool):
             raise ConfigurationError(f"route {name!r}: fused must be True or False")
+        _check_batch(name, steps, options)
         if options.get("guaranteed_order") and options.get("funnel") is None:
             raise ConfigurationError(f"route {name!r}: guaranteed_order needs a funnel")
         for opt in ("sources", "responders"):

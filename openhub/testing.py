@@ -315,6 +315,7 @@ class LocalHub:
         """Run every published chain (and the chains they publish) to its end, `seconds` from now;
         returns how many."""
         from . import dispatch
+        from .batch import run_batch
         from .db import utcnow
         from .engine import run_steps
 
@@ -327,6 +328,15 @@ class LocalHub:
         done = 0
         while self.publisher.chains and done < limit:
             route, message_id, token, start, _trace = self.publisher.chains.popleft()
+            if route.batch:  # with those of the same route and first step published since, as a worker would
+                pairs = [(message_id, token)] + self._take_batch(route.name, start, route.batch - 1)
+                try:
+                    run_batch(route.name, start, pairs, hub=hub)
+                except BaseException:
+                    self._crashed()
+                    raise
+                done += len(pairs)
+                continue
             for index in dispatch.task_starts(route, start):  # task by task, as the workers would
                 try:
                     report = run_steps(route.name, index, dispatch.task_end(route, index), message_id, token,
@@ -347,6 +357,13 @@ class LocalHub:
 
         with suppress(Exception):  # the store away too: the crash is what is raised
             beat(current_id(), "LocalHub")
+
+    def _take_batch(self, route: str, start: int, size: int) -> list[tuple[int, str]]:
+        """Up to `size` of the waiting chains of `route` from step `start`, taken out of the line."""
+        taken = [c for c in self.publisher.chains if c[0].name == route and c[3] == start][:size]
+        for chain in taken:
+            self.publisher.chains.remove(chain)
+        return [(message_id, token) for _route, message_id, token, _start, _trace in taken]
 
     def tick(self, seconds: float = 0.0) -> Any:
         """One poller tick `seconds` from now, then run what it re-drove at that time too; returns the

@@ -1,4 +1,5 @@
-"""One Celery task per route step (per run of steps for a fused route); the engine does the work."""
+"""One Celery task per route step (per run of steps for a fused route; one per batch route, carrying many
+messages); the engine (openhub.batch for a batch) does the work."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Queue
 
-from openhub import concurrency, engine, workers
-from openhub.dispatch import task_end, task_name, task_options
+from openhub import batch, concurrency, engine, workers
+from openhub.dispatch import batch_options, batch_task_name, task_end, task_name, task_options
 from openhub.errors import ConfigurationError, StepFailed, StoreUnavailable
 from openhub.hub import Hub
 from openhub.model import Route
@@ -92,11 +93,44 @@ def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
     return app.task(name=task_name(route, route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
 
 
+def _batch_task(app: Celery, hub: Hub, route: Route) -> Task:
+    def run(self: Task, pairs: list[tuple[int, str]], start: int = 0) -> dict[str, int]:
+        # Every step run of the batch keeps its own timeout: the task's limit covers them all.
+        limit = step_limit(len(pairs) * (len(route.steps) - start))
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+        workers.start_heartbeat()
+        try:
+            reports = batch.run_batch(route.name, start, [(m, t) for m, t in pairs], redelivered=redelivered,
+                                      hub=hub, limit=limit, translate=translate)
+        except StoreUnavailable as exc:  # raised before any of its messages was entered: all again later
+            raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+        # What Flower shows: how many of its messages came to what (each message's history has the rest).
+        outcomes: dict[str, int] = {}
+        for report in reports.values():
+            outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
+        return outcomes
+
+    run.__name__ = f"{route.operation}_batch"
+    run.__doc__ = f"Batches of up to {route.batch} messages through steps {', '.join(s.key for s in route.steps)} " \
+                  f"of route {route.name}."
+    return app.task(name=batch_task_name(route), bind=True, shared=False)(run)
+
+
 def register_step_tasks(app: Celery, hub: Hub) -> None:
-    """Register every step of the hub's routes, and declare the queues the routes name."""
+    """Register every step of the hub's routes (and a batch route's batch task), and declare the queues
+    the routes name."""
     limit = app.conf.get("visibility_timeout") or 3600
     queues = {app.conf.task_default_queue}
     for route in hub.registry.routes.values():
+        if route.batch:
+            timeout = batch_options(route, 0, route.batch, hub.settings)["soft_time_limit"]
+            if timeout >= limit:
+                raise ConfigurationError(
+                    f"task {batch_task_name(route)} may run {timeout:.0f} s ({route.batch} messages, each through "
+                    f"steps that may take {timeout / route.batch:.0f} s), longer than the broker's visibility "
+                    f"timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT): give the steps shorter timeouts or "
+                    "the route a smaller batch")
+            _batch_task(app, hub, route)
         for index, item in enumerate(route.steps):
             timeout = task_options(route, index, hub.settings)["soft_time_limit"]
             if timeout >= limit:

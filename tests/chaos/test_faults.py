@@ -359,3 +359,32 @@ def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # 
         _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
         assert "taking tasks again" in worker.log()
         assert redis.llen("openhub") == 0
+
+
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_worker_killed_mid_batch_leaves_no_message_behind_and_repeats_no_successful_call(
+        pool, chaos, tmp_path) -> None:  # noqa: ANN001
+    """A batch task of 20 messages (`batched.slow`, submitted together: one task), SIGKILLed while its
+    slow calls are in flight (one under prefork, which runs them one after another; all 20 under gevent).
+    A new worker finishes every message; the step all 20 had recorded together before the kill is never
+    called again, and each message is confirmed once."""
+    backend, external = chaos
+    prefix, many = f"/batch-{pool}", 20
+    external.delay(f"{prefix}/slow", 1.0)  # under the step's 2 s timeout: the kill lands mid-call
+    first = Worker(backend.env, tmp_path / "w1", beat=True, **POOL_OPTIONS[pool]).start()
+    backend.workers.append(first)
+    ids = [v.id for v in openhub.submit_many([
+        {"route": "batched.slow", "payload": {"prefix": prefix}, "source_system": "CONFIRMED",
+         "correlation_id": f"batch-{uuid.uuid4().hex}"} for _ in range(many)])]
+    wait_for(lambda: external.started_events[f"{prefix}/slow"].is_set(), 60, "a slow call in flight")
+    first.kill()
+    in_flight = external.in_flight  # the calls whose answer the killed worker never got: repeated, as replays
+    assert in_flight >= 1
+    second = Worker(backend.env, tmp_path / "w2", beat=True, **POOL_OPTIONS[pool]).start()
+    backend.workers.append(second)
+    _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+    assert external.count(f"{prefix}/a") == many  # recorded for all 20 in one transaction before the kill
+    assert external.count(f"{prefix}/slow") <= many + in_flight
+    assert external.count(f"{prefix}/c") == many
+    wait_for(lambda: external.count(f"{prefix}/confirm") >= many, 60, "the confirmations")
+    assert external.count(f"{prefix}/confirm") == external.effects(f"{prefix}/confirm") == many  # each once

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event, select
 
 import openhub
-from openhub import engine, lifecycle, poller
+from openhub import batch, engine, lifecycle, poller
 from openhub.db import get_engine, transaction, utcnow
 from openhub.errors import StoreUnavailable
 from openhub.schema import ext_calls, messages, transitions
@@ -81,7 +81,7 @@ def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHu
 
 # --- 2. the store away right after a call, longer than any fixed number of retries -------------------
 
-@pytest.mark.parametrize("route", ["p.flow", "p.fused"])
+@pytest.mark.parametrize("route", ["p.flow", "p.fused", "p.batch"])
 def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(route: str, hub: LocalHub,
                                                                               monkeypatch) -> None:  # noqa: ANN001
     real = engine.transaction
@@ -93,14 +93,32 @@ def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(ro
             raise StoreUnavailable("message store unavailable: connection refused")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "transaction", away)
-    monkeypatch.setattr(engine, "_pause_before_retry", lambda seconds: None)
+    for module in (engine, batch):  # a batch route's group transactions are batch's
+        monkeypatch.setattr(module, "transaction", away)
+        monkeypatch.setattr(module, "pause_before_retry", lambda seconds: None)
     routes.HOOKS["first"] = lambda ctx: outage.update(left=100)  # far more tries than the old limit of 12
-    view = hub.submit(route, {})
+    views = [hub.submit(route, {}) for _ in range(3)]  # one batch of p.batch
     hub.run()
     assert outage["left"] == 0
-    assert hub.get(view.id).state == "OK"
-    assert routes.calls("first") == 1
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert routes.calls("first") == 3
+
+
+def test_a_batch_enters_and_records_each_step_of_all_its_messages_in_one_commit(hub: LocalHub) -> None:
+    commits = []
+
+    def count(conn) -> None:  # noqa: ANN001
+        commits.append(conn)
+
+    views = [hub.submit("p.batch", {}, source_system="UNCONFIRMED") for _ in range(3)]
+    event.listen(get_engine(), "commit", count)
+    try:
+        hub.run()
+    finally:
+        event.remove(get_engine(), "commit", count)
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert len(commits) == 3  # claim and enter all three; record first and enter second; record second
+    assert all(_history(v.id) == ["accepted", "claimed", "step_ok", "step_ok", "completed"] for v in views)
 
 
 def test_a_fused_task_hands_each_lease_on_in_the_commit_that_records_the_step(hub: LocalHub) -> None:
@@ -515,3 +533,40 @@ def test_each_external_call_names_the_process_of_its_last_attempt(hub: LocalHub)
     view = hub.submit("p.flow", {})
     hub.run()
     assert {c["worker"] for c in message_detail(view.id)["ext_calls"]} == {current_node()}
+
+
+def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    """The group's write fails for the middle message: written again with a savepoint each, its hand-over
+    rolls back alone, it is recorded alone and enters its next step anew; the others are handed over."""
+    real, failures = engine._prepare, []
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+
+    def fails_twice_for_one(tx, run, *args):  # noqa: ANN001, ANN002, ANN202
+        if run.index == 1 and run.message_id == views[1].id and len(failures) < 2:
+            failures.append(run.message_id)
+            raise RuntimeError("a bug in entering the step")
+        return real(tx, run, *args)
+
+    monkeypatch.setattr(engine, "_prepare", fails_twice_for_one)
+    hub.run()
+    assert len(failures) == 2  # the group's write, then its own savepoint in the careful one
+    assert [(hub.get(v.id).state, hub.get(v.id).failed_count) for v in views] == [("OK", 0)] * 3
+    assert routes.calls("first") == 3 and routes.calls("second") == 3
+
+
+def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    real = engine._claim
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+
+    def fails_for_one(tx, row, run, lease):  # noqa: ANN001, ANN202
+        if run.message_id == views[1].id:
+            raise RuntimeError("a bug in claiming")
+        return real(tx, row, run, lease)
+
+    monkeypatch.setattr(engine, "_claim", fails_for_one)
+    hub.run()
+    assert [hub.get(v.id).state for v in views] == ["OK", "NEW", "OK"]  # nothing of its entry written
+    monkeypatch.setattr(engine, "_claim", real)
+    hub.tick(seconds=600)  # its chain is overdue: the poller publishes it again
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert routes.calls("first") == 3 and routes.calls("second") == 3

@@ -38,8 +38,8 @@ TEST_SETTINGS = {
     "OPENHUB_METRICS_CACHE": "0",  # scrapes read the store each time, so tests compare with it at once
     "OPENHUB_BREAKER_FAILURES": "3",  # only the "billed" routes name a system
     "OPENHUB_BREAKER_OPEN": "2",
-    "OPENHUB_SYSTEM_LIMITS": "test-post=1,fused-post=1",  # only the "limited" routes call these
-    "OPENHUB_SYSTEM_RATES": "test-paced=2/1,fused-paced=2/1",  # and the "paced" routes these
+    "OPENHUB_SYSTEM_LIMITS": "test-post=1,fused-post=1,batched-post=1",  # only the "limited" routes call these
+    "OPENHUB_SYSTEM_RATES": "test-paced=2/1,fused-paced=2/1,batched-paced=2/1",  # and the "paced" routes these
 }
 
 

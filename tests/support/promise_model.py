@@ -37,6 +37,10 @@ ROUTES = {
     "p.sequence": lambda n: {"children": 3},
     "p.funnel": lambda n: {"group": "g"},
     "p.two_waits": lambda n: {},
+    "p.batch": lambda n: {},
+    "p.batch_entity": lambda n: {"id": str(n % 2)},
+    "p.batch_funnel": lambda n: {"group": "g"},
+    "p.batch_waits": lambda n: {},
 }
 STEPS = ["*", "*", "first", "second", "sync", "split"]  # "*": the next call of any step
 FINAL_STATES = {s.value for s in FINAL}

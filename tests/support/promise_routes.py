@@ -188,6 +188,11 @@ routes = [
     Route("p.two_waits", steps=[wait_reply, second, wait_again, use_answer]),
     Route("p.ordered", steps=[first], funnel=lambda p: p["group"], guaranteed_order=True,
           order_timeout=timedelta(seconds=3)),
+    # Batch routes (openhub.batch): several messages per task, in lockstep.
+    Route("p.batch", steps=[first, second], batch=3),
+    Route("p.batch_entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing", batch=3),
+    Route("p.batch_funnel", steps=[first], funnel=lambda p: p["group"], batch=3),
+    Route("p.batch_waits", steps=[wait_reply, second, wait_again, use_answer], batch=3),
 ]
 
 

@@ -136,8 +136,9 @@ def after_lines(ctx: StepContext) -> None:
 ordered = scripted("ordered")  # funnel members: the external system records overlapping calls
 
 
-def behaviour_routes(service: str, fused: bool) -> list[Route]:
-    """The behaviour suite's routes under `service`: "test" in chain mode, "fused" in fused mode."""
+def behaviour_routes(service: str, fused: bool = False, batch: int | None = None) -> list[Route]:
+    """The behaviour suite's routes under `service`: "test" in chain mode, "fused" in fused mode,
+    "batched" in batches of up to 20 messages."""
 
     def orders(ctx: StepContext) -> list[Child]:
         """Nested split: one order child per group of lines."""
@@ -150,7 +151,7 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
                                                     "n": n}) for n in range(2)]
 
     def route(name: str, steps: list, **options) -> Route:  # noqa: ANN003
-        return Route(f"{service}.{name}", steps=steps, fused=fused, **options)
+        return Route(f"{service}.{name}", steps=steps, fused=fused, batch=batch, **options)
 
     @step(key="bill", system=f"{service}-billing")  # a breaker of its own per mode
     def bill(ctx: StepContext) -> None:
@@ -190,7 +191,8 @@ def behaviour_routes(service: str, fused: bool) -> list[Route]:
     ]
 
 
-routes = behaviour_routes("test", fused=False) + behaviour_routes("fused", fused=True)
+routes = (behaviour_routes("test") + behaviour_routes("fused", fused=True)
+          + behaviour_routes("batched", batch=20))
 
 
 @confirmation("CONFIRMED")

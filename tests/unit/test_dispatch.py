@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from openhub import Route, step
+from openhub import Route, dispatch, step
 from openhub.dispatch import HARD_LIMIT_MARGIN, CeleryPublisher, task_options, task_starts
 from openhub.config import get_settings
 from openhub.hub import Hub, current, install
@@ -70,3 +70,21 @@ def test_a_hub_installed_publishes_through_its_publisher_and_is_removed_after_th
     assert isinstance(current().publisher, CeleryPublisher)
     assert list(outer.chains) == [(route, 1, "token-1", 0, "00-trace-01")]  # the trace travels with it
     assert list(inner.chains) == [(route, 2, "token-2", 0, None)]
+
+
+def test_batch_routes_group_their_chains_by_first_step_in_tasks_of_up_to_n_messages() -> None:
+    batched = Route("customer.batch", steps=[plain, quick], batch=2)
+    chained = Route("customer.set", steps=[plain])
+    chains = [(batched, 1, "t1", 0, None), (chained, 2, "t2", 0, None), (batched, 3, "t3", 0, None),
+              (batched, 4, "t4", 1, None), (batched, 5, "t5", 0, "00-trace-01")]
+    single, tasks = dispatch.batches(chains)
+    assert single == [(chained, 2, "t2", 0, None)]
+    assert tasks == [(batched, 0, [(1, "t1"), (3, "t3")]), (batched, 0, [(5, "t5")]), (batched, 1, [(4, "t4")])]
+    # A batch task carries its messages to the route's end, one after another under prefork: its limit
+    # is the route's steps' once per message.
+    assert task_starts(batched) == [0] and task_starts(batched, 1) == [1]
+    default = get_settings().step_timeout.total_seconds()
+    options = dispatch.batch_options(batched, 0, 2, get_settings())
+    assert options["soft_time_limit"] == 2 * (default + 5.0)
+    assert options["time_limit"] == options["soft_time_limit"] + HARD_LIMIT_MARGIN
+    assert dispatch.batch_task_name(batched) == "openhub.customer.batch.batch"

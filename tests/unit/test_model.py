@@ -181,3 +181,17 @@ def test_sources_and_responders_are_lists_of_system_names() -> None:
     for bad in ("BANK", [""], [1]):
         with pytest.raises(ConfigurationError, match="responders must be a list of source system names"):
             Route("a.b", steps=[one], responders=bad)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "20"])
+def test_batch_must_be_a_whole_number_of_messages(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="batch must be a whole number"):
+        Route("svc.op", steps=[step(lambda ctx: None, key="a")], batch=value)
+
+
+def test_a_batch_route_keeps_all_its_steps_on_one_queue() -> None:
+    a, b = step(lambda ctx: None, key="a"), step(lambda ctx: None, key="b", queue="slow")
+    assert Route("svc.op", steps=[a, step(lambda ctx: None, key="c")], batch=10, queue="q").batch == 10
+    with pytest.raises(ConfigurationError, match="step 'b' is on 'slow'"):
+        Route("svc.op", steps=[a, b], batch=10)
+    assert Route("svc.op", steps=[a, b]).batch is None  # not a batch route: any queues

@@ -1,0 +1,260 @@
+"""Carrying many messages of one route through it in one task, step by step in lockstep (`Route(batch=N)`).
+
+Each step of the batch goes in three parts, as one message's step does in openhub.engine, but for all
+the batch's messages at once:
+
+1. enter: ONE transaction takes every message's step lease (or claims it, at its first step), in
+   message-id order (two batches lock rows in the same order, never crosswise); where one message's
+   part fails, the transaction is rolled back and written again with each part in a savepoint of its
+   own, so the failure rolls back only its own part (savepoints from the start would cost two
+   statements more per message and step, for a failure that is rare);
+2. run: the entered steps, outside any transaction; as greenlets under gevent (each with its own step
+   time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
+3. write: ONE transaction records every outcome (again in savepoints where a part failed): a success
+   hands the message over to its next step's lease in the same statement (`engine.record_and_enter`),
+   anything else is recorded (`engine.record`).
+
+Every guarantee stays per message, written by the engine's own functions: lease and fencing token,
+external-call record, retry, funnel, order, entity scope, cancel, expiry, splits, waits. A write that
+fails for one message falls back as `engine` does (recorded alone, then as a transient failure
+"UNRECORDED", then left to the lease repair) without touching the others. A store outage loses the
+whole group transaction: it is tried again, whole, after a pause, for as long as this process lives
+(each write is a compare-and-set on the message's lease: a second try writes what the first would
+have). What committed asks for afterwards is carried out once the batch ends, also when it failed.
+
+What lockstep costs: a message waits at each step for the slowest of its batch (bounded by the step's
+timeout), and under prefork for the steps of the messages before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+from .concurrency import green
+from .db import is_outage, transaction
+from .engine import enter, interrupted, new_run, outcome, pause_before_retry, record, record_and_enter
+from .errors import StoreUnavailable
+from .hub import Hub, current
+from .lifecycle import FollowUps, Tx
+from .policy import outage_pause
+from .redrive import carry_out
+from .runs import Entered, StepRun, TimeLimit
+from .states import Event
+from .verdicts import UNRECORDED, StepReport, Verdict
+from .workers import fenced
+
+__all__ = ["run_batch"]
+
+log = logging.getLogger("openhub.batch")
+
+
+@dataclass
+class _Member:
+    """One message of the batch: the step it is at, and how far that step has come."""
+
+    run: StepRun
+    entered: Entered | bool | None = None  # None: its step is to be entered
+    run_id: str | None = None  # the run id of the step to be entered (or handed over to)
+    verdict: Verdict | None = None  # how its step ended; None: it did not run
+    report: StepReport = field(default_factory=lambda: StepReport(True, "skipped"))
+    done: bool = False
+
+
+def run_batch(route_name: str, start: int, pairs: Sequence[tuple[int, str]], redelivered: bool = False,
+              hub: Hub | None = None, limit: TimeLimit | None = None, *,
+              translate: Callable[[BaseException], BaseException] | None = None) -> dict[int, StepReport]:
+    """Carry each (message id, fencing token) of `pairs` from step `start` to the end of the route;
+    each message's last report, by message id, in `hub` (default: the process's).
+
+    StoreUnavailable while entering the first step, before any lease is taken, is raised (the task
+    tries again later); after that the batch waits for the store instead.
+    """
+    hub = hub or current()  # the driver's hub: its routes, settings and clock (LocalHub moves the clock)
+    route = hub.registry.route(route_name)
+    options = {} if translate is None else {"translate": translate}
+    members = [_Member(StepRun(route, start, message_id, token, hub, redelivered, limit, **options))
+               for message_id, token in sorted(pairs)]
+    follow = FollowUps()
+    try:
+        with ExitStack() as runs:  # each run listed in this process's heartbeat until the batch ends
+            first = True
+            while True:
+                _enter_all(members, runs, follow, first)
+                first = False
+                entered = [m for m in members if not m.done and isinstance(m.entered, Entered)]
+                if not entered:
+                    break
+                _run_all(entered)
+                _write_all([m for m in entered if m.verdict is not None], runs, follow)
+    finally:  # also when the store went away meanwhile: what committed is carried out
+        carry_out(follow, hub.clock())
+    return {m.run.message_id: m.report for m in members}
+
+
+# --- entering ------------------------------------------------------------------------------------------------
+
+def _enter_all(members: list[_Member], runs: ExitStack, follow: FollowUps, first: bool) -> None:
+    """Enter the step of every member that has to, in one transaction per round; a member whose step
+    was done before (or that stops) is settled and, where it goes on, enters its next step next round."""
+    while waiting := [m for m in members if not m.done and m.entered is None]:
+        for m in waiting:
+            m.run_id = m.run_id or new_run(runs)  # listed before its lease is taken
+        _group(waiting, follow, _enter_one, raise_outage=first)
+        first = False  # the members settled below may hold leases from now on
+        for m in waiting:
+            if not isinstance(m.entered, Entered):
+                _settle(m, StepReport(bool(m.entered), "skipped" if m.entered else "stopped"))
+
+
+def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
+    run_id = m.run_id
+    assert run_id is not None
+    entered, _ = _savepoint(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
+    if entered is None:  # nothing of it written: its message is re-driven by the lease or lost-chain repair
+        m.done, m.report = True, StepReport(False, "stopped")
+        return
+    m.entered, m.run_id = entered, None
+
+
+def _settle(m: _Member, report: StepReport, handed: Entered | bool | None = None) -> None:
+    """A member's step came to `report`: it ends here, or goes on to its next step (entered already
+    when `handed` over to it)."""
+    m.report, m.verdict = report, None
+    if not report.go_on or m.run.last:
+        m.done = True
+        return
+    m.run, m.entered = m.run.next(), handed
+
+
+# --- running -------------------------------------------------------------------------------------------------
+
+def _run_all(members: list[_Member]) -> None:
+    """Run the entered steps: concurrently as greenlets under gevent, else one after another."""
+    if green() and len(members) > 1:
+        from gevent.pool import Pool  # type: ignore[import-untyped]
+
+        Pool(len(members)).map(_run_one, members)
+    else:
+        for m in members:
+            _run_one(m)
+
+
+def _run_one(m: _Member) -> None:
+    assert isinstance(m.entered, Entered)
+    if fenced(m.entered.started):  # this process may be judged dead meanwhile: the run is left to the repair
+        log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
+                    "unreachable); the run is left to the repair", m.run.message_id, m.run.item.key)
+        m.done, m.report = True, StepReport(False, "stopped")
+        return
+    try:
+        m.verdict = outcome(m.run, m.entered)
+    except Exception:  # noqa: BLE001 - a fault of the hub around the step (its own faults are verdicts)
+        log.exception("message %s: step %s crashed outside the step; its lease is repaired", m.run.message_id,
+                      m.run.item.key)
+        m.done, m.report = True, StepReport(False, "stopped")
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+
+def _write_all(members: list[_Member], runs: ExitStack, follow: FollowUps) -> None:
+    for m in members:
+        verdict = m.verdict
+        assert verdict is not None
+        if verdict.event is None and not m.run.last:
+            m.run_id = m.run_id or new_run(runs)  # the next step's, taken in the statement that records this one
+    _group(members, follow, _write_one)
+
+
+def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
+    """Record the member's step in a savepoint of its own, falling back as `engine` does: a success that
+    could not be handed over is recorded alone, a record that failed is replaced by a transient failure
+    "UNRECORDED", and where that fails too the lease repair takes over."""
+    entered, verdict = m.entered, m.verdict
+    assert isinstance(entered, Entered) and verdict is not None
+    next_run = m.run_id
+    if next_run is not None:
+        handed, _ = _savepoint(tx, m, "handing over", partial(record_and_enter, run=m.run, entered=entered,
+                                                                  verdict=verdict, next_run=next_run), careful)
+        if handed is not None:
+            m.run_id = None
+            _settle(m, StepReport(True, "ok"), handed)
+            return
+    while True:
+        go_on, failure = _savepoint(tx, m, "recording", partial(record, run=m.run, entered=entered, verdict=verdict),
+                                    careful)
+        if go_on is not None:
+            _settle(m, StepReport.of(verdict, go_on))
+            return
+        if verdict.unrecorded:  # the fallback failed too
+            m.done, m.report = True, StepReport(False, "stopped")
+            return
+        verdict = Verdict(Event.TRANSIENT, call_state=verdict.effect(), code="UNRECORDED",
+                          error=f"{UNRECORDED} {m.run.item.key!r}:\n{failure}")
+
+
+class _Redo(Exception):
+    """A message's write failed outside a savepoint: the group's transaction is written again, carefully."""
+
+
+def _savepoint(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], careful: bool) -> tuple[Any, str]:
+    """`write` for one message in the group's transaction, and what it returned; (None, the traceback)
+    when it failed for this message alone. What it asks for after commit joins the group's on success.
+
+    Only a `careful` group puts each write in a savepoint (two statements more each, a fifth of a step's):
+    a write that fails in a group that is not raises `_Redo`, and the group is written again, carefully,
+    so that the failure rolls back to its own savepoint and the others are written.
+    """
+    own = Tx(tx.conn, tx.now, FollowUps())
+    try:
+        with tx.conn.begin_nested() if careful else nullcontext():
+            result = write(own)
+    except Exception as exc:
+        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(m.run, exc):
+            raise  # the whole group's transaction is lost (or the task's limit came): tried again whole
+        if not careful:
+            raise _Redo(f"message {m.run.message_id}: {what} step {m.run.item.key} failed") from exc
+        log.exception("message %s: %s step %s failed", m.run.message_id, what, m.run.item.key)
+        return None, traceback.format_exc()
+    tx.follow.merge(own.follow)
+    return result, ""
+
+
+def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Member, bool], None], *,
+           raise_outage: bool = False) -> None:
+    """`each` for every member in ONE transaction (a savepoint each), committed together; a store outage
+    (or Celery's soft time limit arriving meanwhile) rolls it back whole: paused and tried again whole,
+    never given up while this process lives, unless `raise_outage` (no lease is held yet)."""
+    saved = [(m.run, m.entered, m.run_id, m.verdict, m.report, m.done) for m in members]
+    attempt, careful = 0, False  # savepoints only once a write failed (`_savepoint`)
+    while True:
+        group = FollowUps()
+        clock = members[0].run.clock
+        try:
+            with transaction() as conn:
+                tx = Tx(conn, clock(), group)
+                for m in members:
+                    each(tx, m, careful)
+            follow.merge(group)
+            return
+        except Exception as exc:
+            for m, state in zip(members, saved):  # what the rolled-back transaction made of them is undone
+                m.run, m.entered, m.run_id, m.verdict, m.report, m.done = state
+            if isinstance(exc, _Redo):
+                careful = True
+                continue
+            outage = isinstance(exc, StoreUnavailable)
+            if not outage and not interrupted(members[0].run, exc):
+                raise
+            if outage and raise_outage:
+                raise
+            attempt += 1
+            log.warning("batch of %d message(s), message %s first: the store failed (%s); trying the whole "
+                        "group again", len(members), members[0].run.message_id, exc)
+            if outage:
+                pause_before_retry(outage_pause(attempt))
