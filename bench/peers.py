@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3]
         [--variants plain,hub,hub1,fused,batch,dbos] [--latency-ms 0] [--pool prefork|gevent|threads]
-        [--concurrency 2] [--warmup 200]
+        [--concurrency 2] [--processes 1] [--warmup 200]
 
 The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
 after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx client of bench/flows.py)
@@ -16,9 +16,10 @@ run as
   (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
                2 worker processes with worker_concurrency=1, enqueued with DBOSClient
 each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
-Celery variants: one `celery -A tasks worker --pool POOL --concurrency N` (prefork -c 2 by default,
-no beat). DBOS: 2 processes of worker_concurrency max(1, N // 2) each, so as many workflows in flight
-as the Celery worker has steps in flight.
+Celery variants: `--processes P` (default 1) `celery -A tasks worker --pool POOL --concurrency N`
+(prefork -c 2 by default, no beat; several gevent processes use several cores). DBOS: 2 processes of
+worker_concurrency max(1, N x P // 2) each, so as many workflows in flight as the Celery workers have
+steps in flight.
 
 Per variant and run: messages/s end to end (first submit to last message done, after a
 200-message warm-up); worker CPU ms/message (/proc utime+stime of the worker processes and
@@ -213,10 +214,11 @@ class Poller:
 class Env:
     """A fresh database, a private redis-server and the OPENHUB_* environment pointing at them."""
 
-    def __init__(self, workdir: Path, http_port: int, url: str, pool: str = "prefork", concurrency: int = 2) -> None:
+    def __init__(self, workdir: Path, http_port: int, url: str, pool: str = "prefork", concurrency: int = 2,
+                 processes: int = 1) -> None:
         self.redis = RedisServer.start(workdir / "redis")
         self.url, self.workdir = url, workdir
-        self.pool, self.concurrency = pool, concurrency
+        self.pool, self.concurrency, self.processes = pool, concurrency, processes
         ENV["redis"] = self.redis.process.pid
         self.env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": self.redis.url,
                     "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
@@ -228,10 +230,31 @@ class Env:
 
         upgrade(url)
 
-    def worker(self) -> Worker:
-        worker = Worker(self.env, self.workdir, beat=False, concurrency=self.concurrency, pool=self.pool)
-        worker.args += ["--include", "bench.plain_tasks"]
-        return worker.start()
+    def worker(self) -> "Workers":
+        """`--processes` Celery worker processes, each `--pool POOL --concurrency N` (several gevent
+        processes: one per core, as deploy/ runs them)."""
+        started = []
+        try:
+            for _ in range(self.processes):
+                worker = Worker(self.env, self.workdir, beat=False, concurrency=self.concurrency, pool=self.pool)
+                worker.args += ["--include", "bench.plain_tasks"]
+                started.append(worker.start())
+        except BaseException:
+            Workers(started).stop()
+            raise
+        return Workers(started)
+
+
+class Workers:
+    """The worker processes of one variant: their pids (for /proc and py-spy) and one stop."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+        self.pids = [w.process.pid for w in workers]
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
 
 
 def machine_ms() -> tuple[float, float]:
@@ -363,7 +386,7 @@ def run_plain(env: Env, n: int) -> dict[str, float]:
         _warm(submit, wait)
         counter.delete("bench:plain:done")
         pg = PgMeter(env.url, ("public",))
-        result = _measure(pg, [worker.process.pid], submit, wait, n)
+        result = _measure(pg, worker.pids, submit, wait, n)
     finally:
         worker.stop()
     result["commits"] /= n
@@ -402,7 +425,7 @@ def _hub(env: Env, n: int, batch: int, route: str = "bench.flow") -> dict[str, f
         _warm(submit, wait)
         pg = PgMeter(env.url, ("public",))
         polls = poller.polls
-        result = _measure(pg, [worker.process.pid], submit, wait, n)
+        result = _measure(pg, worker.pids, submit, wait, n)
         result["commits"] = (result["commits"] - (poller.polls - polls)) / n
         result["store_b"] = pg.store_bytes(env.url) / (n + WARMUP)
     finally:
@@ -428,7 +451,7 @@ def run_batch(env: Env, n: int) -> dict[str, float]:
         # (httpcore scans every connection of its pool per request: hundreds on one client cost ms per call)
         from bench.flows import BATCH
 
-        env.env["BENCH_HTTP_CLIENTS"] = str(max(1, min(env.concurrency * BATCH, n) // 16))
+        env.env["BENCH_HTTP_CLIENTS"] = str(max(1, min(env.concurrency * BATCH, n // env.processes) // 16))
     return _hub(env, n, 100, "bench.batch")
 
 
@@ -441,7 +464,7 @@ def _dbos_workers(env: Env) -> list[subprocess.Popen]:
     for k in range(2):
         log = open(env.workdir / f"dbos-{k}.log", "ab")
         p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_app.py"), _dbos_url(env.url),
-                              str(max(1, env.concurrency // 2))],
+                              str(max(1, env.concurrency * env.processes // 2))],
                              env=dict(os.environ, **env.env, DBOS__VMID=f"peers-{k}", PYTHONPATH=str(ROOT)),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
         procs.append(p)
@@ -538,10 +561,11 @@ def dbos_enqueue_figure(env: Env, n: int) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- main
-def fresh(workdir: Path, http_port: int, tag: str, fn, pool: str = "prefork", concurrency: int = 2):  # noqa: ANN001, ANN201
+def fresh(workdir: Path, http_port: int, tag: str, fn, pool: str = "prefork", concurrency: int = 2,  # noqa: ANN001, ANN201
+          processes: int = 1):
     sub = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=workdir))
     with postgres_database(f"openhub_peers_{tag}") as url:
-        env = Env(sub, http_port, url, pool, concurrency)
+        env = Env(sub, http_port, url, pool, concurrency, processes)
         try:
             return fn(env)
         finally:
@@ -557,7 +581,9 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=0, help="how long each external call takes")
     parser.add_argument("--pool", default="prefork", choices=("prefork", "gevent", "threads"),
                         help="the Celery worker's pool (-P)")
-    parser.add_argument("--concurrency", type=int, default=2, help="the Celery worker's -c; DBOS: 2 x c/2")
+    parser.add_argument("--concurrency", type=int, default=2,
+                        help="each Celery worker's -c; DBOS: 2 processes x (c x processes)/2")
+    parser.add_argument("--processes", type=int, default=1, help="Celery worker processes (gevent: one per core)")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="messages run before each measured part")
     parser.add_argument("--profile", metavar="DIR", help="profile each measured part into DIR (see above)")
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
@@ -580,7 +606,7 @@ def main() -> None:
             for v in variants:  # interleaved: plain, hub, hub1, dbos, plain, ...
                 PROFILE["tag"] = f"{v}-{run + 1}"
                 r = fresh(workdir, http_port, v, lambda env, v=v: RUNNERS[v](env, args.messages),
-                          args.pool, args.concurrency)
+                          args.pool, args.concurrency, args.processes)
                 results[v].append(r)
                 print(f"run {run + 1} {v:6s} " + " ".join(f"{k}={x:.2f}" for k, x in r.items()), flush=True)
         subs = []
@@ -597,7 +623,8 @@ def main() -> None:
         return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
 
     print(f"\n{args.messages} messages per run (+{WARMUP} warm-up), {args.runs} runs interleaved, "
-          f"external call {args.latency_ms:g} ms, --pool {args.pool} --concurrency {args.concurrency}, "
+          f"external call {args.latency_ms:g} ms, --pool {args.pool} --concurrency {args.concurrency} "
+          f"--processes {args.processes}, "
           f"{os.cpu_count()} cores, load average before: {load}, after: {os.getloadavg()}; median (min-max)")
     print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | machine CPU ms/msg | machine busy "
           "| commits/msg | tuples written/msg | store B/msg | calls in flight, peak | worker RSS MB, peak "
