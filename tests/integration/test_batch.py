@@ -141,12 +141,13 @@ GREEN_ROUTES = """
 import time
 from openhub import Route, step
 
-ENDED = []
+STARTED, ENDED = [], []
 
 
 @step
 def slow(ctx):
-    time.sleep(0.5)  # gevent's, patched: a call in flight
+    STARTED.append(ctx.message.id)
+    time.sleep(1.0)  # gevent's, patched: a call in flight
     ENDED.append(ctx.message.id)
 
 
@@ -162,12 +163,12 @@ from openhub.testing import LocalHub
 with LocalHub("green_routes") as local:
     for n in range(3):
         local.submit("green.slow", {"n": n})
-    def task():  # Celery's hard limit under gevent: a gevent.Timeout in the task's greenlet
-        with gevent.Timeout(0.2):
-            local.run()
-    ran = gevent.spawn(task)
-    ran.join()
-    gevent.sleep(1)  # as long again as the calls take
+    ran = gevent.spawn(local.run)
+    with gevent.Timeout(60):
+        while len(green_routes.STARTED) < 3:  # the three calls in flight
+            gevent.sleep(0.01)
+    ran.kill(gevent.Timeout, block=True)  # Celery's hard limit under gevent, in the task's greenlet
+    gevent.sleep(1.5)  # longer than the calls take
     print(type(ran.exception).__name__, green_routes.ENDED)
 """
 
