@@ -225,14 +225,14 @@ def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
     next_run = m.run_id
     if next_run is not None:
         handed, _ = _write_part(tx, m, "handing over", partial(record_and_enter, run=m.run, entered=entered,
-                                                                  verdict=verdict, next_run=next_run), careful)
+                                                                   verdict=verdict, next_run=next_run), careful)
         if handed is not None:
             m.run_id = None
             _settle(m, StepReport(True, "ok"), handed)
             return
     while True:
-        go_on, failure = _write_part(tx, m, "recording", partial(record, run=m.run, entered=entered, verdict=verdict),
-                                    careful)
+        go_on, failure = _write_part(tx, m, "recording", partial(record, run=m.run, entered=entered,
+                                                                 verdict=verdict), careful)
         if go_on is not None:
             _settle(m, StepReport.of(verdict, go_on))
             return
