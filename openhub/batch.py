@@ -28,6 +28,8 @@ timeout), and under prefork for the steps of the messages before it.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import traceback
 from collections.abc import Sequence
@@ -38,18 +40,17 @@ from typing import Any, Callable
 
 from .concurrency import green
 from .db import is_outage, transaction
-from .engine import enter, interrupted, new_run, outcome, pause_before_retry, record, record_and_enter
-from .errors import StoreUnavailable
+from .engine import (enter, interrupted, left_to_repair, new_run, outcome, pause_before_retry, record,
+                     record_and_enter)
+from .errors import StepFailed, StoreUnavailable
 from .hub import Hub, current
 from .lifecycle import FollowUps, Tx
 from .policy import outage_pause
 from .redrive import carry_out
 from .runs import Entered, StepRun, TimeLimit
-from .states import Event
-from .verdicts import UNRECORDED, StepReport, Verdict
-from .workers import fenced
+from .verdicts import StepReport, Verdict
 
-__all__ = ["run_batch"]
+__all__ = ["run_batch", "summary"]
 
 log = logging.getLogger("openhub.batch")
 
@@ -64,6 +65,29 @@ class _Member:
     verdict: Verdict | None = None  # how its step ended; None: it did not run
     report: StepReport = field(default_factory=lambda: StepReport(True, "skipped"))
     done: bool = False
+    listed: dict[str, ExitStack] = field(default_factory=dict)  # its runs listed in the heartbeat, by run id
+
+    def new_run(self) -> str:
+        """A new run id, listed in this process's heartbeat (before its lease is taken) until `unlist`."""
+        stack = ExitStack()
+        run_id = new_run(stack)
+        self.listed[run_id] = stack
+        return run_id
+
+    def unlist(self, everything: bool = False) -> None:
+        """End the listing of every run the member no longer holds a lease with (all, once it is done, or
+        `everything` as the batch ends): called after a commit, never inside a transaction that may still
+        roll back."""
+        held: set[str | None] = set()
+        if not (self.done or everything):
+            held = {self.run_id, self.entered.run_id if isinstance(self.entered, Entered) else None}
+        for run_id in [r for r in self.listed if r not in held]:
+            self.listed.pop(run_id).close()
+
+    def restore(self, saved: _Member) -> None:
+        """Back to the state `saved` (a copy), as a rolled-back transaction left it."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(saved, f.name))
 
 
 def run_batch(route_name: str, start: int, pairs: Sequence[tuple[int, str]], redelivered: bool = False,
@@ -82,16 +106,20 @@ def run_batch(route_name: str, start: int, pairs: Sequence[tuple[int, str]], red
                for message_id, token in sorted(pairs)]
     follow = FollowUps()
     try:
-        with ExitStack() as runs:  # each run listed in this process's heartbeat until the batch ends
+        with ExitStack() as runs:  # each member's runs listed in this process's heartbeat while it holds them
+            for m in members:
+                runs.callback(m.unlist, everything=True)
             first = True
             while True:
-                _enter_all(members, runs, follow, first)
+                _enter_all(members, follow, first)
                 first = False
                 entered = [m for m in members if not m.done and isinstance(m.entered, Entered)]
                 if not entered:
                     break
                 _run_all(entered)
-                _write_all([m for m in entered if m.verdict is not None], runs, follow)
+                _write_all([m for m in entered if m.verdict is not None], follow)
+                for m in entered:  # a step recorded (or handed over), or a member stopped: its run has ended
+                    m.unlist()
     finally:  # also when the store went away meanwhile: what committed is carried out
         carry_out(follow, hub.clock())
     return {m.run.message_id: m.report for m in members}
@@ -99,23 +127,24 @@ def run_batch(route_name: str, start: int, pairs: Sequence[tuple[int, str]], red
 
 # --- entering ------------------------------------------------------------------------------------------------
 
-def _enter_all(members: list[_Member], runs: ExitStack, follow: FollowUps, first: bool) -> None:
+def _enter_all(members: list[_Member], follow: FollowUps, first: bool) -> None:
     """Enter the step of every member that has to, in one transaction per round; a member whose step
     was done before (or that stops) is settled and, where it goes on, enters its next step next round."""
     while waiting := [m for m in members if not m.done and m.entered is None]:
         for m in waiting:
-            m.run_id = m.run_id or new_run(runs)  # listed before its lease is taken
+            m.run_id = m.run_id or m.new_run()  # listed before its lease is taken
         _group(waiting, follow, _enter_one, raise_outage=first)
         first = False  # the members settled below may hold leases from now on
         for m in waiting:
             if not isinstance(m.entered, Entered):
-                _settle(m, StepReport(bool(m.entered), "skipped" if m.entered else "stopped"))
+                _settle(m, _skipped_or_stopped(bool(m.entered)))
+            m.unlist()
 
 
 def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
     run_id = m.run_id
     assert run_id is not None
-    entered, _ = _savepoint(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
+    entered, _ = _write_part(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
     if entered is None:  # nothing of it written: its message is re-driven by the lease or lost-chain repair
         m.done, m.report = True, StepReport(False, "stopped")
         return
@@ -124,22 +153,40 @@ def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
 
 def _settle(m: _Member, report: StepReport, handed: Entered | bool | None = None) -> None:
     """A member's step came to `report`: it ends here, or goes on to its next step (entered already
-    when `handed` over to it)."""
+    when `handed` over to it; where the hand-over found that step done before, or stopped there, as
+    `enter` would have, it is settled in turn, as engine's `_carry_through` does)."""
     m.report, m.verdict = report, None
     if not report.go_on or m.run.last:
         m.done = True
         return
-    m.run, m.entered = m.run.next(), handed
+    m.run, m.entered = m.run.next(), None
+    if isinstance(handed, bool):
+        _settle(m, _skipped_or_stopped(handed))
+    else:
+        m.entered = handed
+
+
+def _skipped_or_stopped(entered: bool) -> StepReport:
+    """The report of a step `enter` did not run: done before (True), or the chain stops there (False)."""
+    return StepReport(entered, "skipped" if entered else "stopped")
 
 
 # --- running -------------------------------------------------------------------------------------------------
 
 def _run_all(members: list[_Member]) -> None:
-    """Run the entered steps: concurrently as greenlets under gevent, else one after another."""
+    """Run the entered steps: concurrently as greenlets under gevent, else one after another.
+
+    The greenlets end with this call, also where it is stopped (Celery's hard limit under gevent is a
+    gevent.Timeout in the task's greenlet; a revoke): none may go on calling out once the runs are
+    unlisted and the repair may run the step again."""
     if green() and len(members) > 1:
         from gevent.pool import Pool  # type: ignore[import-untyped]
 
-        Pool(len(members)).map(_run_one, members)
+        pool = Pool(len(members))
+        try:
+            pool.map(_run_one, members)
+        finally:
+            pool.kill(block=True)
     else:
         for m in members:
             _run_one(m)
@@ -147,9 +194,7 @@ def _run_all(members: list[_Member]) -> None:
 
 def _run_one(m: _Member) -> None:
     assert isinstance(m.entered, Entered)
-    if fenced(m.entered.started):  # this process may be judged dead meanwhile: the run is left to the repair
-        log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
-                    "unreachable); the run is left to the repair", m.run.message_id, m.run.item.key)
+    if left_to_repair(m.run, m.entered):
         m.done, m.report = True, StepReport(False, "stopped")
         return
     try:
@@ -162,52 +207,51 @@ def _run_one(m: _Member) -> None:
 
 # --- writing -------------------------------------------------------------------------------------------------
 
-def _write_all(members: list[_Member], runs: ExitStack, follow: FollowUps) -> None:
+def _write_all(members: list[_Member], follow: FollowUps) -> None:
     for m in members:
         verdict = m.verdict
         assert verdict is not None
         if verdict.event is None and not m.run.last:
-            m.run_id = m.run_id or new_run(runs)  # the next step's, taken in the statement that records this one
+            m.run_id = m.run_id or m.new_run()  # the next step's, taken in the statement that records this one
     _group(members, follow, _write_one)
 
 
 def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
-    """Record the member's step in a savepoint of its own, falling back as `engine` does: a success that
-    could not be handed over is recorded alone, a record that failed is replaced by a transient failure
-    "UNRECORDED", and where that fails too the lease repair takes over."""
+    """Record the member's step as its own part of the group's transaction, falling back as `engine` does:
+    a success that could not be handed over is recorded alone, a record that failed is replaced by a
+    transient failure "UNRECORDED", and where that fails too the lease repair takes over."""
     entered, verdict = m.entered, m.verdict
     assert isinstance(entered, Entered) and verdict is not None
     next_run = m.run_id
     if next_run is not None:
-        handed, _ = _savepoint(tx, m, "handing over", partial(record_and_enter, run=m.run, entered=entered,
-                                                                  verdict=verdict, next_run=next_run), careful)
+        handed, _ = _write_part(tx, m, "handing over", partial(record_and_enter, run=m.run, entered=entered,
+                                                                   verdict=verdict, next_run=next_run), careful)
         if handed is not None:
             m.run_id = None
             _settle(m, StepReport(True, "ok"), handed)
             return
     while True:
-        go_on, failure = _savepoint(tx, m, "recording", partial(record, run=m.run, entered=entered, verdict=verdict),
-                                    careful)
+        go_on, failure = _write_part(tx, m, "recording", partial(record, run=m.run, entered=entered,
+                                                                 verdict=verdict), careful)
         if go_on is not None:
             _settle(m, StepReport.of(verdict, go_on))
             return
         if verdict.unrecorded:  # the fallback failed too
             m.done, m.report = True, StepReport(False, "stopped")
             return
-        verdict = Verdict(Event.TRANSIENT, call_state=verdict.effect(), code="UNRECORDED",
-                          error=f"{UNRECORDED} {m.run.item.key!r}:\n{failure}")
+        verdict = verdict.unrecordable(m.run.item.key, failure)
 
 
 class _Redo(Exception):
     """A message's write failed outside a savepoint: the group's transaction is written again, carefully."""
 
 
-def _savepoint(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], careful: bool) -> tuple[Any, str]:
-    """`write` for one message in the group's transaction, and what it returned; (None, the traceback)
+def _write_part(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], careful: bool) -> tuple[Any, str]:
+    """`write`, one message's part of the group's transaction, and what it returned; (None, the traceback)
     when it failed for this message alone. What it asks for after commit joins the group's on success.
 
-    Only a `careful` group puts each write in a savepoint (two statements more each, a fifth of a step's):
-    a write that fails in a group that is not raises `_Redo`, and the group is written again, carefully,
+    Only a `careful` group puts each part in a savepoint (two statements more each, a fifth of a step's):
+    a part that fails in a group that is not raises `_Redo`, and the group is written again, carefully,
     so that the failure rolls back to its own savepoint and the others are written.
     """
     own = Tx(tx.conn, tx.now, FollowUps())
@@ -227,11 +271,12 @@ def _savepoint(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], carefu
 
 def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Member, bool], None], *,
            raise_outage: bool = False) -> None:
-    """`each` for every member in ONE transaction (a savepoint each), committed together; a store outage
-    (or Celery's soft time limit arriving meanwhile) rolls it back whole: paused and tried again whole,
-    never given up while this process lives, unless `raise_outage` (no lease is held yet)."""
-    saved = [(m.run, m.entered, m.run_id, m.verdict, m.report, m.done) for m in members]
-    attempt, careful = 0, False  # savepoints only once a write failed (`_savepoint`)
+    """`each` for every member in ONE transaction, committed together (each member's part in a savepoint
+    of its own only once a part failed: `_write_part`); a store outage (or Celery's soft time limit
+    arriving meanwhile, also during the pause) rolls it back whole: paused and tried again whole, never
+    given up while this process lives, unless `raise_outage` (no lease is held yet)."""
+    saved = [copy.copy(m) for m in members]
+    attempt, careful = 0, False  # savepoints only once a part failed (`_write_part`)
     while True:
         group = FollowUps()
         clock = members[0].run.clock
@@ -244,7 +289,7 @@ def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Membe
             return
         except Exception as exc:
             for m, state in zip(members, saved):  # what the rolled-back transaction made of them is undone
-                m.run, m.entered, m.run_id, m.verdict, m.report, m.done = state
+                m.restore(state)
             if isinstance(exc, _Redo):
                 careful = True
                 continue
@@ -257,4 +302,25 @@ def _group(members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Membe
             log.warning("batch of %d message(s), message %s first: the store failed (%s); trying the whole "
                         "group again", len(members), members[0].run.message_id, exc)
             if outage:
-                pause_before_retry(outage_pause(attempt))
+                try:
+                    pause_before_retry(outage_pause(attempt))
+                except Exception as late:
+                    if not interrupted(members[0].run, late):
+                        raise
+                    # Celery's soft time limit arrived during the pause: the steps are done, their
+                    # outcomes wait in memory; written again at once (as engine's `_record_outcome`)
+
+
+def summary(reports: dict[int, StepReport]) -> dict[str, int]:
+    """What a batch task shows in Flower once everything is recorded: how many of its messages came to
+    what (each message's history has the rest); `StepFailed` naming the messages whose step failed, as
+    a step task raises it for its message."""
+    failed = {message_id: report for message_id, report in reports.items() if report.failed}
+    if failed:
+        raise StepFailed(f"{len(failed)} of {len(reports)} message(s) failed a step: " + "; ".join(
+            f"message {message_id}: {report.outcome}: {report.error or ''}".strip()
+            for message_id, report in sorted(failed.items())))
+    outcomes: dict[str, int] = {}
+    for report in reports.values():
+        outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
+    return outcomes

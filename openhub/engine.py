@@ -41,7 +41,7 @@ from .split import prepare_children, write_children
 from .states import Event, Note, State
 from .store import dumps, loads, lock_message
 from .tracing import step_span
-from .verdicts import UNRECORDED, StepReport, Verdict, call_key, idempotency_key, message_info
+from .verdicts import StepReport, Verdict, call_key, idempotency_key, message_info
 from .workers import current_id, fenced, running
 
 __all__ = ["StepReport", "TimeLimit", "Verdict", "run_step", "run_steps"]
@@ -104,9 +104,7 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
            follow: FollowUps) -> tuple[Entered | bool | None, StepReport]:
     """Run an entered step and write its outcome; returns the next step's entry where it was handed
     over to it (None where not), and the step's report."""
-    if fenced(entered.started):  # this process may be judged dead meanwhile: its run is repaired, not carried on
-        log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
-                    "unreachable); the run is left to the repair", run.message_id, run.item.key)
+    if left_to_repair(run, entered):
         return None, StepReport(False, "stopped")
     verdict = outcome(run, entered)
     if verdict.event is None and run.index + 1 < end:
@@ -118,6 +116,16 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
     return None, StepReport.of(verdict, go_on)
 
 
+def left_to_repair(run: StepRun, entered: Entered) -> bool:
+    """Whether the entered step must not run: this process may have been judged dead since its lease was
+    taken (openhub.workers.fenced), and the run is the repair's, not carried on."""
+    if not fenced(entered.started):
+        return False
+    log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
+                "unreachable); the run is left to the repair", run.message_id, run.item.key)
+    return True
+
+
 def new_run(runs: ExitStack) -> str:
     return runs.enter_context(running())  # listed before its lease is taken
 
@@ -127,8 +135,10 @@ def new_run(runs: ExitStack) -> str:
 def outcome(run: StepRun, entered: Entered) -> Verdict:
     """Run the step (outside any transaction) and tell how it ended."""
     item = run.item
+    called = time.monotonic()  # a batch's member waits its turn and the others' ends: the call's own time
     with step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
         verdict = _run(run, entered.ctx)
+        entered.call_ms = int((time.monotonic() - called) * 1000)
         traced.ended(verdict.event and verdict.event.value, verdict.code, error_line(verdict.error))
     if verdict.event is Event.SPLIT:
         assert isinstance(item, Split)
@@ -241,8 +251,7 @@ def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[F
                 raise  # the fallback failed too: the lease repair takes over
             log.exception("message %s: recording step %s failed; recorded as a transient failure",
                           run.message_id, run.item.key)
-            verdict = Verdict(Event.TRANSIENT, call_state=verdict.effect(), code="UNRECORDED",
-                              error=f"{UNRECORDED} {run.item.key!r}:\n{traceback.format_exc()}")
+            verdict = verdict.unrecordable(run.item.key, traceback.format_exc())
 
 
 def pause_before_retry(seconds: float) -> None:

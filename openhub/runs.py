@@ -71,11 +71,12 @@ class Entered:
     key: str
     ctx: StepContext
     row: SimpleNamespace
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)  # its lease taken (what `workers.fenced` judges)
+    call_ms: int | None = None  # how long the step itself took, once it ran (a batch's member waits around it)
     custom_data: str | None = None  # ctx.custom_data as stored, once the step has run
     call_ok_id: int | None = None  # the record's last success before this run (kept unless this run succeeds)
     call_ok_ts: datetime | None = None
 
     def duration_ms(self) -> int:
-        """Milliseconds since the run was entered."""
-        return int((time.monotonic() - self.started) * 1000)
+        """Milliseconds the step took (since the run was entered, before it ran)."""
+        return self.call_ms if self.call_ms is not None else int((time.monotonic() - self.started) * 1000)

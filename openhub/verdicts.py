@@ -63,6 +63,12 @@ class Verdict:
         """
         return CallState.FAILED if self.event is Event.SPLIT else self.call_state
 
+    def unrecordable(self, step_key: str, failure: str) -> Verdict:
+        """The transient failure that replaces this verdict where the store would not take it (`failure`,
+        the traceback): it still records what the step's external call did."""
+        return Verdict(Event.TRANSIENT, call_state=self.effect(), code="UNRECORDED",
+                       error=f"{UNRECORDED} {step_key!r}:\n{failure}")
+
     def short(self) -> str | None:
         """The one line shown of the verdict's error."""
         return error_line(self.error)

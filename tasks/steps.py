@@ -104,16 +104,13 @@ def _batch_task(app: Celery, hub: Hub, route: Route) -> Task:
                                       hub=hub, limit=limit, translate=translate)
         except StoreUnavailable as exc:  # raised before any of its messages was entered: all again later
             raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
-        # What Flower shows: how many of its messages came to what (each message's history has the rest).
-        outcomes: dict[str, int] = {}
-        for report in reports.values():
-            outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
-        return outcomes
+        # What Flower shows: how many of its messages came to what, or StepFailed naming those that failed.
+        return batch.summary(reports)
 
     run.__name__ = f"{route.operation}_batch"
     run.__doc__ = f"Batches of up to {route.batch} messages through steps {', '.join(s.key for s in route.steps)} " \
                   f"of route {route.name}."
-    return app.task(name=batch_task_name(route), bind=True, shared=False)(run)
+    return app.task(name=batch_task_name(route), bind=True, throws=(StepFailed,), shared=False)(run)
 
 
 def register_step_tasks(app: Celery, hub: Hub) -> None:

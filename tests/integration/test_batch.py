@@ -4,19 +4,27 @@ transaction, every promise kept per message. On SQLite, then on PostgreSQL."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 from sqlalchemy import select
 
 import openhub
+from openhub.batch import run_batch, summary
 from openhub.db import transaction
+from openhub.errors import StepFailed
 from openhub.schema import Base, transitions
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support.checks import assert_each_step_ok_once
 from tests.support.waiting import wait_final, wait_for
+from tests.support.workers import PROJECT
 
 
 @pytest.fixture
@@ -127,3 +135,70 @@ def test_a_worker_runs_batches_on_both_backends(hub, external, prefix) -> None: 
         assert external.count(f"{prefix}/{name}") == 10 and external.effects(f"{prefix}/{name}") == 10
     assert_each_step_ok_once(ids, ["a", "b", "c"])
     assert "openhub.batched.flow.batch" in hub.workers[0].log()
+
+
+GREEN_ROUTES = """
+import time
+from openhub import Route, step
+
+STARTED, ENDED = [], []
+
+
+@step
+def slow(ctx):
+    STARTED.append(ctx.message.id)
+    time.sleep(1.0)  # gevent's, patched: a call in flight
+    ENDED.append(ctx.message.id)
+
+
+routes = [Route("green.slow", steps=[slow], batch=3)]
+"""
+
+GREEN_TASK = """
+from gevent import monkey; monkey.patch_all()
+import gevent
+import green_routes
+from openhub.testing import LocalHub
+
+with LocalHub("green_routes") as local:
+    for n in range(3):
+        local.submit("green.slow", {"n": n})
+    ran = gevent.spawn(local.run)
+    with gevent.Timeout(60):
+        while len(green_routes.STARTED) < 3:  # the three calls in flight
+            gevent.sleep(0.01)
+    ran.kill(gevent.Timeout, block=True)  # Celery's hard limit under gevent, in the task's greenlet
+    gevent.sleep(1.5)  # longer than the calls take
+    print(type(ran.exception).__name__, green_routes.ENDED)
+"""
+
+
+def test_under_gevent_a_batch_stopped_by_its_hard_limit_stops_its_steps_calls(tmp_path: Path) -> None:
+    """Celery's hard time limit under gevent is a gevent.Timeout in the task's greenlet: the step
+    greenlets of the batch must end with it, before its runs are unlisted and the repair may call again,
+    not go on calling out behind it."""
+    pytest.importorskip("gevent")
+    (tmp_path / "green_routes.py").write_text(textwrap.dedent(GREEN_ROUTES))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENHUB_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT), str(tmp_path)])
+    done = subprocess.run([sys.executable, "-c", GREEN_TASK], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "Timeout []", done.stdout[-2000:]
+
+
+def test_a_batch_task_where_a_step_failed_raises_step_failed_for_flower(local: LocalHub,
+                                                                       system: ExternalSystem) -> None:
+    """The batch task returns how many of its messages came to what; where a message's step failed, it
+    raises StepFailed naming it (after everything is recorded), as a step task does: Flower shows it."""
+    prefixes = [_prefix() for _ in range(3)]
+    ids = [local.submit("batched.flow", {"prefix": p, "script": {"b": {"reject": True}} if n == 1 else {}}).id
+           for n, p in enumerate(prefixes)]
+    pairs = [(message_id, token) for _route, message_id, token, _start, _trace in local.publisher.chains]
+    local.publisher.chains.clear()
+    assert local.hub is not None
+    reports = run_batch("batched.flow", 0, pairs, hub=local.hub)
+    assert [local.get(i).state for i in ids] == ["OK", "FAILED", "OK"]  # recorded before it is raised
+    with pytest.raises(StepFailed, match=f"1 of 3 message\\(s\\) failed a step: message {ids[1]}: rejected"):
+        summary(reports)
+    assert summary({i: reports[i] for i in (ids[0], ids[2])}) == {"ok": 2}

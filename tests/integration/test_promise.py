@@ -570,3 +570,83 @@ def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(h
     hub.tick(seconds=600)  # its chain is overdue: the poller publishes it again
     assert [hub.get(v.id).state for v in views] == ["OK"] * 3
     assert routes.calls("first") == 3 and routes.calls("second") == 3
+
+
+@pytest.mark.parametrize("route", ["p.rekeyed", "p.batch_rekeyed"])
+def test_a_retry_that_finds_the_next_step_already_ok_goes_on_past_it_at_once(route: str, hub: LocalHub) -> None:
+    """The retry calls `rekeyed` again (its custom key changed) and hands over to `second`, OK before:
+    skipped, the message goes on to `first` in the same task. A batch member used to stay PROCESSING
+    there, neither entered again nor done, until the lost-chain repair."""
+    failures: list[int] = []
+
+    def fails_once(ctx) -> None:  # noqa: ANN001
+        if not failures:
+            failures.append(ctx.message.id)
+            raise RuntimeError("the third step's system is away once")
+
+    routes.HOOKS["first"] = fails_once
+    view = hub.submit(route, {})
+    hub.run()
+    assert hub.get(view.id).state == "PARTLY_FAILED"
+    hub.tick(seconds=120)
+    assert hub.get(view.id).state == "OK"
+    assert (routes.calls("rekeyed"), routes.calls("second"), routes.calls("first")) == (2, 1, 1)
+
+
+def test_celerys_soft_limit_while_a_batch_waits_for_the_store_does_not_abandon_it(hub: LocalHub,
+                                                                                 monkeypatch) -> None:  # noqa: ANN001
+    """The group's write of the first step meets an outage; Celery's soft time limit arrives during the
+    pause before it is written again. The batch writes it again and carries its messages on, instead
+    of leaving them PROCESSING (their calls' records too) for the repair, which would call again."""
+    from openhub.errors import Interrupted
+
+    real, tries = batch.transaction, []
+
+    def away_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        tries.append(1)
+        if len(tries) == 2:  # the group's write of step `first`
+            raise StoreUnavailable("message store unavailable: connection refused")
+        return real(*args, **kwargs)
+
+    def soft_limit(seconds: float) -> None:
+        raise Interrupted("Celery's soft time limit, arriving while the batch waits for the store")
+
+    monkeypatch.setattr(batch, "transaction", away_once)
+    monkeypatch.setattr(batch, "pause_before_retry", soft_limit)
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+    hub.run()
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert routes.calls("first") == 3 and routes.calls("second") == 3
+    assert all(state == "OK" for v in views for state, _ in _calls_of(v.id).values())
+
+
+def test_a_member_that_stops_mid_batch_is_no_longer_listed_as_running(hub: LocalHub) -> None:
+    """One message of three is rejected at `first`: while the other two call `second`, this process's
+    heartbeat lists their two runs only (their step `first`'s runs ended when the lease was handed over),
+    as a step task's would; the stopped message's run no longer keeps its lease alive."""
+    from openhub import workers
+
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+    listed: list[int] = []
+    routes.HOOKS["first"] = lambda ctx: (_ for _ in ()).throw(openhub.Reject("refused")) \
+        if ctx.message.id == views[1].id else None
+    routes.HOOKS["second"] = lambda ctx: listed.append(len(workers._runs))
+    hub.run()
+    assert [hub.get(v.id).state for v in views] == ["OK", "FAILED", "OK"]
+    assert listed == [2, 2]
+    assert not workers._runs
+
+
+def test_a_batch_members_call_duration_is_its_own_call_not_its_wait_for_the_others(hub: LocalHub) -> None:
+    """Outside gevent a batch runs its members' steps one after another: the third's call begins after
+    the first two. Its external-call record's duration is its call's (0.3 s), not that plus its turn."""
+    import time
+
+    routes.HOOKS["first"] = lambda ctx: time.sleep(0.3)  # the call's own time, not a synchronisation
+    views = [hub.submit("p.batch", {}) for _ in range(3)]
+    hub.run()
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    with transaction() as conn:
+        durations = list(conn.execute(select(ext_calls.c.duration_ms).where(ext_calls.c.step_key == "first")
+                                      .order_by(ext_calls.c.message_id)).scalars())
+    assert len(durations) == 3 and all(300 <= d < 550 for d in durations), durations

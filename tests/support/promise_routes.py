@@ -147,6 +147,14 @@ def reserve(ctx: StepContext) -> None:
     external("reserve")(ctx)
 
 
+@step(key="rekeyed", scope="custom", custom_key=lambda ctx: f"rekeyed-{ctx.message.id}-{ctx.custom_data.get('gen', 0)}")
+def rekeyed(ctx: StepContext) -> None:
+    """A call whose custom key changes with each of its runs: a retry calls it again, and finds the step
+    after it already OK."""
+    external("rekeyed")(ctx)
+    ctx.custom_data["gen"] = ctx.custom_data.get("gen", 0) + 1
+
+
 def many(ctx: StepContext) -> list[Child]:
     """As many children as the payload asks for."""
     return [Child("p.leaf", payload={"n": n}) for n in range(ctx.payload["children"])]
@@ -192,6 +200,8 @@ routes = [
     Route("p.batch", steps=[first, second], batch=3),
     Route("p.batch_entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing", batch=3),
     Route("p.batch_funnel", steps=[first], funnel=lambda p: p["group"], batch=3),
+    Route("p.rekeyed", steps=[rekeyed, second, first], fused=True),
+    Route("p.batch_rekeyed", steps=[rekeyed, second, first], batch=3),
     Route("p.batch_waits", steps=[wait_reply, second, wait_again, use_answer], batch=3),
 ]
 
