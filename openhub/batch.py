@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import logging
 import traceback
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -73,6 +74,10 @@ class _Member:
         run_id = new_run(stack)
         self.listed[run_id] = stack
         return run_id
+
+    def stop(self) -> None:
+        """Its chain stops here (its message left to the lease repair, or to the lost-chain repair)."""
+        self.done, self.report = True, _skipped_or_stopped(False)
 
     def unlist(self, everything: bool = False) -> None:
         """End the listing of every run the member no longer holds a lease with (all, once it is done, or
@@ -146,7 +151,7 @@ def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
     assert run_id is not None
     entered, _ = _write_part(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
     if entered is None:  # nothing of it written: its message is re-driven by the lease or lost-chain repair
-        m.done, m.report = True, StepReport(False, "stopped")
+        m.stop()
         return
     m.entered, m.run_id = entered, None
 
@@ -195,14 +200,14 @@ def _run_all(members: list[_Member]) -> None:
 def _run_one(m: _Member) -> None:
     assert isinstance(m.entered, Entered)
     if left_to_repair(m.run, m.entered):
-        m.done, m.report = True, StepReport(False, "stopped")
+        m.stop()
         return
     try:
         m.verdict = outcome(m.run, m.entered)
     except Exception:  # noqa: BLE001 - a fault of the hub around the step (its own faults are verdicts)
         log.exception("message %s: step %s crashed outside the step; its lease is repaired", m.run.message_id,
                       m.run.item.key)
-        m.done, m.report = True, StepReport(False, "stopped")
+        m.stop()
 
 
 # --- writing -------------------------------------------------------------------------------------------------
@@ -237,7 +242,7 @@ def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
             _settle(m, StepReport.of(verdict, go_on))
             return
         if verdict.unrecorded:  # the fallback failed too
-            m.done, m.report = True, StepReport(False, "stopped")
+            m.stop()
             return
         verdict = verdict.unrecordable(m.run.item.key, failure)
 
@@ -320,7 +325,4 @@ def summary(reports: dict[int, StepReport]) -> dict[str, int]:
         raise StepFailed(f"{len(failed)} of {len(reports)} message(s) failed a step: " + "; ".join(
             f"message {message_id}: {report.outcome}: {report.error or ''}".strip()
             for message_id, report in sorted(failed.items())))
-    outcomes: dict[str, int] = {}
-    for report in reports.values():
-        outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
-    return outcomes
+    return dict(Counter(report.outcome for report in reports.values()))

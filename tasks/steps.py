@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Callable, ContextManager, Iterator
+from typing import Callable, ContextManager, Iterator, TypeVar
 
 from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -23,6 +23,7 @@ from .exceptions import translate
 
 STORE_RETRY_SECONDS = 2
 STORE_RETRIES = 30
+T = TypeVar("T")
 
 
 @contextmanager
@@ -65,20 +66,28 @@ def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
     return step_alarm if steps > 1 else None
 
 
+def _carried(task: Task, work: Callable[[bool], T]) -> T:
+    """Run a step task's `work` (told whether the broker delivered the task again) with this process's
+    heartbeat going: the leases it takes name this process, and its heartbeat says it lives.
+
+    The database restarted or briefly away before a lease was taken: the same task is tried again later,
+    same tokens (steps it already carried through are found OK and skipped).
+    """
+    redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+    workers.start_heartbeat()
+    try:
+        return work(redelivered)
+    except StoreUnavailable as exc:
+        raise task.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+
+
 def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
     end = task_end(route, index)
 
     def run(self: Task, message_id: int, token: str) -> str:
         limit = step_limit(end - index)  # chosen when the task runs: the pool is known by then
-        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-        workers.start_heartbeat()  # the lease names this process; its heartbeat says it lives
-        try:
-            step, report = engine.run_steps(route.name, index, end, message_id, token, redelivered, hub, limit,
-                                            translate=translate)
-        except StoreUnavailable as exc:
-            # The database restarted or is briefly away: try the same task again, same token
-            # (steps it already carried through are found OK and skipped).
-            raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+        step, report = _carried(self, lambda redelivered: engine.run_steps(
+            route.name, index, end, message_id, token, redelivered, hub, limit, translate=translate))
         if not report.go_on:
             self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
         if report.failed:
@@ -97,13 +106,8 @@ def _batch_task(app: Celery, hub: Hub, route: Route) -> Task:
     def run(self: Task, pairs: list[tuple[int, str]], start: int = 0) -> dict[str, int]:
         # Every step run of the batch keeps its own timeout: the task's limit covers them all.
         limit = step_limit(len(pairs) * (len(route.steps) - start))
-        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-        workers.start_heartbeat()
-        try:
-            reports = batch.run_batch(route.name, start, [(m, t) for m, t in pairs], redelivered=redelivered,
-                                      hub=hub, limit=limit, translate=translate)
-        except StoreUnavailable as exc:  # raised before any of its messages was entered: all again later
-            raise self.retry(exc=exc, countdown=STORE_RETRY_SECONDS, max_retries=STORE_RETRIES) from exc
+        reports = _carried(self, lambda redelivered: batch.run_batch(
+            route.name, start, [(m, t) for m, t in pairs], redelivered, hub, limit, translate=translate))
         # What Flower shows: how many of its messages came to what, or StepFailed naming those that failed.
         return batch.summary(reports)
 
