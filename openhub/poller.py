@@ -21,7 +21,7 @@ from sqlalchemy import and_, select
 
 from .config import get_settings
 from .confirm import send_confirmations
-from .db import is_postgres, transaction, utcnow
+from .db import is_postgres, store_now, transaction
 from .leases import dropped, orphan_chains_due, release_run
 from .lifecycle import FollowUps, Tx, apply_event
 from .limits import release_runs
@@ -49,9 +49,9 @@ class TickReport:
 
 
 def tick(now: datetime | None = None) -> TickReport:
-    """One round of the poller at time `now` (naive UTC; default: the current time)."""
+    """One round of the poller at time `now` (naive UTC; default: the hub's time, `openhub.db.store_now`)."""
     started = time.perf_counter()
-    now = now or utcnow()
+    now = now or store_now()
     lost, dead = repair_lost_runs(now)
     redriven, repaired = redrive_due_messages(now)
     repaired += lost

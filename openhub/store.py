@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
-from .db import insert_or_ignore, is_postgres, transaction, utcnow
+from .db import insert_or_ignore, is_postgres, store_now, transaction
 from .errors import InputError, NotFound
 from .registry import get_registry
 from .schema import confirmations, ext_calls, messages, route_pauses, transitions
@@ -83,7 +83,7 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
               detail: str | None = None, now: datetime | None = None, **values: Any) -> None:
     """Write a message's new state (and other columns) and append the transition to its history; a
     state hook (@on_state) of the new state gets its notification row in the same transaction."""
-    now = now or utcnow()
+    now = now or store_now()
     values.setdefault("updated_at", now)
     execute_noted(conn, _UPDATE, {"mid": row.id, "state": state.value, **values},
                   history_entry(row.id, event, row.state, state.value, step=step, detail=detail, now=now))
@@ -103,7 +103,7 @@ def record_transition(conn: Connection, message_id: int, event: str, from_state:
 def history_entry(message_id: int, event: str, from_state: str | None, to_state: str, *, step: str | None = None,
                   detail: str | None = None, now: datetime | None = None) -> dict[str, Any]:
     """The parameters of one history entry (for `record_transition` and `execute_noted`)."""
-    return {"mid": message_id, "h_at": now or utcnow(), "h_event": event, "h_from": from_state, "h_to": to_state,
+    return {"mid": message_id, "h_at": now or store_now(), "h_event": event, "h_from": from_state, "h_to": to_state,
             "h_step": step, "h_detail": detail[:4000] if detail else None}
 
 
