@@ -22,8 +22,8 @@ from sqlalchemy import and_, select
 from .config import get_settings
 from .confirm import send_confirmations
 from .db import is_postgres, store_now, transaction
-from .leases import dropped, orphan_chains_due, release_run
-from .lifecycle import FollowUps, Tx, apply_event
+from .leases import orphan_chains_due, release_run
+from .lifecycle import FollowUps, Tx, apply_event, run_lost
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
 from .registry import get_registry
@@ -63,8 +63,9 @@ def tick(now: datetime | None = None) -> TickReport:
 
 def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
     """Fail over at once the step runs that ended without recording an outcome: their worker died, or
-    its live process no longer lists them (the task crashed). +1 failure, re-driven now: the retry
-    interval is for a failing external system, and a lost run says nothing about it.
+    its live process no longer lists them (the task crashed). Re-driven now, no failure counted (the hub's
+    fault, not the message's: `lifecycle.run_lost`): the retry interval is for a failing external system,
+    and a lost run says nothing about it.
 
     Only rows with a run in flight are read (a small partial index). Returns how many were repaired,
     and the worker processes witnessed dead.
@@ -88,10 +89,8 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
             lost.append(row.step_run)
             route = get_registry().find_route_of(row)
             if row.state == State.PROCESSING and route is not None:
-                reason = (f"step run {row.step_run} ended without an outcome: "
-                          f"worker {row.worker} died or its task crashed")
-                apply_event(Tx(conn, now, follow), row, Event.LEASE_EXPIRED, route, detail=reason,
-                            **dropped(), due_at=now, failed_error=reason, error_code="WORKER_LOST")
+                run_lost(Tx(conn, now, follow), row, route, f"step run {row.step_run} ended without an outcome: "
+                                                            f"worker {row.worker} died or its task crashed")
             else:  # a cancelled message's last run is over: its funnel may go on
                 release_run(conn, row.id, now)
                 if row.funnel is not None:
