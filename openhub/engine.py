@@ -118,8 +118,8 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
 
 def left_to_repair(run: StepRun, entered: Entered) -> bool:
     """Whether the entered step must not run: this process may have been judged dead since its lease was
-    taken (openhub.workers.fenced), and the run is the repair's, not carried on. Where the lease is still
-    its own, it is let go at once (`drop_fenced`)."""
+    taken (openhub.workers.fenced). The run is not carried on: its lease is let go (`drop_fenced`), or,
+    where the store cannot be reached, left to the repair."""
     if not fenced(entered.started):
         return False
     log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
