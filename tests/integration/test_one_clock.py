@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -253,23 +254,33 @@ def test_a_host_whose_wall_clock_is_off_tells_the_databases_time(local_store: st
     assert abs(hub_off) < 1, f"the hub's time is {hub_off:.3f} s off the database's"
 
 
-def test_the_hubs_time_costs_no_round_trip(local_store: str) -> None:
+def test_the_hubs_time_costs_no_round_trip(local_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from sqlalchemy import event
 
-    from openhub.db import get_engine, store_now
+    from openhub import db
 
-    store_now(local_store)  # the process's first reading
     statements: list[str] = []
-    engine = get_engine(local_store)
+
     def executed(*args: object) -> None:
         statements.append(str(args[2]))
 
-    event.listen(engine, "before_cursor_execute", executed)
-    try:
-        times = [store_now(local_store) for _ in range(100)]
-        with transaction(local_store) as conn:
-            conn.execute(select(transitions.c.id).limit(1))
-    finally:
-        event.remove(engine, "before_cursor_execute", executed)
+    def transactions_and_times() -> list[datetime]:
+        statements.clear()
+        event.listen(engine, "before_cursor_execute", executed)
+        try:
+            times = [db.store_now(local_store) for _ in range(100)]
+            with transaction(local_store) as conn:
+                conn.execute(select(transitions.c.id).limit(1))
+        finally:
+            event.remove(engine, "before_cursor_execute", executed)
+        return times
+
+    engine = db.get_engine(local_store)
+    db.store_now(local_store)  # this process has read the database's clock
+    monkeypatch.setattr(db, "CLOCK_READ_EVERY", 3600.0)  # and that reading is fresh
+    times = transactions_and_times()
     assert times == sorted(times)
-    assert len(statements) == 1, statements
+    assert len(statements) == 1, statements  # the transaction's own: no reading of the clock
+    monkeypatch.setattr(db, "CLOCK_READ_EVERY", 0.0)  # once the reading is old, a transaction reads it anew
+    transactions_and_times()
+    assert len(statements) == 2 and "clock_timestamp" in statements[0], statements
