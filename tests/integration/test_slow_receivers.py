@@ -141,6 +141,11 @@ def test_a_slow_confirmer_does_not_hold_the_step_workers(own_backend, slow: Drib
             confirmer.stop()
 
 
+# A confirmation's sending lease of 2 s (policy.confirmation_lease): short enough for a test to outlast it,
+# long enough that a loaded machine's scheduling never holds its renewals (every 0.4 s) back that long.
+SHORT_LEASE = {"OPENHUB_CONFIRM_TIMEOUT": "1", "OPENHUB_STEP_TIMEOUT": "2", "OPENHUB_CONFIRM_INTERVAL": "2"}
+
+
 @pytest.mark.parametrize("hook", ["confirm", "alert"], ids=["confirmer", "state-hook"])
 def test_a_confirmer_that_outlasts_its_lease_is_called_once_while_ticks_go_on(local_store_env: dict[str, str],
                                                                                hook: str) -> None:
@@ -149,7 +154,7 @@ def test_a_confirmer_that_outlasts_its_lease_is_called_once_while_ticks_go_on(lo
     it a second time (on main every tick after the lease's end did, with the same delivery id)."""
     from tests.support.waiting import wait_for
 
-    lease = 1.0  # OPENHUB_* below: max(confirm interval, step timeout, 2 x confirm timeout)
+    lease = 2.0  # SHORT_LEASE: max(confirm interval, step timeout, 2 x confirm timeout)
     calls: list[tuple[int | None, str]] = []
     ticks: list[int] = []
     release = threading.Event()
@@ -159,8 +164,7 @@ def test_a_confirmer_that_outlasts_its_lease_is_called_once_while_ticks_go_on(lo
         if len(calls) == 1:
             release.wait(60)  # the confirmer's own slowness, ended by the test
 
-    with routes.local_hub(OPENHUB_CONFIRM_TIMEOUT="0.5", OPENHUB_STEP_TIMEOUT="1", OPENHUB_CONFIRM_INTERVAL="1",
-                          **local_store_env) as hub:
+    with routes.local_hub(**SHORT_LEASE, **local_store_env) as hub:
         routes.HOOKS[hook] = blocks_first_time
         view = hub.submit("p.reserve", {"raise": "out_of_stock"})  # FAILED at once: confirmed, and the hook told
         sender = threading.Thread(target=hub.run, name="sender")  # sends both right after the final state
@@ -172,7 +176,7 @@ def test_a_confirmer_that_outlasts_its_lease_is_called_once_while_ticks_go_on(lo
             def ticked_past_the_lease() -> bool:
                 # The poller beside the blocked send, at wait_for's pace (20 ticks a second). A tight loop of
                 # ticks would hold SQLite's one write lock nearly all the time, and the renewal, like any
-                # other writer of the store, would wait its turn longer than this test's 1 s lease.
+                # other writer of the store, would wait its turn longer than this test's 2 s lease.
                 hub.tick()
                 ticks.append(1)
                 return time.monotonic() >= until and len(ticks) >= 3
@@ -243,8 +247,7 @@ def test_a_sender_that_stalled_after_its_claim_does_not_call_beside_the_one_that
         hub.tick()
         return [r["state"] for r in openhub.list_confirmations(message_id=view.id)] == ["OK", "OK"]
 
-    with routes.local_hub(OPENHUB_CONFIRM_TIMEOUT="0.5", OPENHUB_STEP_TIMEOUT="1", OPENHUB_CONFIRM_INTERVAL="1",
-                          **local_store_env) as hub:
+    with routes.local_hub(**SHORT_LEASE, **local_store_env) as hub:
         view = hub.submit("p.reserve", {"raise": "out_of_stock"})  # FAILED at once: confirmed, and the hook told
         sender = threading.Thread(target=hub.run, name="sender")
         sender.start()
