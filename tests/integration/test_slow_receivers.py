@@ -19,6 +19,7 @@ from openhub.notify import post_within
 from openhub.testing import LocalHub
 from tests.support import backends
 from tests.support import promise_routes as routes
+from tests.support.pools import POOL_OPTIONS, POOLS
 
 
 class DribblingServer:
@@ -192,17 +193,19 @@ def test_a_confirmer_that_outlasts_its_lease_is_called_once_while_ticks_go_on(lo
         assert (view.id, "FAILED") in (routes.CONFIRMED if hook == "confirm" else routes.NOTIFIED)
 
 
+@pytest.mark.parametrize("pool", POOLS)
 def test_a_confirmer_past_its_deadline_is_cut_off_and_sent_again_later(own_backend: backends.Backend,  # noqa: ANN001
-                                                                        tmp_path, prefix: str, external) -> None:
-    """In a worker (prefork: SIGALRM in the task's process) a custom confirmer whose receiver takes longer
-    than OPENHUB_CONFIRM_TIMEOUT is interrupted there: the send failed, and is tried again later with the
-    same delivery id, never beside the one cut off."""
+                                                                        pool: str, tmp_path, prefix: str,
+                                                                        external) -> None:
+    """In a worker (SIGALRM in a prefork task's process, a gevent.Timeout in a greenlet) a custom confirmer
+    whose receiver takes longer than OPENHUB_CONFIRM_TIMEOUT is interrupted there: the send failed, and is
+    tried again later with the same delivery id, never beside the one cut off."""
     from tests.support.waiting import wait_final, wait_for
     from tests.support.workers import Worker
 
     env = dict(own_backend.env, OPENHUB_CONFIRM_TIMEOUT="1", OPENHUB_CONFIRM_INTERVAL="1")
     own_backend.activate()
-    worker = Worker(env, tmp_path, concurrency=1).start()
+    worker = Worker(env, tmp_path, **POOL_OPTIONS[pool]).start()
     try:
         external.delay(f"{prefix}/confirm", 4)  # answers after 4 s, within the confirmer's own 10 s read timeout
         m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CONFIRMED", correlation_id=uuid.uuid4().hex)
