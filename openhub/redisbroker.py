@@ -25,6 +25,10 @@ together: the consumer took the error for a lost broker, reconnected and put all
 unacknowledged deliveries back (421 at once at `-P gevent -c 500` in bench/peers.py, and a
 message whose next step was lost on the way waited for the lease grace). Here a caller waits for a
 free connection instead (`BlockingConnectionPool`).
+
+A channel keeps its own copy of where its Redis is, taken when it opens: kombu reads it from the
+transport's client, which Celery drops before the last close of a channel when Redis restarts, and
+that close (putting back the deliveries the channel held) killed the worker (issue 33).
 """
 
 from __future__ import annotations
@@ -65,10 +69,23 @@ class QoS(redis.QoS):
 
 
 class Channel(redis.Channel):
-    """Redis channel that reuses its synchronous client and knows who holds each delivery."""
+    """Redis channel that reuses its synchronous client, knows who holds each delivery, and keeps where
+    its Redis is."""
 
     QoS = QoS
     _shared_client: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # kombu builds a pool from the transport's client (`_connparams`) whenever it needs one, and the
+        # close of a channel holding deliveries needs one to put them back. When Redis goes away, Celery
+        # collects the consumer's connection (the transport forgets its client) and closes it afterwards: a
+        # channel whose first close was cut short (by the read of its outstanding BRPOP) is closed then, and
+        # the pool it rebuilt raised AttributeError: "Unrecoverable error", the worker exited (issue 33).
+        # Kept from the start, the channel reaches its Redis without the transport's client: the deliveries
+        # go back if Redis is there again, and a Redis still away is a connection error, which Celery
+        # rides out by reconnecting.
+        self._params = self._connparams()
 
     def restore_orphans(self, dead: Collection[str]) -> int:
         """Put the deliveries held by the `dead` worker processes back on their queues; how many."""
@@ -84,7 +101,7 @@ class Channel(redis.Channel):
     def _get_pool(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the event loop's own connection for receiving (BRPOP): one caller
             return super()._get_pool(asynchronous=True)
-        params = self._connparams()
+        params = self._params
         self.keyprefix_fanout = self.keyprefix_fanout.format(db=params["db"])
         return redis.redis.BlockingConnectionPool(timeout=POOL_WAIT, **params)
 
