@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
 from .config import get_settings
 from .confirm import send_confirmations
@@ -34,6 +34,7 @@ from .workers import liveness
 
 log = logging.getLogger("openhub.poller")
 M = messages.c
+Mark = tuple[datetime, int]  # a run's lease time and message id: where a page of the lost-run repair starts
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def tick(now: datetime | None = None) -> TickReport:
     """One round of the poller at time `now` (naive UTC; default: the current time)."""
     started = time.perf_counter()
     now = now or utcnow()
-    lost, dead = repair_lost_runs(now)
+    lost, dead = repair_lost_runs(now, budget=get_settings().poll_interval.total_seconds())  # as the sends below
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
@@ -61,18 +62,36 @@ def tick(now: datetime | None = None) -> TickReport:
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
 
 
-def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
+def repair_lost_runs(now: datetime, budget: float | None = None) -> tuple[int, set[str]]:
     """Fail over at once the step runs that ended without recording an outcome: their worker died, or
     its live process no longer lists them (the task crashed). +1 failure, re-driven now: the retry
     interval is for a failing external system, and a lost run says nothing about it.
 
-    Only rows with a run in flight are read (a small partial index). Returns how many were repaired,
-    and the worker processes witnessed dead.
+    Only rows with a run in flight are read (a small partial index), every one of them: oldest lease
+    first, BATCH rows a transaction, until none is left or `budget` seconds are spent (at least one
+    page; the rest are the next tick's). Returns how many were repaired, and the worker processes
+    witnessed dead.
     """
+    started = time.monotonic()
+    repaired, dead = 0, set()
+    after: Mark | None = None
+    while True:
+        lost, witnessed, after = _repair_page(now, after)
+        repaired, dead = repaired + lost, dead | witnessed
+        if after is None or (budget is not None and time.monotonic() - started >= budget):
+            return repaired, dead
+
+
+def _repair_page(now: datetime, after: Mark | None) -> tuple[int, set[str], Mark | None]:
+    """One page of `repair_lost_runs`: the runs leased after `after`, oldest first. How many were repaired,
+    the processes witnessed dead, and where the next page starts (None: this was the last)."""
     follow = FollowUps()
     lost = []
     with transaction() as conn:
-        query = select(messages).where(M.worker.is_not(None), M.step_run.is_not(None)).limit(BATCH)
+        query = select(messages).where(M.worker.is_not(None), M.step_run.is_not(None))
+        if after is not None:
+            query = query.where(or_(M.updated_at > after[0], and_(M.updated_at == after[0], M.id > after[1])))
+        query = query.order_by(M.updated_at, M.id).limit(BATCH)
         if is_postgres(conn):
             query = query.with_for_update(skip_locked=True, key_share=True)
         rows = conn.execute(query).all()
@@ -99,7 +118,7 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
         if lost and get_settings().system_limits:  # the calls in flight they held are over too
             release_runs(conn, lost)
     carry_out(follow, now)
-    return len(lost), live.dead
+    return len(lost), live.dead, (rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None
 
 
 def expire_guaranteed_order(now: datetime) -> int:

@@ -1,0 +1,75 @@
+"""The poller's repair of step runs a dead worker left (issue 33, "also read"), on LocalHub over SQLite and
+PostgreSQL: every dead run is seen in one tick, oldest first, however many there are. It read at most
+500 rows in no order, so past that a dead worker's runs waited for their leases to run out."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Iterator
+
+import pytest
+from sqlalchemy import bindparam, func, select, update
+
+from openhub.db import transaction, utcnow
+from openhub.poller import repair_lost_runs, tick
+from openhub.producer import insert_new_many, prepare
+from openhub.redrive import BATCH
+from openhub.schema import messages, transitions
+from openhub.testing import LocalHub
+from openhub.workers import beat
+from tests.support import promise_routes as routes
+
+M = messages.c
+DEAD_RUNS = BATCH + 40
+
+
+@pytest.fixture
+def hub(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
+    # A poll interval long enough that one tick's repair is never cut short by a loaded box.
+    with routes.local_hub(OPENHUB_POLL_INTERVAL="300", **local_store_env) as local:
+        yield local
+
+
+def _dead_worker_runs(now: datetime, n: int) -> list[int]:
+    """`n` messages mid-step on worker "victim", witnessed dead; their leases run for another hour. The
+    later a message's id, the earlier its run was leased (so lease order is not id order)."""
+    rows = [prepare("p.flow", {}, source_system="CONFIRMED", correlation_id=f"dead-{uuid.uuid4().hex}")
+            for _ in range(n)]
+    with transaction() as conn:
+        ids = [i for i in insert_new_many(conn, rows) if i is not None]
+        conn.execute(update(messages).where(M.id == bindparam("mid")).values(
+            state="PROCESSING", step_run=bindparam("run"), worker="victim", due_at=now + timedelta(hours=1),
+            updated_at=bindparam("leased")), [
+            {"mid": i, "run": f"1.{uuid.uuid4().hex[:24]}", "leased": now - timedelta(minutes=2, seconds=-k)}
+            for k, i in enumerate(reversed(ids))])
+    beat("victim", "victim-node", now=now - timedelta(minutes=1))  # silent for a minute...
+    beat("witness", "witness-node", broken=True, now=now - timedelta(minutes=2))
+    beat("witness", "witness-node", now=now)  # ...while another worker went on beating
+    return ids
+
+
+def _still_held(ids: list[int]) -> list[int]:
+    with transaction() as conn:
+        return list(conn.execute(select(M.id).where(M.id.in_(ids), M.worker == "victim").order_by(M.id)).scalars())
+
+
+def test_a_dead_worker_with_more_runs_than_a_page_has_them_all_repaired_in_one_tick(hub: LocalHub) -> None:
+    now = utcnow()
+    ids = _dead_worker_runs(now, DEAD_RUNS)
+    report = tick(now)
+    assert _still_held(ids) == []
+    assert report.repaired >= DEAD_RUNS
+    with transaction() as conn:
+        expired = conn.execute(select(func.count()).select_from(transitions).where(
+            transitions.c.message_id.in_(ids), transitions.c.event == "lease_expired")).scalar_one()
+    assert expired == DEAD_RUNS  # each repaired once: +1 failure, due again now
+
+
+def test_the_repair_takes_the_oldest_runs_first_and_leaves_the_rest_when_its_time_is_spent(hub: LocalHub) -> None:
+    now = utcnow()
+    ids = _dead_worker_runs(now, DEAD_RUNS)
+    assert repair_lost_runs(now, budget=0)[0] == BATCH  # no time: one page, the runs leased first
+    assert _still_held(ids) == sorted(ids[:DEAD_RUNS - BATCH])
+    assert repair_lost_runs(now, budget=0)[0] == DEAD_RUNS - BATCH  # the next tick's
+    assert _still_held(ids) == []
