@@ -22,7 +22,8 @@ from sqlalchemy import and_, or_, select
 from .config import get_settings
 from .confirm import send_confirmations
 from .db import is_postgres, transaction, utcnow
-from .leases import dropped, orphan_chains_due, release_run
+from .hub import current
+from .leases import chains_in_broker_due, dropped, orphan_chains_due, release_run
 from .lifecycle import FollowUps, Tx, apply_event
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
@@ -54,6 +55,7 @@ def tick(now: datetime | None = None) -> TickReport:
     started = time.perf_counter()
     now = now or utcnow()
     lost, dead = repair_lost_runs(now, budget=get_settings().poll_interval.total_seconds())  # as the sends below
+    look_for_chains_lost_with_broker(now)
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
@@ -119,6 +121,29 @@ def _repair_page(now: datetime, after: Mark | None) -> tuple[int, set[str], Mark
             release_runs(conn, lost)
     carry_out(follow, now)
     return len(lost), live.dead, (rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None
+
+
+def look_for_chains_lost_with_broker(now: datetime) -> int:
+    """When the broker lost the tasks it held (restarted empty, flushed: the mark the hub keeps in it is
+    gone), every chain the store says is in it is due one poll interval from now instead of after
+    OPENHUB_LEASE_GRACE. The re-drive then publishes again those whose task is in none of its queues and
+    leaves those whose task is (openhub.redrive): a chain whose step committed just before this look has
+    had its task published by then, and is not published twice. The mark is put back once that is
+    written, so a store away now leaves it to the next tick. How many were made due."""
+    publisher = current().publisher
+    try:
+        if publisher.broker_marked() is not False:
+            return 0
+    except Exception as exc:  # noqa: BLE001 - the broker is away: the next tick looks again
+        log.info("could not look at the broker's mark: %s", exc)
+        return 0
+    with transaction() as conn:
+        due = chains_in_broker_due(conn, now + get_settings().poll_interval)
+    publisher.mark_broker()
+    log.log(logging.WARNING if due else logging.INFO,
+            "the broker's mark was gone (restarted empty, flushed, or new): %d chain(s) the store says it held "
+            "are looked for in its queues at the next tick, and published again where they are not", due)
+    return due
 
 
 def expire_guaranteed_order(now: datetime) -> int:

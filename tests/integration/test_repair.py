@@ -1,6 +1,12 @@
-"""The poller's repair of step runs a dead worker left (issue 33, "also read"), on LocalHub over SQLite and
-PostgreSQL: every dead run is seen in one tick, oldest first, however many there are. It read at most
-500 rows in no order, so past that a dead worker's runs waited for their leases to run out."""
+"""The poller's repairs on LocalHub over SQLite and PostgreSQL (issue 33).
+
+- Every step run a dead worker left is seen in one tick, oldest first, however many there are ("also
+  read"): it read at most 500 rows in no order, so past that a dead worker's runs waited for their
+  leases to run out.
+- Chains lost with the broker (restarted empty, flushed) are published again within two poll intervals
+  (break 9): they waited for OPENHUB_LEASE_GRACE (300 s). A chain whose task still waits in the broker
+  is never published again.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from typing import Iterator
 import pytest
 from sqlalchemy import bindparam, func, select, update
 
+from openhub import engine
 from openhub.db import transaction, utcnow
 from openhub.poller import repair_lost_runs, tick
 from openhub.producer import insert_new_many, prepare
@@ -73,3 +80,49 @@ def test_the_repair_takes_the_oldest_runs_first_and_leaves_the_rest_when_its_tim
     assert _still_held(ids) == sorted(ids[:DEAD_RUNS - BATCH])
     assert repair_lost_runs(now, budget=0)[0] == DEAD_RUNS - BATCH  # the next tick's
     assert _still_held(ids) == []
+
+
+# --- chains lost with the broker -------------------------------------------------------------------------
+
+POLL = timedelta(seconds=5)
+
+
+@pytest.fixture
+def lossy(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
+    # A lease grace of an hour: anything carried on within seconds was found by another way than it.
+    with routes.local_hub(OPENHUB_POLL_INTERVAL=str(POLL.total_seconds()), OPENHUB_LEASE_GRACE="3600",
+                          **local_store_env) as local:
+        yield local
+
+
+def _history(message_id: int) -> list[str]:
+    with transaction() as conn:
+        return list(conn.execute(select(transitions.c.event).where(transitions.c.message_id == message_id)
+                                 .order_by(transitions.c.id)).scalars())
+
+
+def test_chains_lost_with_the_broker_are_published_again_at_the_next_tick(lossy: LocalHub) -> None:
+    between = lossy.submit("p.flow", {}).id  # its first step done, its second step's task in the broker
+    route, message_id, token, _start, trace = lossy.publisher.chains.popleft()
+    assert engine.run_step(route.name, 0, message_id, token)
+    lossy.publisher.chains.append((route, message_id, token, 1, trace))  # as the worker sent it
+    queued = [lossy.submit("p.flow", {}).id for _ in range(3)]  # their first tasks in the broker
+    lossy.lose_broker()
+    after = lossy.submit("p.flow", {})  # published after the restart: in the broker, not lost
+    now = utcnow()
+    assert tick(now).redriven == 0  # the mark is gone: the chains the broker had are due at the next tick
+    assert tick(now + POLL).redriven == 4  # not in the broker: published again; `after` is
+    assert lossy.get(after.id).state == "NEW" and "chain_lost" not in _history(after.id)
+    lossy.run()
+    assert {(lossy.get(i).state, lossy.get(i).failed_count) for i in [between, *queued, after.id]} == {("OK", 0)}
+    assert routes.calls("first") == routes.calls("second") == 5  # each step called once per message
+
+
+def test_a_chain_whose_task_waits_in_the_broker_is_never_published_again(lossy: LocalHub) -> None:
+    view = lossy.submit("p.flow", {})
+    now = utcnow()
+    for hours in (2, 5, 24):  # a backlog long past the lease grace
+        assert tick(now + timedelta(hours=hours)).redriven == 0
+    assert len(lossy.publisher.chains) == 1 and _history(view.id) == ["accepted"]
+    lossy.run()
+    assert (lossy.get(view.id).state, lossy.get(view.id).failed_count) == ("OK", 0)
