@@ -1,5 +1,6 @@
 """Redis restarted empty under load (Redis + PostgreSQL, real workers on prefork and gevent, a real HTTP
-external system): no worker dies of it, and the chains it lost are carried on in seconds.
+external system): no worker dies of it, and the chains it lost are carried on in seconds; the same for
+the embedded broker emptied (SQLite + its folder).
 
 Issue 33, breaks 8 and 9: a restart killed workers (kombu's channel close restored the unacknowledged
 deliveries through a transport whose connection was already gone: "Unrecoverable error"), and the
@@ -15,6 +16,7 @@ import pytest
 import openhub
 from openhub.testing import ExternalSystem
 from tests.chaos.test_faults import _assert_all_done_once, _hub, _submit
+from tests.support import backends
 from tests.support.pools import POOL_OPTIONS
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker
@@ -97,3 +99,32 @@ def test_chains_lost_with_redis_are_carried_on_within_poll_intervals(pool, tmp_p
         _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
         _assert_no_successful_call_repeated(external)
         assert _published_again(ids), "no chain was lost: the restart missed what this test is about"
+
+
+def test_chains_lost_with_the_embedded_broker_are_carried_on_within_poll_intervals(tmp_path) -> None:  # noqa: ANN001
+    """The embedded default's broker emptied mid-run (its folder's files deleted), the same way."""
+    external = ExternalSystem().start()
+    env = {"OPENHUB_TEST_EXTERNAL_URL": external.url, "OPENHUB_LEASE_GRACE": "600", "OPENHUB_POLL_INTERVAL": str(POLL)}
+    try:
+        with backends.backend("embedded", tmp_path, env) as backend:
+            prefix = "/lost-embedded"
+            external.delay(f"{prefix}/b", 0.2)
+            backend.workers.append(Worker(backend.env, tmp_path / "w", beat=True).start())
+            try:
+                ids = _submit("test.flow", prefix, 20)
+                wait_for(lambda: external.effects(f"{prefix}/b") >= 3, 60, "the run to be under way")
+                folder = tmp_path / "var" / "broker"
+                for path in folder.iterdir():  # every message waiting in it, and the hub's mark
+                    path.unlink(missing_ok=True)
+                emptied = time.monotonic()
+                wait_for(lambda: all(openhub.get_message(i).state == "OK" for i in ids), WITHIN_POLLS * POLL,
+                         "every message, those lost with the broker's files too")
+                print(f"every message OK {time.monotonic() - emptied:.1f} s after the broker was emptied")  # noqa: T201
+                _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
+                _assert_no_successful_call_repeated(external)
+                assert _published_again(ids), "no chain was lost: the emptying missed what this test is about"
+            finally:
+                for w in backend.workers:
+                    w.stop()
+    finally:
+        external.stop()
