@@ -88,16 +88,20 @@ def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None) -> S
 
 
 def _in_broker(row: Any) -> bool:
-    """Whether the message's chain was handed to the broker and not yet taken from it: a NEW or IN_QUEUE
-    message's first task, or the next step's task of one between two steps."""
+    """Whether the message's chain was handed to the broker and not yet taken from it (`leases.in_broker`)."""
     return row.state in (State.NEW, State.IN_QUEUE) or (row.state == State.PROCESSING and row.step_run is None)
 
 
-def _waiting_in_broker(rows: list[Any]) -> set[tuple[int, str]]:
-    """The (message id, fencing token) of the chains whose task waits in the queues of `rows`' routes;
-    empty where the broker cannot tell (those chains are published again, as a lost one is)."""
-    registry = get_registry()
-    routes = {registry.find_route_of(row) for row in rows}
+def _waiting_in_broker(now: datetime, only_ids: list[int] | None) -> set[tuple[int, str]]:
+    """The (message id, fencing token) of the chains whose task waits in the queues of the routes that have
+    a chain in the broker due by `now`; empty where the broker cannot tell (those chains are published
+    again, as a lost one is). Asked before the due rows are locked: a broker slow to answer holds none."""
+    due = select(M.service, M.operation).where(M.due_at <= now, leases.in_broker())
+    if only_ids is not None:
+        due = due.where(M.id.in_(only_ids))
+    names = due.order_by(M.due_at).limit(BATCH).subquery()  # no more than the re-drive takes
+    with transaction() as conn:
+        routes = [get_registry().find_route_of(row) for row in conn.execute(select(names).distinct())]
     queues = {route.step_queue(item) for route in routes if route is not None for item in route.steps}
     if not queues:
         return set()
@@ -120,13 +124,13 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
     follow = FollowUps()
     redriven = repaired = 0
     registry = get_registry()
+    waiting = _waiting_in_broker(now, only_ids)
     with transaction() as conn:
         query = _due_query(now, paused_routes(conn), only_ids)
         if is_postgres(conn):
             query = query.with_for_update(skip_locked=True, key_share=True)
         rows = conn.execute(query).all()
         live = liveness(conn) if any(r.step_run is not None for r in rows) else None
-        waiting = _waiting_in_broker([r for r in rows if _in_broker(r)])
         for row in rows:
             try:
                 route = registry.route_of(row)
