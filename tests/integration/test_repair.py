@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 from datetime import datetime, timedelta
 from typing import Iterator
@@ -39,21 +40,23 @@ def hub(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
 
 
 def _dead_worker_runs(now: datetime, n: int) -> list[int]:
-    """`n` messages mid-step on worker "victim", witnessed dead; their leases run for another hour. The
-    later a message's id, the earlier its run was leased (so lease order is not id order)."""
+    """`n` messages mid-step on worker "victim", witnessed dead; their leases run for another hour. They
+    were leased in an order of their own (neither id order nor the order the rows were written in), and
+    are returned in it, oldest first."""
     rows = [prepare("p.flow", {}, source_system="CONFIRMED", correlation_id=f"dead-{uuid.uuid4().hex}")
             for _ in range(n)]
     with transaction() as conn:
         ids = [i for i in insert_new_many(conn, rows) if i is not None]
+        first, leased = now - timedelta(minutes=20), dict(zip(ids, random.Random(33).sample(range(n), n)))
         conn.execute(update(messages).where(M.id == bindparam("mid")).values(
             state="PROCESSING", step_run=bindparam("run"), worker="victim", due_at=now + timedelta(hours=1),
             updated_at=bindparam("leased")), [
-            {"mid": i, "run": f"1.{uuid.uuid4().hex[:24]}", "leased": now - timedelta(minutes=2, seconds=-k)}
-            for k, i in enumerate(reversed(ids))])
+            {"mid": i, "run": f"1.{uuid.uuid4().hex[:24]}", "leased": first + timedelta(seconds=leased[i])}
+            for i in ids])
     beat("victim", "victim-node", now=now - timedelta(minutes=1))  # silent for a minute...
     beat("witness", "witness-node", broken=True, now=now - timedelta(minutes=2))
     beat("witness", "witness-node", now=now)  # ...while another worker went on beating
-    return ids
+    return sorted(ids, key=leased.__getitem__)
 
 
 def _still_held(ids: list[int]) -> list[int]:
@@ -77,7 +80,7 @@ def test_the_repair_takes_the_oldest_runs_first_and_leaves_the_rest_when_its_tim
     now = utcnow()
     ids = _dead_worker_runs(now, DEAD_RUNS)
     assert repair_lost_runs(now, budget=0)[0] == BATCH  # no time: one page, the runs leased first
-    assert _still_held(ids) == sorted(ids[:DEAD_RUNS - BATCH])
+    assert _still_held(ids) == sorted(ids[BATCH:])
     assert repair_lost_runs(now, budget=0)[0] == DEAD_RUNS - BATCH  # the next tick's
     assert _still_held(ids) == []
 
