@@ -82,18 +82,24 @@ class Channel(redis.Channel):
 
     QoS = QoS
     _shared_client: Any = None
+    _params: dict[bool, dict[str, Any]] | None = None  # `_connparams`, synchronous and not, once opened
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # kombu builds a pool from the transport's client (`_connparams`) whenever it needs one, and the
-        # close of a channel holding deliveries needs one to put them back. When Redis goes away, Celery
-        # collects the consumer's connection (the transport forgets its client) and closes it afterwards: a
-        # channel whose first close was cut short (by the read of its outstanding BRPOP) is closed then, and
-        # the pool it rebuilt raised AttributeError: "Unrecoverable error", the worker exited (issue 33).
-        # Kept from the start, the channel reaches its Redis without the transport's client: the deliveries
-        # go back if Redis is there again, and a Redis still away is a connection error, which Celery
-        # rides out by reconnecting.
-        self._params = self._connparams()
+        self._params = {False: super()._connparams(), True: super()._connparams(asynchronous=True)}
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # kombu reads them from the transport's client whenever it builds a pool, and the close of a
+        # channel holding deliveries builds one to put them back. When Redis goes away, Celery collects
+        # the consumer's connection (the transport forgets its client) and closes it afterwards: a channel
+        # whose first close was cut short (by the read of its outstanding BRPOP) is closed then, and the
+        # pool it built raised AttributeError: "Unrecoverable error", the worker exited (issue 33). Kept
+        # from when the channel opened, they reach its Redis without the transport's client: the
+        # deliveries go back if Redis is there again, and a Redis still away is a connection error,
+        # which Celery rides out by reconnecting.
+        if self._params is None:  # kombu's own __init__ (its first pool, and the ping)
+            return super()._connparams(asynchronous=asynchronous)
+        return self._params[asynchronous]
 
     def restore_orphans(self, dead: Collection[str]) -> int:
         """Put the deliveries held by the `dead` worker processes back on their queues; how many."""
@@ -131,7 +137,7 @@ class Channel(redis.Channel):
     def _get_pool(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the event loop's own connection for receiving (BRPOP): one caller
             return super()._get_pool(asynchronous=True)
-        params = self._params
+        params = self._connparams()
         self.keyprefix_fanout = self.keyprefix_fanout.format(db=params["db"])
         return redis.redis.BlockingConnectionPool(timeout=POOL_WAIT, **params)
 
