@@ -7,7 +7,9 @@ never dispatch one message twice. The query reads only the partial index of non-
 
 A step's lease is judged by the worker holding it (openhub.workers): a dead worker's steps are
 repaired at once, a live worker's lease is extended however slow its step, and a chain no step
-has taken (a broker backlog, a flushed broker) is published again without counting a failure.
+has taken (a broker backlog, a flushed broker) is published again without counting a failure, unless
+the broker shows its task still waiting. A broker that lost its queues is seen by the mark the hub
+keeps in it, and the chains it had are published again at the next tick, not after the lease grace.
 """
 
 from __future__ import annotations
