@@ -10,7 +10,9 @@ Celery is imported lazily so that the routing model and reading messages need no
 
 from __future__ import annotations
 
+import base64
 import importlib
+import json
 import logging
 import os
 import sys
@@ -190,6 +192,24 @@ def step_chain(route: Route, message_id: int, token: str, start: int, settings: 
 # A message's chain as the engine asks for it: route, message id, fencing token, first step, and the
 # message's trace (a W3C traceparent, or None).
 Chain = tuple[Route, int, str, int, str | None]
+LOOK_AT_MOST = 10_000  # tasks read from the broker's queues to tell a chain waiting there from a lost one
+
+
+def chains_in(message: dict[str, Any]) -> list[tuple[int, str]]:
+    """The (message id, fencing token) pairs a task message, as a kombu virtual transport keeps it in its
+    queue, carries: one for a step task, each of a batch task's; none for any other task."""
+    name = message.get("headers", {}).get("task") or ""
+    if not name.startswith("openhub.") or name.count(".") < 3:  # openhub.<service>.<operation>.<step>
+        return []
+    try:
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        pairs = args[0] if isinstance(args[0], list) else [args]  # a batch task's: (pairs, first step)
+        return [(int(message_id), str(token)) for message_id, token in pairs]
+    except (KeyError, IndexError, TypeError, ValueError):  # not a task of this hub's making: not a chain
+        return []
 
 
 class Publisher(Protocol):
@@ -211,6 +231,20 @@ class Publisher(Protocol):
 
     def restore_orphans(self, dead: Collection[str]) -> int:
         """Hand the deliveries that the dead worker processes held back to their queues; how many."""
+        ...  # pragma: no cover
+
+    def broker_marked(self) -> bool | None:
+        """Whether the mark the hub keeps in the broker is there; None where it keeps none. Gone, the
+        broker lost the tasks it held since the mark was put (restarted empty, flushed), or is new."""
+        ...  # pragma: no cover
+
+    def mark_broker(self) -> None:
+        """Put the mark in the broker (again)."""
+        ...  # pragma: no cover
+
+    def waiting_chains(self, queues: Collection[str | None]) -> set[tuple[int, str]] | None:
+        """The (message id, fencing token) of every chain whose task waits in `queues` (None: the default
+        queue), not yet taken by a worker; None where the broker cannot tell."""
         ...  # pragma: no cover
 
     def ping_workers(self, timeout: float) -> list[str] | None:
@@ -279,6 +313,30 @@ class CeleryPublisher:
         with celery_app().connection_for_write() as conn:
             restore = getattr(conn.default_channel, "restore_orphans", None)
             return int(restore(dead)) if restore is not None else 0
+
+    def broker_marked(self) -> bool | None:
+        """The Redis broker (openhub.redisbroker) and the embedded one (openhub.fsbroker) keep the mark;
+        elsewhere None."""
+        with celery_app().connection_for_write() as conn:
+            has_mark = getattr(conn.default_channel, "has_mark", None)
+            return bool(has_mark()) if has_mark is not None else None
+
+    def mark_broker(self) -> None:
+        """Where the broker keeps a mark."""
+        with celery_app().connection_for_write() as conn:
+            put_mark = getattr(conn.default_channel, "put_mark", None)
+            if put_mark is not None:
+                put_mark()
+
+    def waiting_chains(self, queues: Collection[str | None]) -> set[tuple[int, str]] | None:
+        """The Redis and the embedded broker show their queues, up to LOOK_AT_MOST tasks (more: None);
+        other brokers cannot be read without taking the tasks (None)."""
+        app = celery_app()
+        names = {queue or app.conf.task_default_queue for queue in queues}
+        with app.connection_for_write() as conn:
+            read = getattr(conn.default_channel, "waiting_messages", None)
+            waiting = read(names, LOOK_AT_MOST) if read is not None else None
+        return None if waiting is None else {chain for message in waiting for chain in chains_in(message)}
 
     def ping_workers(self, timeout: float) -> list[str] | None:
         """None also when the broker is down, or a transport without broadcast such as the embedded

@@ -14,7 +14,7 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, bindparam, delete, literal, or_, select, true, update
+from sqlalchemy import Connection, ColumnElement, Row, and_, bindparam, delete, literal, or_, select, true, update
 from sqlalchemy.dialects import postgresql
 
 from .config import get_settings
@@ -292,8 +292,22 @@ def orphan_chains_due(conn: Connection, dead: set[str], now: datetime) -> None:
         M.state.in_((State.PROCESSING.value, State.IN_QUEUE.value))).values(worker=None, due_at=now))
 
 
+def in_broker() -> ColumnElement[bool]:
+    """The messages whose chain was handed to the broker and not yet taken from it: a NEW or IN_QUEUE
+    message's first task, or the next step's task of one between two steps."""
+    return or_(M.state.in_((State.NEW.value, State.IN_QUEUE.value)),
+               and_(M.state == State.PROCESSING.value, M.step_run.is_(None)))
+
+
+def chains_in_broker_due(conn: Connection, at: datetime) -> int:
+    """The broker lost what it held: every chain that was in it (`in_broker`) is due at `at`, not after the
+    lease grace (sooner ones keep their time); how many."""
+    return conn.execute(update(messages).where(M.due_at > at, in_broker()).values(due_at=at)).rowcount
+
+
 def extend(conn: Connection, message_id: int, now: datetime) -> None:
-    """A slow step whose worker's heartbeat still lists its run: its lease is extended."""
+    """A slow step whose worker's heartbeat still lists its run, or a chain whose task still waits in the
+    broker's queue: its lease (or hand-over) is extended."""
     update_message(conn, message_id, due_at=handover_due(now, get_settings()))
 
 

@@ -7,7 +7,9 @@ never dispatch one message twice. The query reads only the partial index of non-
 
 A step's lease is judged by the worker holding it (openhub.workers): a dead worker's steps are
 repaired at once, a live worker's lease is extended however slow its step, and a chain no step
-has taken (a broker backlog, a flushed broker) is published again without counting a failure.
+has taken (a broker backlog, a flushed broker) is published again without counting a failure, unless
+the broker shows its task still waiting. A broker that lost its queues is seen by the mark the hub
+keeps in it, and the chains it had are published again at the next tick, not after the lease grace.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
 from .config import get_settings
 from .confirm import send_confirmations
 from .db import is_postgres, store_now, transaction
-from .leases import orphan_chains_due, release_run
+from .hub import current
+from .leases import chains_in_broker_due, orphan_chains_due, release_run
 from .lifecycle import FollowUps, Tx, apply_event, run_lost
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
@@ -35,6 +38,7 @@ from .workers import liveness
 
 log = logging.getLogger("openhub.poller")
 M = messages.c
+Mark = tuple[datetime, int]  # a run's lease time and message id: where a page of the lost-run repair starts
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = No
     `confirm_deadline`: how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (openhub.confirm)."""
     started = time.perf_counter()
     now = now or store_now()
-    lost, dead = repair_lost_runs(now)
+    lost, dead = repair_lost_runs(now, budget=get_settings().poll_interval.total_seconds())  # as the sends below
+    look_for_chains_lost_with_broker(now)
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
@@ -64,19 +69,37 @@ def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = No
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
 
 
-def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
+def repair_lost_runs(now: datetime, budget: float | None = None) -> tuple[int, set[str]]:
     """Fail over at once the step runs that ended without recording an outcome: their worker died, or
     its live process no longer lists them (the task crashed). Re-driven now, no failure counted (the hub's
     fault, not the message's: `lifecycle.run_lost`): the retry interval is for a failing external system,
     and a lost run says nothing about it.
 
-    Only rows with a run in flight are read (a small partial index). Returns how many were repaired,
-    and the worker processes witnessed dead.
+    Only rows with a run in flight are read (a small partial index), every one of them: oldest lease
+    first, BATCH rows a transaction, until none is left or `budget` seconds are spent (at least one
+    page; the rest are the next tick's). Returns how many were repaired, and the worker processes
+    witnessed dead.
     """
+    started = time.monotonic()
+    repaired, dead = 0, set()
+    after: Mark | None = None
+    while True:
+        lost, witnessed, after = _repair_page(now, after)
+        repaired, dead = repaired + lost, dead | witnessed
+        if after is None or (budget is not None and time.monotonic() - started >= budget):
+            return repaired, dead
+
+
+def _repair_page(now: datetime, after: Mark | None) -> tuple[int, set[str], Mark | None]:
+    """One page of `repair_lost_runs`: the runs leased after `after`, oldest first. How many were repaired,
+    the processes witnessed dead, and where the next page starts (None: this was the last)."""
     follow = FollowUps()
     lost = []
     with transaction() as conn:
-        query = select(messages).where(M.worker.is_not(None), M.step_run.is_not(None)).limit(BATCH)
+        query = select(messages).where(M.worker.is_not(None), M.step_run.is_not(None))
+        if after is not None:
+            query = query.where(or_(M.updated_at > after[0], and_(M.updated_at == after[0], M.id > after[1])))
+        query = query.order_by(M.updated_at, M.id).limit(BATCH)
         if is_postgres(conn):
             query = query.with_for_update(skip_locked=True, key_share=True)
         rows = conn.execute(query).all()
@@ -101,7 +124,30 @@ def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:
         if lost and get_settings().system_limits:  # the calls in flight they held are over too
             release_runs(conn, lost)
     carry_out(follow, now)
-    return len(lost), live.dead
+    return len(lost), live.dead, (rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None
+
+
+def look_for_chains_lost_with_broker(now: datetime) -> int:
+    """When the broker lost the tasks it held (restarted empty, flushed: the mark the hub keeps in it is
+    gone), every chain the store says is in it is due one poll interval from now instead of after
+    OPENHUB_LEASE_GRACE. The re-drive then publishes again those whose task is in none of its queues and
+    leaves those whose task is (openhub.redrive): a chain whose step committed just before this look has
+    had its task published by then, and is not published twice. The mark is put back once that is
+    written, so a store away now leaves it to the next tick. How many were made due."""
+    publisher = current().publisher
+    try:
+        if publisher.broker_marked() is not False:
+            return 0
+    except Exception as exc:  # noqa: BLE001 - the broker is away: the next tick looks again
+        log.info("could not look at the broker's mark: %s", exc)
+        return 0
+    with transaction() as conn:
+        due = chains_in_broker_due(conn, now + get_settings().poll_interval)
+    publisher.mark_broker()
+    log.log(logging.WARNING if due else logging.INFO,
+            "the broker's mark was gone (restarted empty, flushed, or new): %d chain(s) the store says it held "
+            "are looked for in its queues at the next tick, and published again where they are not", due)
+    return due
 
 
 def expire_guaranteed_order(now: datetime) -> int:

@@ -25,20 +25,32 @@ together: the consumer took the error for a lost broker, reconnected and put all
 unacknowledged deliveries back (421 at once at `-P gevent -c 500` in bench/peers.py, and a
 message whose next step was lost on the way waited for the lease grace). Here a caller waits for a
 free connection instead (`BlockingConnectionPool`).
+
+The hub keeps a mark in Redis (`put_mark`), a key that goes when the queues go (a restart without
+persistence, FLUSHALL, a failover to an empty replica) and stays when they stay; the poller looks at
+it every tick and, when it is gone, looks in the queues (`waiting_messages`) for the chains the store
+says are in them, to publish again at once those that are not (openhub.poller). Keep Redis's
+`maxmemory-policy` at `noeviction` (Celery asks the same): an evicted mark only costs a look.
+
+A channel keeps its own copy of where its Redis is, taken when it opens: kombu reads it from the
+transport's client, which Celery drops before the last close of a channel when Redis restarts, and
+that close (putting back the deliveries the channel held) killed the worker (issue 33).
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import Any, Collection
 
 from kombu.transport import redis, virtual
-from kombu.utils.json import dumps
+from kombu.utils.json import dumps, loads
 
 from .workers import current_id
 
 TRANSPORT = f"{__name__}:Transport"
 POOL_WAIT = 60  # seconds a caller waits for one of the channel's connections before it fails
+MARK = "openhub.mark"  # a key the hub keeps in the broker: gone, the broker lost its queues (openhub.poller)
 
 
 class QoS(redis.QoS):
@@ -65,10 +77,29 @@ class QoS(redis.QoS):
 
 
 class Channel(redis.Channel):
-    """Redis channel that reuses its synchronous client and knows who holds each delivery."""
+    """Redis channel that reuses its synchronous client, knows who holds each delivery, and keeps where
+    its Redis is."""
 
     QoS = QoS
     _shared_client: Any = None
+    _params: dict[bool, dict[str, Any]] | None = None  # `_connparams`, synchronous and not, once opened
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._params = {False: super()._connparams(), True: super()._connparams(asynchronous=True)}
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # kombu reads them from the transport's client whenever it builds a pool, and the close of a
+        # channel holding deliveries builds one to put them back. When Redis goes away, Celery collects
+        # the consumer's connection (the transport forgets its client) and closes it afterwards: a channel
+        # whose first close was cut short (by the read of its outstanding BRPOP) is closed then, and the
+        # pool it built raised AttributeError: "Unrecoverable error", the worker exited (issue 33). Kept
+        # from when the channel opened, they reach its Redis without the transport's client: the
+        # deliveries go back if Redis is there again, and a Redis still away is a connection error,
+        # which Celery rides out by reconnecting.
+        if self._params is None:  # kombu's own __init__ (its first pool, and the ping)
+            return super()._connparams(asynchronous=asynchronous)
+        return self._params[asynchronous]
 
     def restore_orphans(self, dead: Collection[str]) -> int:
         """Put the deliveries held by the `dead` worker processes back on their queues; how many."""
@@ -80,6 +111,28 @@ class Channel(redis.Channel):
         for tag in tags:
             qos.restore_by_tag(tag.decode(), self.client)
         return len(tags)
+
+    def has_mark(self) -> bool:
+        """Whether the mark the hub keeps in this Redis is there (gone with the queues: a restart without
+        the data, a flush)."""
+        return bool(self.client.exists(MARK))
+
+    def put_mark(self) -> None:
+        """Put the hub's mark (when it was put, for people looking)."""
+        self.client.set(MARK, datetime.now(timezone.utc).isoformat())
+
+    def waiting_messages(self, queues: Collection[str], most: int) -> list[dict[str, Any]] | None:
+        """The task messages waiting in `queues` (at every priority), not those workers took; None when
+        there are more than `most`."""
+        keys = [self._q_for_pri(queue, priority) for queue in queues for priority in self.priority_steps]
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.llen(key)
+            if sum(pipe.execute()) > most:
+                return None
+            for key in keys:
+                pipe.lrange(key, 0, most)
+            return [loads(raw) for entries in pipe.execute() for raw in entries]
 
     def _get_pool(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the event loop's own connection for receiving (BRPOP): one caller

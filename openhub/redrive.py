@@ -87,17 +87,44 @@ def _due_query(now: datetime, paused: set[str], only_ids: list[int] | None) -> S
     return query.order_by(M.due_at).limit(BATCH)
 
 
+def _in_broker(row: Any) -> bool:
+    """Whether the message's chain was handed to the broker and not yet taken from it (`leases.in_broker`)."""
+    return row.state in (State.NEW, State.IN_QUEUE) or (row.state == State.PROCESSING and row.step_run is None)
+
+
+def _waiting_in_broker(now: datetime, only_ids: list[int] | None) -> set[tuple[int, str]]:
+    """The (message id, fencing token) of the chains whose task waits in the queues of the routes that have
+    a chain in the broker due by `now`; empty where the broker cannot tell (those chains are published
+    again, as a lost one is). Asked before the due rows are locked: a broker slow to answer holds none."""
+    due = select(M.service, M.operation).where(M.due_at <= now, leases.in_broker())
+    if only_ids is not None:
+        due = due.where(M.id.in_(only_ids))
+    names = due.order_by(M.due_at).limit(BATCH).subquery()  # no more than the re-drive takes
+    with transaction() as conn:
+        routes = [get_registry().find_route_of(row) for row in conn.execute(select(names).distinct())]
+    queues = {route.step_queue(item) for route in routes if route is not None for item in route.steps}
+    if not queues:
+        return set()
+    try:
+        return current().publisher.waiting_chains(queues) or set()
+    except Exception as exc:  # noqa: BLE001 - the broker is away: a chain not seen in it is published again
+        log.warning("could not look for waiting chains in the broker: %s", exc)
+        return set()
+
+
 def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tuple[int, int]:
     """Publish new chains for due messages and fail over those whose lease expired.
 
     Returns (re-driven, repaired): PARTLY_FAILED/POSTPONED/unpublished NEW messages get a new
     chain, and so do IN_QUEUE messages and chains between steps that no task took in time (no
-    failure counted); a step whose lease ran out is extended while its worker lives and is re-driven
+    failure counted), unless the broker shows their task still waiting in its queue (a backlog: their
+    time is extended); a step whose lease ran out is extended while its worker lives and is re-driven
     otherwise (a run lost, no failure counted); WAITING_FOR_RES messages past their timeout count a failure.
     """
     follow = FollowUps()
     redriven = repaired = 0
     registry = get_registry()
+    waiting = _waiting_in_broker(now, only_ids)
     with transaction() as conn:
         query = _due_query(now, paused_routes(conn), only_ids)
         if is_postgres(conn):
@@ -114,6 +141,9 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
                 continue
             if row.state not in POLLED:  # nothing to do for it at any time
                 update_message(conn, row.id, due_at=None)
+                continue
+            if _in_broker(row) and (row.id, row.attempt_id) in waiting:  # behind a backlog, not lost
+                leases.extend(conn, row.id, now)
                 continue
             if row.state in (State.NEW, State.PARTLY_FAILED, State.POSTPONED):
                 redispatch(conn, row, Event.REDRIVEN, now, follow)

@@ -216,10 +216,12 @@ class ExternalSystem:
 class LocalPublisher:
     """The publisher of `LocalHub`'s hub: published chains wait in `chains`, in
     the order they were published, for `LocalHub.run`; there is no confirmation task (the caller sends
-    confirmations at once), no broker to restore deliveries to and no worker to ping."""
+    confirmations at once), no broker to restore deliveries to and no worker to ping. `LocalHub.lose_broker`
+    empties it as a broker restarted empty would be."""
 
     def __init__(self) -> None:
         self.chains: deque[Chain] = deque()
+        self.emptied = False  # lost its chains, and the poller has not seen it yet
 
     def publish_many(self, chains: Sequence[Chain]) -> set[int]:
         self.chains.extend(chains)
@@ -230,6 +232,15 @@ class LocalPublisher:
 
     def restore_orphans(self, dead: Collection[str]) -> int:
         return 0
+
+    def broker_marked(self) -> bool | None:
+        return not self.emptied
+
+    def mark_broker(self) -> None:
+        self.emptied = False
+
+    def waiting_chains(self, queues: Collection[str | None]) -> set[tuple[int, str]] | None:
+        return {(message_id, token) for _route, message_id, token, _start, _trace in self.chains}
 
     def ping_workers(self, timeout: float) -> list[str] | None:
         return None
@@ -348,6 +359,11 @@ class LocalHub:
                     break
             done += 1
         return done
+
+    def lose_broker(self) -> None:
+        """The broker restarts empty (or is flushed): every chain published and not yet run is lost."""
+        self.publisher.chains.clear()
+        self.publisher.emptied = True
 
     def _crashed(self) -> None:
         """A run crashed mid-step (a BaseException out of it, Ctrl-C): this process's heartbeat says so, as

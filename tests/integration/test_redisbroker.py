@@ -181,3 +181,27 @@ def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_pa
     assert message is not None, "the end marker never came"
     assert client.llen("openhub") == 20
     assert len(heard) == (20 if asked else 0), heard[:3]
+
+
+@pytest.mark.parametrize("back", [True, False], ids=["redis-back", "redis-still-away"])
+def test_a_channel_closed_after_its_connection_was_collected_does_not_raise(server, back) -> None:  # noqa: ANN001
+    """Issue 33, break 8: when Redis goes away, Celery collects the consumer's connection (the transport
+    forgets its client) and closes it afterwards; a channel whose first close was cut short (by the read of
+    its outstanding BRPOP) is closed then, and putting back the deliveries it holds rebuilt its pool from the
+    forgotten client: AttributeError, "Unrecoverable error", the worker exits. Now the channel keeps where its
+    Redis is: the deliveries go back when Redis is there, and a Redis still away is a connection error."""
+    with Connection(server.url, transport=TRANSPORT) as conn:
+        queue = conn.SimpleQueue("openhub-collected")
+        queue.put({"n": 1})
+        queue.get(timeout=5)  # held, not acknowledged, when the broker goes
+        channel = conn.default_channel
+        channel._disconnect_pools()  # the connections it had are gone with the server
+        if not back:
+            server.stop()
+        conn.transport.client = None  # what kombu's Connection.collect does to the transport
+        if back:
+            channel.close()
+            assert server.client().llen("openhub-collected") == 1  # handed back to its queue
+        else:
+            with pytest.raises(conn.connection_errors):
+                channel.close()

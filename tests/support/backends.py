@@ -57,20 +57,34 @@ class RedisServer:
     port: int
     process: subprocess.Popen
     workdir: Path
+    also_on: str | None = None
 
     @classmethod
     def start(cls, workdir: Path, port: int | None = None, also_on: str | None = None) -> "RedisServer":
         """Start it and wait until it answers PING; `also_on`: an address of a link the test made
         (tests/support/hosts.py), listened on too."""
         port = port or free_port()
-        workdir.mkdir(parents=True, exist_ok=True)
-        bind = ["--bind", "127.0.0.1", also_on, "--protected-mode", "no"] if also_on else ["--bind", "127.0.0.1"]
-        proc = subprocess.Popen(["redis-server", "--port", str(port), *bind, "--save", "",
-                                 "--appendonly", "no", "--dir", str(workdir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        server = cls(port, proc, workdir)
+        server = cls(port, cls._launch(workdir, port, also_on), workdir, also_on)
         server.wait_ready()
         return server
+
+    @staticmethod
+    def _launch(workdir: Path, port: int, also_on: str | None) -> subprocess.Popen:
+        # Nothing is saved: a server started again on the same port starts empty, as a restarted
+        # Redis without persistence (or one that lost its disk) does.
+        workdir.mkdir(parents=True, exist_ok=True)
+        bind = ["--bind", "127.0.0.1", also_on, "--protected-mode", "no"] if also_on else ["--bind", "127.0.0.1"]
+        return subprocess.Popen(["redis-server", "--port", str(port), *bind, "--save", "",
+                                 "--appendonly", "no", "--dir", str(workdir)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def restart(self, down: float = 0.0) -> None:
+        """Stop it and start it again on the same port `down` seconds later, empty: every client is cut,
+        every queue lost."""
+        self.stop()
+        time.sleep(down)  # how long the broker stays away is the fault being injected
+        self.process = self._launch(self.workdir, self.port, self.also_on)
+        self.wait_ready()
 
     @property
     def url(self) -> str:
