@@ -118,7 +118,8 @@ def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str]
         monkeypatch.setattr(workers, "beat", unreachable)  # the heartbeat stops while the first call is made
         wait_for(lambda: workers.fenced(float("inf")), timeout=10, what="the heartbeat to fall behind")
 
-    with routes.local_hub(OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_MAX_FAILS="0", OPENHUB_LEASE_GRACE="30",
+    # A fence of 1.5 s: a loaded machine delays a heartbeat thread by tenths of a second, not by that much.
+    with routes.local_hub(OPENHUB_WORKER_DEAD_AFTER="2", OPENHUB_MAX_FAILS="0", OPENHUB_LEASE_GRACE="30",
                           **local_store_env) as hub:
         workers.start_heartbeat()
         try:
