@@ -144,6 +144,9 @@ class Settings:
     # A worker process whose heartbeat is older than this (while others' go on) is dead: its steps are
     # repaired at once instead of at the end of their lease. It heartbeats every fifth of it.
     worker_dead_after: timedelta = timedelta(seconds=15)
+    # Runs of a message's step lost in a row (their worker died with them) before it is FAILED: a step
+    # that takes its worker down every time (a poison message) must not loop for ever; losses are not failures.
+    max_lost_runs: int = 5
     max_clock_skew: timedelta = timedelta(seconds=300)
     # HOST:PORT of a worker's own /metrics (tasks/store_gate.py; ":9808" on every address); empty: not served
     worker_metrics: str = ""
@@ -205,6 +208,7 @@ class Settings:
             throttling=_env(env, "OPENHUB_THROTTLING", ""),
             redis_url=env.get("OPENHUB_REDIS_URL") or (broker if broker.startswith("redis") else None),
             worker_dead_after=_seconds(env, "OPENHUB_WORKER_DEAD_AFTER", 15),
+            max_lost_runs=_int(env, "OPENHUB_MAX_LOST_RUNS", 5),
             max_clock_skew=_seconds(env, "OPENHUB_MAX_CLOCK_SKEW", 300),
             worker_metrics=_env(env, "OPENHUB_WORKER_METRICS", ""),
             max_nesting=_int(env, "OPENHUB_MAX_NESTING", 64),

@@ -37,7 +37,7 @@ from sqlalchemy import Connection, and_, insert, or_, select, update
 
 from .config import get_settings
 from .context import Outcome, error_line
-from .db import store_clock, transaction, utcnow
+from .db import store_clock, store_now, transaction
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .redact import redact_text
 from .policy import confirmation_lease, confirmation_renewal, confirmation_retry, outage_pause
@@ -67,7 +67,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     due for the next call, so a few slow receivers cannot stretch one poller tick without end.
     `deadline`: how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (None: it cannot).
     """
-    now = now or utcnow()
+    now = now or store_now()
     settings = get_settings()
     # A confirmer may take as long as a step, a webhook up to its deadline: a shorter lease would let
     # another sender call it again while the first still sends.
@@ -193,7 +193,7 @@ def _send_one(confirmation_id: int, sending: _Sending, deadline: TimeLimit | Non
                     log.warning("%s of message %s failed: %s", hook or f"confirmation to {view.source_system}",
                                 view.id, error_line(error))
                     failed(span, error_line(error))
-    now = utcnow()
+    now = store_now()
     attempts = row.attempts + 1
     retry = None if error is None else confirmation_retry(attempts, now, settings)
     if error is None:
@@ -269,7 +269,7 @@ def resend_parked(source_system: str | None = None) -> list[int]:
 
 
 def _unpark(conn: Connection, where: Any) -> list[int]:
-    now = utcnow()
+    now = store_now()
     return list(conn.execute(update(confirmations).where(and_(where, C.state == CS.FAILED_END))
                              .values(state=CS.PENDING, attempts=0, due_at=now, claim=None, updated_at=now)
                              .returning(C.id)).scalars())

@@ -11,12 +11,13 @@ each other as greenlets, never inside SQLite's busy wait or SQLAlchemy's pool ti
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, func
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -40,8 +41,58 @@ PG_POOL_TIMEOUT = 30.0
 
 
 def utcnow() -> datetime:
-    """The current time as naive UTC, the store's convention."""
+    """This host's wall clock as naive UTC, the store's convention (`store_now` is the hub's time)."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+# --- the hub's clock -----------------------------------------------------------------------------------
+#
+# Every time the hub stores and later compares (due times, leases, blocked_since, expires_at, rate buckets,
+# slots, breakers, confirmations, history) is `store_now()`: on PostgreSQL the database server's clock, the
+# one clock every host shares (issue 33); on SQLite (embedded: one host) this host's. The database's clock
+# is read without a round trip of its own: each process reads it now and then at the start of a
+# transaction it opens anyway (`transaction`), and counts on from that reading with this host's boot clock,
+# which a wall clock set wrong, stepped or skewed does not move. A reading is good to the statement's round
+# trip (milliseconds); the boot clock drifts from the server's by parts per million between two readings.
+CLOCK_READ_EVERY = 10.0  # seconds after which a process reads the database's clock again
+CLOCK_READ_SLOW = 0.5  # seconds: a reading whose round trip took longer is kept only if there is no other
+_DATABASE_CLOCK = select(func.timezone("UTC", func.clock_timestamp()))
+_readings: dict[str, tuple[float, datetime]] = {}  # database URL -> (boot clock, its clock) at one moment
+
+
+def _boot_clock() -> float:
+    """Seconds on this host's monotonic clock, counting a suspended machine's sleep where Linux can."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
+def store_now(url: str | None = None) -> datetime:
+    """The hub's time, naive UTC: the database server's clock on PostgreSQL, this host's on SQLite.
+
+    No round trip but a process's first (`transaction` reads the database's clock on its way in)."""
+    url = url or get_settings().database_url
+    if url.startswith("sqlite"):
+        return utcnow()
+    reading = _readings.get(url)
+    if reading is None:
+        with transaction(url):  # outside a transaction: inside one, its start read the clock
+            pass
+        reading = _readings[url]
+    at, clock = reading
+    return clock + timedelta(seconds=_boot_clock() - at)
+
+
+def _read_database_clock(conn: Connection, url: str) -> None:
+    """Read the database server's clock, as of this host's boot clock, on the transaction's way in."""
+    before = _boot_clock()
+    clock = conn.execute(_DATABASE_CLOCK).scalar_one()
+    after = _boot_clock()
+    if after - before <= CLOCK_READ_SLOW or url not in _readings:
+        _readings[url] = ((before + after) / 2, clock)
+
+
+def _clock_stale(url: str) -> bool:
+    reading = _readings.get(url)
+    return reading is None or _boot_clock() - reading[0] > CLOCK_READ_EVERY
 
 
 def _sqlite_engine(url: str) -> Engine:
@@ -132,6 +183,8 @@ def transaction(url: str | None = None, *, first: bool = False) -> Iterator[Conn
         gate = store_gate(url, SQLITE_GATE if url.startswith("sqlite") else PG_POOL_SIZE + PG_MAX_OVERFLOW, first) \
             if green() else nullcontext()
         with gate, get_engine(url).begin() as conn:
+            if not url.startswith("sqlite") and _clock_stale(url):
+                _read_database_clock(conn, url)
             yield conn
     except DBAPIError as exc:
         if is_outage(exc):

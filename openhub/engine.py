@@ -31,7 +31,7 @@ from .hub import Hub, current
 from .breaker import counts_against_system
 from .lifecycle import FollowUps, Tx, apply_event, redispatch, resume_split
 from .model import Split
-from .policy import outage_pause, retry_policy, step_timeout, verdict_due
+from .policy import outage_pause, postpone_until, retry_policy, step_timeout, verdict_due
 from .redrive import carry_out
 from .runs import Entered, StepRun, TimeLimit
 from .split import prepare_children, write_children
@@ -115,12 +115,40 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
 
 def left_to_repair(run: StepRun, entered: Entered) -> bool:
     """Whether the entered step must not run: this process may have been judged dead since its lease was
-    taken (openhub.workers.fenced), and the run is the repair's, not carried on."""
+    taken (openhub.workers.fenced). The run is not carried on: its lease is let go (`drop_fenced`), or,
+    where the store cannot be reached, left to the repair."""
     if not fenced(entered.started):
         return False
     log.warning("message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
-                "unreachable); the run is left to the repair", run.message_id, run.item.key)
+                "unreachable); its lease is let go", run.message_id, run.item.key)
+    drop_fenced(run, entered)
     return True
+
+
+def drop_fenced(run: StepRun, entered: Entered) -> None:
+    """Let go of the lease of a run the fence stopped before its call, where it is still this run's (a
+    compare-and-set: no repair took it meanwhile). Nothing is counted, neither a failure nor a lost run:
+    it is the hub's own fault, and no call was made. The poller re-drives the message after
+    OPENHUB_POSTPONE_INTERVAL, as a postponed one (at once, this process might take it back while still
+    fenced). Where the store cannot be reached, the lease repair lets it go instead, as a run lost."""
+    follow = FollowUps()
+    try:
+        with transaction() as conn:
+            tx = Tx(conn, run.clock(), follow)
+            row = lock_message(conn, run.message_id)
+            if row is None or (row.attempt_id, row.step_run, row.state) != (run.token, entered.run_id,
+                                                                           State.PROCESSING.value):
+                return
+            apply_event(tx, row, Event.LEASE_DROPPED, run.route, run.item, **leases.dropped(),
+                        due_at=postpone_until(tx.now, run.hub.settings),
+                        detail=f"FENCED: step {run.item.key} not called: this process's heartbeat fell behind "
+                               "(stalled, or the store unreachable)")
+            admission.call_ended(conn, run.item, entered.run_id, None, tx.now)
+    except Exception as exc:  # noqa: BLE001 - the store away: the lease repair lets it go
+        log.warning("message %s: could not let go of step %s's lease (%s); the lease repair does", run.message_id,
+                    run.item.key, exc)
+        return
+    carry_out(follow, run.clock())
 
 
 def new_run(runs: ExitStack) -> str:

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, delete, insert, select
 
 from .config import get_settings
 from .context import aware
-from .db import transaction, utcnow
+from .db import store_now, transaction
 from .redact import redact_body, redact_headers, redact_text, redact_url
 from .schema import http_exchanges
 
@@ -95,6 +95,6 @@ def message_exchanges(conn: Connection, message_id: int) -> list[dict[str, Any]]
 def prune_exchanges(now: datetime | None = None, days: int | None = None) -> int:
     """Delete exchanges older than `days` (default OPENHUB_HTTP_RECORD_DAYS); returns how many went."""
     days = get_settings().http_record_days if days is None else days
-    cutoff = (now or utcnow()) - timedelta(days=days)
+    cutoff = (now or store_now()) - timedelta(days=days)
     with transaction() as conn:
         return conn.execute(delete(http_exchanges).where(http_exchanges.c.at < cutoff)).rowcount or 0

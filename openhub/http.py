@@ -39,7 +39,7 @@ from typing import Any, Literal
 import httpx
 
 from .context import StepContext
-from .db import utcnow
+from .db import store_now
 from .errors import ConfigurationError, Postpone, Reject, TransientError
 from .failures import RETRYABLE_4XX, error_code
 from .exchanges import Exchange, record_exchange
@@ -154,7 +154,7 @@ class HttpCall:
         kwargs.setdefault("timeout", self.timeout)
         client = pooled_client()
         req = client.build_request(method, url, headers=headers, **kwargs)
-        at, started = utcnow(), time.perf_counter()
+        at, started = store_now(), time.perf_counter()
         try:
             response = client.send(req)
             response.read()

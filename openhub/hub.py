@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .config import Settings, get_settings, serve_settings
-from .db import utcnow
+from .db import store_now
 from .dispatch import CeleryPublisher, Publisher
 from .registry import Registry, build_registry, get_registry, serve_registry
 
@@ -27,7 +27,7 @@ class Hub:
     settings: Settings
     registry: Registry
     publisher: Publisher
-    clock: Callable[[], datetime] = field(default=utcnow)
+    clock: Callable[[], datetime] = field(default=store_now)  # the database's on PostgreSQL (openhub.db)
 
     @classmethod
     def build(cls, settings: Settings, publisher: Publisher | None = None) -> Hub:

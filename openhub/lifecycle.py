@@ -28,7 +28,7 @@ from .registry import get_registry
 from .schema import messages
 from .split import children_counts, current_children, split_of
 from .states import FINAL, Action, Event, State, transition
-from .store import lock_message, pause_route, set_state, update_message
+from .store import lock_message, pause_route, runs_lost_in_a_row, set_state, update_message
 
 log = logging.getLogger("openhub.lifecycle")
 M = messages.c
@@ -65,15 +65,19 @@ class Tx:
 
 
 def apply_event(tx: Tx, row: Any, event: Event, route: Route | None, item: RouteStep | None = None,
-                detail: str | None = None, *, keep_run: bool = False, settle: bool = True, **values: Any) -> State:
+                detail: str | None = None, *, keep_run: bool = False, settle: bool = True, lost_runs: int = 0,
+                **values: Any) -> State:
     """Write the transition of `event` with the state table's verdict and carry out its actions:
     those of this transaction here, the rest noted in `tx.follow`. Returns the new state.
 
     `keep_run`: a final state leaves the message's step run in place (a cancelled step still calling
     out keeps its lease until it ends). `settle=False`: the caller settles the split parent itself.
+    `lost_runs`: see `states.transition`.
     """
-    policy = retry_policy(route, item, get_settings())
-    result = transition(row.state, event, row.failed_count, policy.max_fails)
+    settings = get_settings()
+    policy = retry_policy(route, item, settings)
+    result = transition(row.state, event, row.failed_count, policy.max_fails, lost_runs=lost_runs,
+                        max_lost_runs=settings.max_lost_runs)
     values.setdefault("failed_count", result.failed_count)
     if Action.SCHEDULE_RETRY in result.actions and "due_at" not in values:
         values["due_at"] = retry_due(policy, result.failed_count, tx.now)
@@ -99,6 +103,20 @@ def apply_event(tx: Tx, row: Any, event: Event, route: Route | None, item: Route
     if Action.NOTIFY_PARENT in result.actions and row.parent_id is not None and settle:
         settle_parent(tx.conn, row.parent_id, tx.now, tx.follow)
     return result.state
+
+
+def run_lost(tx: Tx, row: Any, route: Route, reason: str) -> None:
+    """A step's run ended without an outcome (its worker died, or its task crashed): the message is tried
+    again now, no failure counted (the hub's fault, not the message's), noted WORKER_LOST. Unless its
+    step's runs were lost this way more than OPENHUB_MAX_LOST_RUNS times in a row: a step that takes its
+    worker down each time ends FAILED instead of looping."""
+    lost = runs_lost_in_a_row(tx.conn, row.id) + 1
+    limit = get_settings().max_lost_runs
+    if lost > limit:
+        reason = (f"{reason}; its step's runs were lost {lost} times in a row (OPENHUB_MAX_LOST_RUNS={limit}): "
+                  "a step that takes its worker down with it?")
+    apply_event(tx, row, Event.LEASE_EXPIRED, route, detail=reason, lost_runs=lost, **dropped(), due_at=tx.now,
+                failed_error=reason, error_code="WORKER_LOST")
 
 
 def redispatch(conn: Connection, row: Any, event: Event, now: datetime, follow: FollowUps, start: int = 0,

@@ -10,7 +10,7 @@ from sqlalchemy import and_, delete, func, not_, select, update
 
 from . import leases, waits
 from .context import MessageView
-from .db import transaction, utcnow
+from .db import store_now, transaction
 from .errors import InputError, NotFound, StateConflict
 from .lifecycle import FollowUps, Tx, apply_event, cancel_family, redispatch
 from .model import Route
@@ -41,7 +41,7 @@ def restart(message_id: int, total: bool = False) -> MessageView:
     follow = FollowUps(redrive=[int(message_id)])
     with transaction() as conn:
         row = _locked(conn, message_id)
-        now = utcnow()
+        now = store_now()
         # A run still in flight (the message was cancelled mid-step) keeps its lease: the new chain waits for it.
         values: dict[str, Any] = dict(due_at=now, finished_at=None, failed_error=None, failed_step=None,
                                       error_code=None, blocked_since=None, attempt_id=str(uuid.uuid4()),
@@ -61,7 +61,7 @@ def cancel(message_id: int) -> MessageView:
     follow = FollowUps()
     with transaction() as conn:
         row = _locked(conn, message_id)
-        now = utcnow()
+        now = store_now()
         cancel_family(conn, row, now, follow)
     carry_out(follow, now)
     return get_message(message_id)
@@ -141,7 +141,7 @@ def respond(message_id: int, payload: Any, *, token: str | None = None, by: str 
     follow = FollowUps()
     with transaction() as conn:
         row = _locked(conn, message_id)
-        now = utcnow()
+        now = store_now()
         received, detail = waits.receive(conn, row, token, text, now, by)
         if received is waits.Received.TAKEN:
             leases.responded(conn, row, now)
@@ -157,7 +157,7 @@ def pause(route: str, reason: str = "paused by an operator") -> None:
     """Pause a route: none of its messages starts until `resume`."""
     get_registry().route(route)
     with transaction() as conn:
-        pause_route(conn, route, reason, utcnow())
+        pause_route(conn, route, reason, store_now())
 
 
 def resume(route: str) -> int:
@@ -169,7 +169,7 @@ def drain(reason: str = "drained by an operator") -> int:
     """Drain the hub before maintenance: new messages are refused (HTTP 503) and none starts, while
     the chains under way finish. Returns how many messages are still under way (PROCESSING)."""
     with transaction() as conn:
-        pause_route(conn, DRAIN, reason, utcnow())
+        pause_route(conn, DRAIN, reason, store_now())
     return drain_status()["under_way"]
 
 
@@ -189,7 +189,7 @@ def undrain() -> int:
 
 def _resume(name: str, route: Route | None) -> int:
     """Delete a pause (a route's, or the drain) and re-drive the messages it held back, now."""
-    now = utcnow()
+    now = store_now()
     with transaction() as conn:
         conn.execute(delete(route_pauses).where(route_pauses.c.route == name))
         paused = paused_routes(conn)

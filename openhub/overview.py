@@ -25,7 +25,7 @@ from sqlalchemy import Connection, and_, case, func, select, text
 
 from .breaker import open_breakers
 from .context import aware
-from .db import is_postgres, transaction, utcnow
+from .db import is_postgres, store_now, transaction
 from .model import route_name
 from .schema import LIVE_PREDICATE, confirmations, messages, route_pauses
 from .states import FINAL, ConfirmationState, State
@@ -133,7 +133,7 @@ def paused_routes(conn: Connection) -> list[dict[str, Any]]:
 
 def overview(now: datetime | None = None) -> dict[str, Any]:
     """Everything the overview shows except the workers, read in one transaction."""
-    now = now or utcnow()
+    now = now or store_now()
     with transaction() as conn:
         routes = route_states(conn, now)
         series = finished_series(conn, now)

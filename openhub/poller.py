@@ -23,10 +23,10 @@ from sqlalchemy import and_, or_, select
 
 from .config import get_settings
 from .confirm import send_confirmations
-from .db import is_postgres, transaction, utcnow
+from .db import is_postgres, store_now, transaction
 from .hub import current
-from .leases import chains_in_broker_due, dropped, orphan_chains_due, release_run
-from .lifecycle import FollowUps, Tx, apply_event
+from .leases import chains_in_broker_due, orphan_chains_due, release_run
+from .lifecycle import FollowUps, Tx, apply_event, run_lost
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
 from .registry import get_registry
@@ -54,10 +54,10 @@ class TickReport:
 
 
 def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = None) -> TickReport:
-    """One round of the poller at time `now` (naive UTC; default: the current time); `confirm_deadline`:
-    how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (openhub.confirm)."""
+    """One round of the poller at time `now` (naive UTC; default: the hub's time, `openhub.db.store_now`);
+    `confirm_deadline`: how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (openhub.confirm)."""
     started = time.perf_counter()
-    now = now or utcnow()
+    now = now or store_now()
     lost, dead = repair_lost_runs(now, budget=get_settings().poll_interval.total_seconds())  # as the sends below
     look_for_chains_lost_with_broker(now)
     redriven, repaired = redrive_due_messages(now)
@@ -71,8 +71,9 @@ def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = No
 
 def repair_lost_runs(now: datetime, budget: float | None = None) -> tuple[int, set[str]]:
     """Fail over at once the step runs that ended without recording an outcome: their worker died, or
-    its live process no longer lists them (the task crashed). +1 failure, re-driven now: the retry
-    interval is for a failing external system, and a lost run says nothing about it.
+    its live process no longer lists them (the task crashed). Re-driven now, no failure counted (the hub's
+    fault, not the message's: `lifecycle.run_lost`): the retry interval is for a failing external system,
+    and a lost run says nothing about it.
 
     Only rows with a run in flight are read (a small partial index), every one of them: oldest lease
     first, BATCH rows a transaction, until none is left or `budget` seconds are spent (at least one
@@ -114,10 +115,8 @@ def _repair_page(now: datetime, after: Mark | None) -> tuple[int, set[str], Mark
             lost.append(row.step_run)
             route = get_registry().find_route_of(row)
             if row.state == State.PROCESSING and route is not None:
-                reason = (f"step run {row.step_run} ended without an outcome: "
-                          f"worker {row.worker} died or its task crashed")
-                apply_event(Tx(conn, now, follow), row, Event.LEASE_EXPIRED, route, detail=reason,
-                            **dropped(), due_at=now, failed_error=reason, error_code="WORKER_LOST")
+                run_lost(Tx(conn, now, follow), row, route, f"step run {row.step_run} ended without an outcome: "
+                                                            f"worker {row.worker} died or its task crashed")
             else:  # a cancelled message's last run is over: its funnel may go on
                 release_run(conn, row.id, now)
                 if row.funnel is not None:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DataError
 
 from . import tracing
 from .context import MessageView
-from .db import database_now, insert_or_ignore, is_postgres, transaction, utcnow
+from .db import database_now, insert_or_ignore, is_postgres, store_now, transaction
 from .errors import Draining, InputError, PayloadTooLarge, SourceNotAllowed
 from .config import get_settings
 from .model import Route, route_name
@@ -180,7 +180,7 @@ def prepare(route_name: str, payload: Any, *, source_system: Any, correlation_id
     if size > limit:
         raise PayloadTooLarge(f"payload is {size} bytes, more than OPENHUB_MAX_PAYLOAD_BYTES={limit}")
     _validated(route, payload)
-    now = now or utcnow()
+    now = now or store_now()
     return dict(
         source_system=source_system, correlation_id=correlation_id,
         process_id=identifier(process_id, "process_id", required=False),
@@ -389,7 +389,7 @@ def submit_many(items: list[dict[str, Any]]) -> list[MessageView]:
     """Accept several messages all-or-nothing: one bad item stores none of them."""
     if not isinstance(items, (list, tuple)) or not items:
         raise InputError("submit_many needs a non-empty list of messages")
-    now = utcnow()
+    now = store_now()
     rows = []
     for i, item in enumerate(items):
         try:

@@ -21,7 +21,7 @@ from .db import is_postgres, transaction
 from .errors import UnknownRouteError
 from .funnel import release_funnel
 from .hub import current
-from .lifecycle import FollowUps, Tx, apply_event, redispatch
+from .lifecycle import FollowUps, Tx, apply_event, redispatch, run_lost
 from .policy import UNKNOWN_ROUTE_BACKOFF
 from .registry import get_registry
 from .schema import messages
@@ -118,8 +118,8 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
     Returns (re-driven, repaired): PARTLY_FAILED/POSTPONED/unpublished NEW messages get a new
     chain, and so do IN_QUEUE messages and chains between steps that no task took in time (no
     failure counted), unless the broker shows their task still waiting in its queue (a backlog: their
-    time is extended); a step whose lease ran out is extended while its worker lives and counts a
-    failure otherwise; WAITING_FOR_RES messages past their timeout count a failure.
+    time is extended); a step whose lease ran out is extended while its worker lives and is re-driven
+    otherwise (a run lost, no failure counted); WAITING_FOR_RES messages past their timeout count a failure.
     """
     follow = FollowUps()
     redriven = repaired = 0
@@ -164,9 +164,8 @@ def redrive_due_messages(now: datetime, only_ids: list[int] | None = None) -> tu
                 apply_event(Tx(conn, now, follow), row, Event.TRANSIENT, route, detail=reason, failed_error=reason,
                             error_code="RESPONSE_TIMEOUT")
             else:
-                reason = f"lease expired in step run {row.step_run}: its worker is gone"
-                apply_event(Tx(conn, now, follow), row, Event.LEASE_EXPIRED, route, detail=reason, due_at=now,
-                            **leases.dropped(), failed_error=reason, error_code="WORKER_LOST")
+                run_lost(Tx(conn, now, follow), row, route, f"lease expired in step run {row.step_run}: "
+                                                            "its worker is gone")
             repaired += 1
     carry_out(follow, now)
     return redriven, repaired

@@ -52,7 +52,8 @@ class Event(StrEnum):
     CHILD_FAILED = "child_failed"      # a child ended FAILED
     WAIT_RESPONSE = "wait_response"    # a step parked the message until a response arrives
     RESPONDED = "responded"            # the awaited response arrived
-    LEASE_EXPIRED = "lease_expired"    # nobody carries the message any more (worker died, chain lost)
+    LEASE_EXPIRED = "lease_expired"    # its step's run ended without an outcome (worker lost, task crashed)
+    LEASE_DROPPED = "lease_dropped"    # a worker fenced off (heartbeat behind) let its step's lease go uncalled
     ORDER_EXPIRED = "order_expired"    # blocked in its guaranteed-order funnel past the limit
     EXPIRED = "expired"                # its expiry time passed before a chain took it
     RESTARTED = "restarted"            # an operator restarted a final message
@@ -138,6 +139,7 @@ _ALLOWED: dict[Event, frozenset[State]] = {
     Event.RESPONDED: frozenset({State.WAITING_FOR_RES}),
     Event.CHAIN_LOST: frozenset({State.IN_QUEUE, State.PROCESSING}),
     Event.LEASE_EXPIRED: frozenset({State.PROCESSING}),
+    Event.LEASE_DROPPED: frozenset({State.PROCESSING}),
     Event.ORDER_EXPIRED: frozenset({State.POSTPONED, State.NEW, State.IN_QUEUE, State.PARTLY_FAILED}),
     Event.EXPIRED: frozenset({State.NEW, State.IN_QUEUE}),  # at claim: every start and retry passes there
     Event.RESTARTED: frozenset({State.OK, State.FAILED, State.CANCEL}),
@@ -152,8 +154,12 @@ def allowed(state: State, event: Event) -> bool:
     return state in _ALLOWED[event]
 
 
-def transition(state: State | str, event: Event, failed_count: int = 0, max_fails: int = 3) -> Transition:
-    """Apply `event` to a message in `state`; raise StateConflict where §3 does not allow it."""
+def transition(state: State | str, event: Event, failed_count: int = 0, max_fails: int = 3, *,
+               lost_runs: int = 0, max_lost_runs: int = 5) -> Transition:
+    """Apply `event` to a message in `state`; raise StateConflict where §3 does not allow it.
+
+    `lost_runs`: for LEASE_EXPIRED, how many runs of the message's step in a row ended without an
+    outcome, this one included (the poison-message guard, OPENHUB_MAX_LOST_RUNS)."""
     state = State(state)
     if state not in _ALLOWED[event]:
         raise StateConflict(f"{event.value} is not allowed in state {state.value}")
@@ -164,7 +170,13 @@ def transition(state: State | str, event: Event, failed_count: int = 0, max_fail
         return Transition(State.PROCESSING, same)
     if event is Event.COMPLETED:
         return Transition(State.OK, same, _FINISHED)
-    if event in (Event.TRANSIENT, Event.LEASE_EXPIRED):
+    if event in (Event.LEASE_EXPIRED, Event.LEASE_DROPPED):
+        # A fault of the hub's own (a worker lost, a store away, a fence) is never one of the message's
+        # failures; but a step whose every run takes its worker down with it must not loop for ever.
+        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:
+            return Transition(State.FAILED, failed_count + 1, _FINISHED)
+        return Transition(State.PARTLY_FAILED, same, frozenset({Action.RELEASE_FUNNEL}))
+    if event is Event.TRANSIENT:
         result = _failure(failed_count, max_fails)
         if result.state is State.FAILED:
             return Transition(result.state, result.failed_count, _FINISHED)

@@ -11,11 +11,11 @@ from typing import Any, Iterable
 from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from .context import ExtCallView, MessageView, aware
-from .db import insert_or_ignore, is_postgres, transaction, utcnow
+from .db import insert_or_ignore, is_postgres, store_now, transaction
 from .errors import InputError, NotFound
 from .registry import get_registry
 from .schema import confirmations, ext_calls, messages, route_pauses, transitions
-from .states import ConfirmationState, Note, State
+from .states import ConfirmationState, Event, Note, State
 
 M = messages.c
 # C0, DEL, C1 and the Unicode line/paragraph separators: in an id they forge log lines and break
@@ -83,7 +83,7 @@ def set_state(conn: Connection, row: Row, event: str, state: State, *, step: str
               detail: str | None = None, now: datetime | None = None, **values: Any) -> None:
     """Write a message's new state (and other columns) and append the transition to its history; a
     state hook (@on_state) of the new state gets its notification row in the same transaction."""
-    now = now or utcnow()
+    now = now or store_now()
     values.setdefault("updated_at", now)
     execute_noted(conn, _UPDATE, {"mid": row.id, "state": state.value, **values},
                   history_entry(row.id, event, row.state, state.value, step=step, detail=detail, now=now))
@@ -103,8 +103,24 @@ def record_transition(conn: Connection, message_id: int, event: str, from_state:
 def history_entry(message_id: int, event: str, from_state: str | None, to_state: str, *, step: str | None = None,
                   detail: str | None = None, now: datetime | None = None) -> dict[str, Any]:
     """The parameters of one history entry (for `record_transition` and `execute_noted`)."""
-    return {"mid": message_id, "h_at": now or utcnow(), "h_event": event, "h_from": from_state, "h_to": to_state,
+    return {"mid": message_id, "h_at": now or store_now(), "h_event": event, "h_from": from_state, "h_to": to_state,
             "h_step": step, "h_detail": detail[:4000] if detail else None}
+
+
+# What a run of a step that came back writes to the history (an operator's restart starts afresh too).
+_RUN_CAME_BACK = tuple(e.value for e in (Note.STEP_OK, Event.TRANSIENT, Event.NO_EFFECT, Event.REJECTED,
+                                         Event.HELD_BACK, Event.OBSOLETE, Event.SPLIT, Event.WAIT_RESPONSE,
+                                         Event.COMPLETED, Event.RESTARTED))
+
+
+def runs_lost_in_a_row(conn: Connection, message_id: int) -> int:
+    """How many runs of the message's steps in a row ended without an outcome (LEASE_EXPIRED), as its
+    history shows: since the last run that came back with one, or an operator's restart."""
+    T = transitions.c
+    since = select(func.coalesce(func.max(T.id), 0)).where(
+        T.message_id == message_id, T.event.in_(_RUN_CAME_BACK)).scalar_subquery()
+    return conn.execute(select(func.count()).select_from(transitions).where(
+        T.message_id == message_id, T.event == Event.LEASE_EXPIRED.value, T.id > since)).scalar_one()
 
 
 def update_message(conn: Connection, message_id: int, **values: Any) -> None:

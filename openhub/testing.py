@@ -327,11 +327,11 @@ class LocalHub:
         returns how many."""
         from . import dispatch
         from .batch import run_batch
-        from .db import utcnow
+        from .db import store_now
         from .engine import run_steps
 
         def clock() -> Any:
-            return utcnow() + timedelta(seconds=seconds)
+            return store_now() + timedelta(seconds=seconds)
 
         assert self.hub is not None, "run() inside `with LocalHub(...)`"
         hub = replace(self.hub, clock=clock)
@@ -384,10 +384,10 @@ class LocalHub:
     def tick(self, seconds: float = 0.0) -> Any:
         """One poller tick `seconds` from now, then run what it re-drove at that time too; returns the
         tick's report."""
-        from .db import utcnow
+        from .db import store_now
         from .poller import tick
 
-        report = tick(utcnow() + timedelta(seconds=seconds))
+        report = tick(store_now() + timedelta(seconds=seconds))
         self.run(seconds=seconds)
         return report
 

@@ -26,7 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from .. import producer
 from ..context import MessageView
-from ..db import utcnow
+from ..db import store_now
 from ..errors import StoreUnavailable
 
 log = logging.getLogger("openhub.api.batcher")
@@ -37,7 +37,7 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
     outcomes: list[MessageView | BaseException | None] = [None] * len(items)
     valid: list[int] = []
     rows: dict[int, dict[str, Any]] = {}
-    now = utcnow()
+    now = store_now()
     for i, item in enumerate(items):
         try:
             rows[i] = producer.prepare_item(item, now)

@@ -47,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from sqlalchemy import and_, func, or_, select
 
 from ..config import get_settings
-from ..db import transaction, utcnow
+from ..db import store_now, transaction
 from ..model import route_name
 from ..registry import get_registry
 from ..schema import confirmations, ext_calls, messages, transitions
@@ -139,7 +139,7 @@ class StoreCollector:
     # --- gauges: current non-final rows -------------------------------------------------------
     def _gauges(self, conn, routes: list[str]) -> list[Metric]:  # noqa: ANN001
         M = messages.c
-        now = utcnow()
+        now = store_now()
         by_state = GaugeMetricFamily("openhub_messages", "Messages in each non-final state, by route.",
                                      labels=["route", "state"])
         oldest = GaugeMetricFamily("openhub_oldest_message_age_seconds",
@@ -171,7 +171,7 @@ class StoreCollector:
     def _start(self, conn, database: str) -> None:  # noqa: ANN001
         """First scrape: the counters count from now on (or from when a sibling worker's started)."""
         mark = conn.execute(select(func.max(transitions.c.id))).scalar() or 0
-        born_transition, born_call = shared_start(database, mark, utcnow())
+        born_transition, born_call = shared_start(database, mark, store_now())
         self._transition_mark = self._transition_born = born_transition
         self._call_mark = self._call_born = born_call
 
@@ -199,7 +199,7 @@ class StoreCollector:
 
     def _tail_calls(self, conn) -> None:  # noqa: ANN001
         X, M = ext_calls.c, messages.c
-        now = utcnow()
+        now = store_now()
         assert self._call_mark is not None
         since = max(self._call_born, self._call_mark - CALL_LAG)
         query = (select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, delete, select
 
 from .. import schema
-from ..db import is_postgres, transaction, utcnow
+from ..db import is_postgres, store_now, transaction, utcnow
 from ..errors import ConfigurationError
 from ..states import FINAL, SETTLED_CONFIRMATIONS
 from .ledger import DEPENDANT_TABLES, ArchiveDir, Manifest
@@ -284,7 +284,7 @@ def run_archive(spark: SparkSession, source: Source, out: Path, older_than: time
         raise ConfigurationError(f"--batch-size must be at least 1, got {batch_size}")
     archive = ArchiveDir(out.absolute())
     result = ArchiveResult()
-    cutoff = (now or utcnow()) - older_than
+    cutoff = (now or store_now(source.location)) - older_than  # the clock finished_at was written by
     with archive.locked():
         progress(0, 0, "recovering an interrupted run")
         published, discarded = archive.recover_staging()

@@ -97,12 +97,12 @@ def test_a_lost_chain_is_published_again_without_a_failure(hub, prefix, external
     assert "chain_lost" in events
 
 
-def test_a_step_whose_worker_is_gone_counts_a_failure_and_is_retried(hub, prefix, external) -> None:  # noqa: ANN001
+def test_a_step_whose_worker_is_gone_is_retried_without_a_failure(hub, prefix, external) -> None:  # noqa: ANN001
     (message_id,) = _due_messages(prefix, 1)
-    with transaction() as conn:  # a step lease held by a worker that left no heartbeat
+    with transaction() as conn:  # a step lease held by a worker that left no heartbeat, on its last try
         conn.execute(update(messages).where(messages.c.id == message_id)
-                     .values(state="PROCESSING", failed_count=0, attempt_id="lost", step_run="gone",
+                     .values(state="PROCESSING", failed_count=3, attempt_id="lost", step_run="gone",
                              worker="unknown-worker", due_at=utcnow() - timedelta(seconds=1)))
     done = wait_final(message_id)
-    assert done.state == "OK" and done.failed_count == 1
-    assert "its worker is gone" in done.failed_error
+    assert done.state == "OK" and done.failed_count == 3  # the hub's fault is not one of the message's
+    assert "its worker is gone" in done.failed_error and done.error_code == "WORKER_LOST"

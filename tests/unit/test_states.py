@@ -46,9 +46,10 @@ TABLE = [
     (S.PROCESSING, E.WAIT_RESPONSE, 0, S.WAITING_FOR_RES, 0, set()),
     (S.WAITING_FOR_RES, E.RESPONDED, 0, S.IN_QUEUE, 0, set()),
     (S.WAITING_FOR_RES, E.TRANSIENT, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
-    # worker died / chain lost
-    (S.PROCESSING, E.LEASE_EXPIRED, 0, S.PARTLY_FAILED, 1, {A.SCHEDULE_RETRY, A.RELEASE_FUNNEL}),
-    (S.PROCESSING, E.LEASE_EXPIRED, 3, S.FAILED, 4, FIN),
+    # worker lost (its run repaired), a fenced run let go, chain lost: the hub's faults, never a failure
+    (S.PROCESSING, E.LEASE_EXPIRED, 0, S.PARTLY_FAILED, 0, {A.RELEASE_FUNNEL}),
+    (S.PROCESSING, E.LEASE_EXPIRED, 3, S.PARTLY_FAILED, 3, {A.RELEASE_FUNNEL}),  # even at max_fails
+    (S.PROCESSING, E.LEASE_DROPPED, 3, S.PARTLY_FAILED, 3, {A.RELEASE_FUNNEL}),
     (S.IN_QUEUE, E.CHAIN_LOST, 3, S.IN_QUEUE, 3, set()),  # a chain that never ran costs no failure
     (S.PROCESSING, E.CHAIN_LOST, 1, S.IN_QUEUE, 1, set()),
     # the poller re-drives
@@ -89,6 +90,21 @@ REFUSED = [
 def test_refused(state: State, event: Event) -> None:
     with pytest.raises(StateConflict, match=f"not allowed in state {state.value}"):
         transition(state, event)
+
+
+@pytest.mark.parametrize("lost, new_state, new_count", [(1, S.PARTLY_FAILED, 0), (5, S.PARTLY_FAILED, 0),
+                                                       (6, S.FAILED, 1)])
+def test_a_step_whose_runs_keep_taking_their_worker_down_ends_failed(lost: int, new_state: State,
+                                                                      new_count: int) -> None:
+    # `lost`: the runs of its step lost in a row, this one included; OPENHUB_MAX_LOST_RUNS is 5
+    result = transition(S.PROCESSING, E.LEASE_EXPIRED, 0, max_fails=3, lost_runs=lost, max_lost_runs=5)
+    assert (result.state, result.failed_count) == (new_state, new_count)
+    assert set(result.actions) == (FIN if new_state is S.FAILED else {A.RELEASE_FUNNEL})
+
+
+def test_a_fenced_run_let_go_is_never_counted() -> None:
+    result = transition(S.PROCESSING, E.LEASE_DROPPED, 0, lost_runs=100, max_lost_runs=5)
+    assert (result.state, result.failed_count) == (S.PARTLY_FAILED, 0)
 
 
 def test_every_event_has_a_row() -> None:
