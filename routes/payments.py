@@ -1,7 +1,7 @@
 """A payment authorised asynchronously: the bank answers later through the API.
 
 `authorize` sends the request and parks the message in WAITING_FOR_RES; the bank's callback
-(`openhub.respond(id, payload)`, `POST /api/v1/messages/{id}/response` with BANK's key or the
+(`openhub.respond(id, payload)`, `POST /api/v1/messages/{id}:response` with BANK's key or the
 admin token, or the CLI) resumes the route with the answer in `ctx.response`. No answer within the timeout counts as a
 transient failure and the request is sent again. A `Holdback` from the bank (maintenance)
 pauses the whole route until an operator resumes it.

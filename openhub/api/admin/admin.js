@@ -246,11 +246,11 @@ async function showMessage(id, quiet) {
   } catch (e) { showError(e.message); }
 }
 
-async function act(path, body, confirmText) {
+async function act(action, body, confirmText) {
   if (current === null) return;
   if (confirmText && !window.confirm(confirmText)) return;
   try {
-    await api("POST", `/api/v1/messages/${current}/${path}`, body);
+    await api("POST", `/api/v1/messages/${current}:${action}`, body);
     await showMessage(current);
   } catch (e) { showError(e.message); }
 }
