@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .. import operator, producer, tracing
@@ -299,8 +299,27 @@ def get_message(request: Request, message_id: MessageId, caller: Annotated[Calle
     return detail if caller.admin else source_view(detail)
 
 
-@router.post("/messages/{message_id}/restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+def _superseded(action: str) -> Any:
+    """A dependency of an operator action's old path: the answer names the path that replaces it."""
+    def successor(request: Request, response: Response) -> None:
+        response.headers["Link"] = (f'</api/v1/messages/{request.path_params["message_id"]}:{action}>; '
+                                    'rel="successor-version"')
+    return Depends(successor)
+
+
+def _old_path(action: str) -> dict[str, Any]:
+    """The options of an operator action's path before issue 40, `/messages/{id}/<action>`: kept working one
+    release, for numeric ids only, so that it can never take a route's submission (`order.cancel` is
+    `/messages/order/cancel`; a service name starts with a letter)."""
+    return dict(path=f"/messages/{{message_id:int}}/{action}", deprecated=True, dependencies=[_superseded(action)],
+                operation_id=f"{action}_message_old_path", summary=f"Old path of POST /messages/{{id}}:{action}")
+
+
+# The operator's actions on one message are `/messages/{id}:<action>` (as the bulk ones are `/messages:<action>`):
+# one path segment where a route's submission has two, so no route name can ever reach them.
+@router.post("/messages/{message_id}:restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
              summary="Restart a final message")
+@router.post(**_old_path("restart"), responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)})
 def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)],
                     options: RestartRequest | None = None) -> dict[str, Any]:
     """Restart an OK, FAILED or CANCEL message (`total`: make every external call again)."""
@@ -308,8 +327,9 @@ def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller
     return operator.restart(message_id, total=bool(options and options.total)).as_dict()
 
 
-@router.post("/messages/{message_id}/cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+@router.post("/messages/{message_id}:cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
              summary="Cancel a message that is not final yet")
+@router.post(**_old_path("cancel"), responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)})
 def cancel_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
     """Cancel a non-final message; it is confirmed as CANCEL."""
     request.state.message_id = message_id
@@ -333,9 +353,11 @@ def cancel_matching(matching: Matching, _: Annotated[Caller, Depends(admin)]) ->
     return operator.cancel_matching(**matching.filters()).as_dict()
 
 
-@router.post("/messages/{message_id}/response", openapi_extra=_PAYLOAD_BODY,
+@router.post("/messages/{message_id}:response", openapi_extra=_PAYLOAD_BODY,
              responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)},
              summary="Deliver the response a WAITING_FOR_RES message waits for")
+@router.post(**_old_path("response"), openapi_extra=_PAYLOAD_BODY,
+             responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)})
 async def respond_message(request: Request, message_id: MessageId,
                           caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
     """Resume a message parked by `ctx.wait_for_response`: the admin token, the route's `responders`, or where it
@@ -376,7 +398,8 @@ def may_respond(route: Route, owner: str, caller: Caller) -> int | None:
     return 403 if caller.source_system == owner else 404
 
 
-# Registered after the /messages/{id}/restart|cancel|response routes, which its pattern would swallow.
+# Registered after the old /messages/{id}/restart|cancel|response paths, which its pattern would swallow (theirs
+# take digits only, which no service name is).
 @router.post("/messages/{service}/{operation}", status_code=202, response_model=Accepted, openapi_extra=_PAYLOAD_BODY,
              responses={200: {"description": "Duplicate: the first message with this correlation id",
                               "model": Accepted}, **{s: e for s, e in ERRORS.items() if s != 409}},
@@ -430,8 +453,8 @@ def misaddressed_submit(name: Annotated[str, Path(max_length=201)]) -> None:
         raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: a route is addressed as "
                             f"/{{service}}/{{operation}}, here POST /api/v1/messages/{service}/{operation}")
     raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: submit with POST /api/v1/messages/"
-                        "{service}/{operation}; act on a message with POST /api/v1/messages/{id}/restart, "
-                        "/cancel or /response")
+                        "{service}/{operation}; act on a message with POST /api/v1/messages/{id}:restart, "
+                        ":cancel or :response")
 
 
 def _parse_batch(data: bytes, charset: str) -> Batch:
