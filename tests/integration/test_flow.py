@@ -213,10 +213,12 @@ def test_restart_resumes_and_total_restart_calls_again(svc, prefix, external) ->
 def test_operator_actions_refused_in_wrong_states(svc, prefix) -> None:
     m = submit(f"{svc}.wait", prefix, wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
-    with pytest.raises(openhub.StateConflict, match="restarted is not allowed in state WAITING_FOR_RES"):
+    with pytest.raises(openhub.StateConflict, match=f"message {m.id} is WAITING_FOR_RES: only an OK, FAILED or "
+                                                    "CANCEL message can be restarted"):
         openhub.restart(m.id)
     assert openhub.cancel(m.id).state == "CANCEL"
-    with pytest.raises(openhub.StateConflict):
+    # Issue 40: a second cancel said "cancelled is not allowed in state CANCEL".
+    with pytest.raises(openhub.StateConflict, match=f"^message {m.id} is already CANCEL: only a message not final"):
         openhub.cancel(m.id)
     with pytest.raises(openhub.NotFound):
         openhub.restart(10**12)
