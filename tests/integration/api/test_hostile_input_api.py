@@ -30,7 +30,7 @@ def test_charsets_outside_the_allow_list_are_415_at_once(client, charset):
     started = time.monotonic()
     cid, r = submit_raw(client, b"\x80" * 400_000 + b"a", f"text/plain; charset={charset}")
     assert r.status_code == 415, r.text
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 15  # at once: decoding it would take minutes (bounded for a busy machine)
     assert openhub.list_messages(correlation_id=cid) == []
 
 
