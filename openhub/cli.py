@@ -67,13 +67,16 @@ def db_upgrade(url: str | None) -> None:
 @click.option("--concurrency", default=2, show_default=True, type=int, help="Worker processes.")
 @click.option("--failure-rate", default=0.2, show_default=True, type=float,
               help="Share of simulated external calls that fail, to show retries.")
-def dev(host: str, port: int, concurrency: int, failure_rate: float) -> None:
+@click.option("--example-port", default=8765, show_default=True, type=int,
+              help="Port of the simulated external systems (0: any free one).")
+def dev(host: str, port: int, concurrency: int, failure_rate: float, example_port: int) -> None:
     """All in one on the embedded default: simulated external systems, worker, beat and ingress."""
     from .dev import run_dev
     from .migrate import upgrade
 
     upgrade()
-    sys.exit(run_dev(host=host, port=port, concurrency=concurrency, failure_rate=failure_rate))
+    sys.exit(run_dev(host=host, port=port, concurrency=concurrency, failure_rate=failure_rate,
+                     example_port=example_port))
 
 
 @main.command()
