@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from .. import operator, producer, tracing
 from ..context import MessageView
 from ..model import Route, route_name
-from ..errors import InputError
+from ..errors import InputError, UnknownRouteError
 from ..registry import get_registry
 from ..states import State
 from . import body, metrics
@@ -421,7 +421,7 @@ async def submit_message(
     request.state.correlation_id = x_correlation_id
     if x_source_system is not None and x_source_system != system:
         raise ApiError(403, f"this API key belongs to {system}, not {x_source_system}")
-    route = served(request).registry.route(route_name(service, operation))
+    route = _submitted_route(request, route_name(service, operation))
     mime, charset = body.media_type(request)
     if not (body.is_json(mime) or body.is_text(mime)):
         raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
@@ -455,6 +455,15 @@ def misaddressed_submit(name: Annotated[str, Path(max_length=201)]) -> None:
     raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: submit with POST /api/v1/messages/"
                         "{service}/{operation}; act on a message with POST /api/v1/messages/{id}:restart, "
                         ":cancel or :response")
+
+
+def _submitted_route(request: Request, name: str, which: str = "") -> Route:
+    """The route a source system submits to; unknown, a 404 naming it alone: the hub's route table is the
+    operators' (GET /api/v1/routes), not to be listed to every key that misspells one."""
+    try:
+        return served(request).registry.route(name)
+    except UnknownRouteError:
+        raise ApiError(404, f"{which}unknown route {name!r}") from None
 
 
 def _parse_batch(data: bytes, charset: str) -> Batch:
@@ -499,7 +508,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
         name = item.route or (route_name(item.service, item.operation) if item.service and item.operation else None)
         if name is None:
             raise InputError(f"message #{i}: route (or service and operation) is required")
-        route = registry.route(name)
+        route = _submitted_route(request, name, f"message #{i}: ")
         _utc(item.msg_timestamp, f"message #{i}: msg_timestamp")
         _utc(item.expires_at, f"message #{i}: expires_at")
         counts[route.operation] = counts.get(route.operation, 0) + 1

@@ -135,7 +135,14 @@ def test_a_dotted_route_in_the_url_is_answered_with_the_right_url(client, cid, f
 
 
 def test_unknown_route_is_404(client, cid, flow_payload):
-    assert post(client, cid, flow_payload, route="no/such").status_code == 404
+    r = post(client, cid, flow_payload, route="no/such")
+    # Issue 40: the answer listed every route of the hub to a source system's key, which GET /api/v1/routes
+    # refuses (the operators' alone).
+    assert r.status_code == 404 and r.json()["detail"] == "unknown route 'no.such'", r.text
+    batch = client.post("/api/v1/messages:batch", headers=CRM, json={"messages": [
+        {"route": "test.flow", "payload": flow_payload, "correlation_id": cid},
+        {"route": "no.such", "payload": flow_payload, "correlation_id": f"{cid}-2"}]})
+    assert batch.status_code == 404 and batch.json()["detail"] == "message #1: unknown route 'no.such'", batch.text
     assert stored(cid) == 0
 
 
