@@ -1,4 +1,4 @@
-"""The core behaviour of DESIGN.md §3 with real workers, on both backends."""
+"""The core behaviour (README.md, "How it works" and "Defining routes") with real workers, on both backends."""
 
 from __future__ import annotations
 
