@@ -94,6 +94,10 @@ def test_find_a_failed_message_restart_it_and_see_it_ok(hub, external: ExternalS
     page.click("#d-error-box summary")
     expect(page.locator("#d-error")).to_contain_text("Traceback (most recent call last)")
     expect(page.locator("#d-children tbody")).to_have_text("none")  # not bare headers
+    call_error = page.locator("#d-calls tbody details.error").first  # an external call's error: the same
+    expect(call_error.locator("summary")).to_have_text(f"HTTP 503 from {external.url}{prefix}/fragile")
+    call_error.locator("summary").click()
+    expect(call_error.locator("pre")).to_contain_text("Traceback (most recent call last)")
     expect(page.locator("#d-calls tbody")).to_contain_text("FAILED")
     expect(page.locator("#d-history tbody")).to_contain_text("transient")
     expect(page.locator("#d-cancel")).to_be_disabled()

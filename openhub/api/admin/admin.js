@@ -167,12 +167,15 @@ async function loadRoutes() {
 }
 
 // An error as one line (openhub.context.error_line); where the stored text says more (a traceback, a
-// longer body), a click on the line unfolds the whole of it.
-function errorCell(tr, line, whole) {
+// longer body), a click on the line unfolds the whole of it (kept open across the detail's refreshes).
+function errorCell(tr, line, whole, key, opened) {
   if (!whole || whole.trim() === line) return cell(tr, line);
   const td = cell(tr, "");
-  const box = document.createElement("details"), summary = document.createElement("summary"), pre = document.createElement("pre");
+  const box = document.createElement("details"), summary = document.createElement("summary");
+  const pre = document.createElement("pre");
   box.className = "error";
+  box.dataset.key = key;
+  box.open = opened.has(key);
   summary.textContent = line;
   pre.textContent = whole;
   box.append(summary, pre);
@@ -182,12 +185,15 @@ function errorCell(tr, line, whole) {
 
 function fillTable(sel, rows, columns) {
   const tbody = $(sel + " tbody");
+  const opened = new Set(Array.from(tbody.querySelectorAll("details.error[open]"), (d) => d.dataset.key));
   tbody.textContent = "";
-  rows.forEach((row) => {
+  rows.forEach((row, i) => {
     const tr = document.createElement("tr");
     columns.forEach((c) => {
       if (c === "state" || c === "to_state") return stateCell(tr, row[c]);
-      if (c === "last_error" && row[c]) return errorCell(tr, row.last_error_line || row[c], row[c]);
+      if (c === "last_error" && row[c]) {
+        return errorCell(tr, row.last_error_line || row[c], row[c], `${current}:${i}`, opened);
+      }
       cell(tr, /(_at|^at)$/.test(c) ? fmt(row[c]) : row[c]);
     });
     tbody.appendChild(tr);
