@@ -27,6 +27,7 @@ from .lifecycle import FollowUps, Tx, apply_event
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
 from .registry import get_registry
+from .runs import TimeLimit
 from .schema import messages
 from .states import Event, State
 from .store import is_paused, paused_routes
@@ -48,8 +49,9 @@ class TickReport:
     dead_workers: frozenset[str] = frozenset()  # worker processes witnessed dead (their deliveries go back)
 
 
-def tick(now: datetime | None = None) -> TickReport:
-    """One round of the poller at time `now` (naive UTC; default: the current time)."""
+def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = None) -> TickReport:
+    """One round of the poller at time `now` (naive UTC; default: the current time); `confirm_deadline`:
+    how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (openhub.confirm)."""
     started = time.perf_counter()
     now = now or utcnow()
     lost, dead = repair_lost_runs(now)
@@ -57,7 +59,8 @@ def tick(now: datetime | None = None) -> TickReport:
     repaired += lost
     expired = expire_guaranteed_order(now)
     # A tick sends for at most one poll interval (at least one send): slow receivers wait for the next.
-    confirmed = send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds())
+    confirmed = send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds(),
+                                   deadline=confirm_deadline)
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
 
 
