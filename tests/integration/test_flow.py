@@ -32,7 +32,7 @@ def test_three_steps_reach_ok_each_called_once(svc, prefix, external) -> None:
     m = submit(f"{svc}.flow", prefix)
     assert m.state in ("NEW", "IN_QUEUE") and not m.duplicate
     done = wait_final(m.id)
-    assert done.state == "OK" and done.failed_count == 0
+    assert done.state == "OK" and done.failed_count == 0, (done.state, done.failed_count, done.failed_error)
     assert [external.count(f"{prefix}/{s}") for s in "abc"] == [1, 1, 1]
     assert [(c.step, c.state) for c in done.ext_calls] == [("a", "OK"), ("b", "OK"), ("c", "OK")]
     assert events(m.id)[0] == ("accepted", "NEW")
