@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 PYTEST_ARGS ?=
 
-.PHONY: run test lint install system-deps check-deploy bench clean
+.PHONY: run test test-burn lint install system-deps check-deploy bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,6 +44,12 @@ test: install system-deps lint
 	wait $$chaos; chaos_rc=$$?; \
 	echo "--- tests/chaos (run beside the rest) ---"; cat var/chaos-tests.log; \
 	exit $$(( rest || chaos_rc ))
+
+# The whole suite on a busy machine: `make test` beside BURN processes spinning on the CPU (4 by default,
+# twice CI's 2 cores; tests/support/burner.py). A test that fails only here is a flaky test.
+BURN ?= 4
+test-burn: install
+	$(PY) -m tests.support.burner --processes $(BURN) -- $(MAKE) --no-print-directory test
 
 check-deploy: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS) tests/acceptance -k deploy

@@ -52,8 +52,13 @@ def db_upgrade(url: str | None) -> None:
     from .migrate import upgrade
 
     target = url or get_settings().database_url
-    upgrade(target)
-    click.echo(f"database at {_safe(target)} is up to date")
+    before, after = upgrade(target)
+    if before is None:
+        click.echo(f"database at {_safe(target)}: schema created (revision {after})")
+    elif before != after:
+        click.echo(f"database at {_safe(target)}: schema migrated from revision {before} to {after}")
+    else:
+        click.echo(f"database at {_safe(target)} is up to date (revision {after})")
 
 
 @main.command()
@@ -62,13 +67,16 @@ def db_upgrade(url: str | None) -> None:
 @click.option("--concurrency", default=2, show_default=True, type=int, help="Worker processes.")
 @click.option("--failure-rate", default=0.2, show_default=True, type=float,
               help="Share of simulated external calls that fail, to show retries.")
-def dev(host: str, port: int, concurrency: int, failure_rate: float) -> None:
+@click.option("--example-port", default=8765, show_default=True, type=int,
+              help="Port of the simulated external systems (0: any free one).")
+def dev(host: str, port: int, concurrency: int, failure_rate: float, example_port: int) -> None:
     """All in one on the embedded default: simulated external systems, worker, beat and ingress."""
     from .dev import run_dev
     from .migrate import upgrade
 
     upgrade()
-    sys.exit(run_dev(host=host, port=port, concurrency=concurrency, failure_rate=failure_rate))
+    sys.exit(run_dev(host=host, port=port, concurrency=concurrency, failure_rate=failure_rate,
+                     example_port=example_port))
 
 
 @main.command()
@@ -206,11 +214,11 @@ def messages_list(state: str | None, service: str | None, operation: str | None,
         return
     from rich.table import Table
 
-    table = Table("id", "route", "state", "source", "correlation id", "object id", "fails", "received")
+    table = Table("id", "route", "state", "source", "correlation id", "object id", "fails", "received", "last error")
     for m in items:
         table.add_row(str(m["id"]), _verbatim(m["route"]), _state(m["state"]), _verbatim(m["source_system"]),
                       _verbatim(m["correlation_id"]), _verbatim(m["object_id"]), str(m["failed_count"]),
-                      m["received_at"][:19].replace("T", " "))
+                      m["received_at"][:19].replace("T", " "), _verbatim(_short(m["failed_error"] or "")))
     _console().print(table)
     if len(items) == limit:
         _console().print(f"[dim]more: --cursor {items[-1]['id']}[/dim]")
@@ -218,8 +226,9 @@ def messages_list(state: str | None, service: str | None, operation: str | None,
 
 @messages.command("show")
 @click.argument("message_id", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def messages_show(message_id: int, as_json: bool) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="Each error's whole text (a traceback), not its one line.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the whole texts).")
+def messages_show(message_id: int, verbose: bool, as_json: bool) -> None:
     """One message with its external calls, history, children and confirmation."""
     from .api.detail import message_detail
 
@@ -228,6 +237,7 @@ def messages_show(message_id: int, as_json: bool) -> None:
         click.echo(json.dumps(m, indent=2, ensure_ascii=False))
         return
     from rich.table import Table
+    from rich.text import Text
 
     console = _console()
     past = m["state"] == State.OK and bool(m["failed_error"])  # retried, then OK: the error is history
@@ -240,12 +250,11 @@ def messages_show(message_id: int, as_json: bool) -> None:
     console.print(fields)
     console.print("[bold]payload[/bold]")
     console.print(_verbatim(json.dumps(m["payload"], indent=2, ensure_ascii=False)), highlight=False)
-    if past:  # its line only: the whole traceback is in --json
-        console.print("[bold]error of an earlier attempt[/bold] (the message then ended OK)")
-        console.print(_verbatim(_short(m["failed_error"], 500)), highlight=False)
-    elif m["failed_error"]:
-        console.print("[bold]last error[/bold]")
-        console.print(_verbatim(m["failed_error"].strip()), highlight=False)
+    more = False  # an error whose whole text says more than its line (a traceback): --verbose shows it
+    if m["failed_error"]:
+        console.print("[bold]error of an earlier attempt[/bold] (the message then ended OK)" if past
+                      else "[bold]last error[/bold]")
+        more = _error(console, m["failed_error_line"], m["failed_error"], verbose)
     for title, rows, columns in (
             ("external calls", m["ext_calls"], ("step", "key", "state", "attempts", "worker", "duration_ms",
                                                  "last_error")),
@@ -258,8 +267,13 @@ def messages_show(message_id: int, as_json: bool) -> None:
         for row in rows:
             table.add_row(*(_verbatim(None if row.get(c) is None else _short(str(row[c]))) for c in columns))
         console.print(table)
-    from rich.text import Text
-
+        for row in rows if "last_error" in columns else []:  # below its table, each whole text it cut
+            if row["last_error"] and row["last_error"].strip() != row["last_error_line"]:
+                more = True
+                if verbose:
+                    whose = f"step {row['step']}" if "step" in row else f"confirmation ({row['outcome']})"
+                    console.print(_verbatim(f"{whose}: last error", style="bold"), highlight=False)
+                    console.print(_verbatim(row["last_error"].strip()), highlight=False)
     for x in m.get("http_exchanges", []):
         # URL, error, headers and bodies come from the step and the external system: Text, never markup.
         outcome = str(x["status"]) if x["status"] is not None else f"no response: {x['error']}"
@@ -274,6 +288,8 @@ def messages_show(message_id: int, as_json: bool) -> None:
             if lines:
                 console.print(Text(f"  {label}", style="dim"), highlight=False)
                 console.print(_verbatim("\n".join(lines)), highlight=False)
+    if more and not verbose:
+        console.print(Text("each error is shown by its line: --verbose shows the whole texts", style="dim"))
 
 
 @main.command()
@@ -301,9 +317,16 @@ def status(watch: float | None, as_json: bool, no_workers: bool) -> None:
             while True:
                 click.echo(json.dumps(snapshot(), ensure_ascii=False))
                 time.sleep(watch)
+        console = _console()
+        if not console.is_terminal:  # a pipe or a file: each refresh in full after the last (rich's Live
+            while True:              # redraws in place, which writes nothing there until it ends)
+                console.print(_status_view(snapshot()))
+                console.print()
+                sys.stdout.flush()
+                time.sleep(watch)
         from rich.live import Live
 
-        with Live(_status_view(snapshot()), console=_console(), screen=False, auto_refresh=False) as live:
+        with Live(_status_view(snapshot()), console=console, screen=False, auto_refresh=False) as live:
             while True:
                 time.sleep(watch)
                 live.update(_status_view(snapshot()), refresh=True)
@@ -378,9 +401,10 @@ def drain(reason: str, off: bool, status_only: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(state if redriven is None else {**state, "redriven": redriven}))
     elif state["draining"]:
-        click.echo(f"draining ({_escaped(state['reason'])}): {state['under_way']} messages still under way")
+        click.echo(f"draining ({_escaped(state['reason'])}): {_counted(state['under_way'], 'message')} still under way")
     else:
-        click.echo("not draining" + (f"; {redriven} messages re-driven" if redriven is not None else ""))
+        click.echo("not draining" + (f"; {_counted(redriven, 'held-back message')} re-driven now"
+                                     if redriven is not None else ""))
 
 
 @main.group()
@@ -504,8 +528,9 @@ def _bulk(message_id: int | None, filters: dict[str, Any], one: Callable[[int], 
     if as_json:
         click.echo(json.dumps(result.as_dict()))
         return
-    click.echo(f"{len(result.done)} messages {verb}" + (f"; {len(result.refused)} had moved on" if result.refused
-                                                          else "") + ("; more match: run again" if result.more else ""))
+    click.echo(f"{_counted(len(result.done), 'message')} {verb}"
+               + (f"; {len(result.refused)} had moved on" if result.refused else "")
+               + ("; more match: run again" if result.more else ""))
     for message_id, reason in result.refused.items():
         click.echo(f"  {message_id}: {reason}")
 
@@ -592,7 +617,7 @@ def resume(route: str, as_json: bool) -> None:
 
     redriven = openhub.resume(route)
     click.echo(json.dumps({"route": route, "paused": False, "redriven": redriven}) if as_json
-               else f"{route} resumed ({redriven} message(s) re-driven)")
+               else f"{route} resumed; {_counted(redriven, 'postponed message')} re-driven now")
 
 
 DEMO_PAYLOADS = {
@@ -725,6 +750,18 @@ def _short(text: str, limit: int = 120) -> str:
     from .context import error_line
 
     return error_line(text, limit) or ""
+
+
+def _error(console: Any, line: str, whole: str, verbose: bool) -> bool:
+    """Print an error as its line (with --verbose, its whole text); whether the whole text says more."""
+    more = whole.strip() != line
+    console.print(_verbatim(whole.strip() if verbose else line), highlight=False)
+    return more
+
+
+def _counted(n: int, noun: str) -> str:
+    """`1 message`, `0 messages`, `2 messages`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _done(view: Any, verb: str, as_json: bool) -> None:

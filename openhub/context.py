@@ -134,7 +134,7 @@ class StepContext:
         """Where the responder POSTs the answer to this step's question: the hub's API at `base_url`
         (e.g. `https://hub.example.com`), this message's response endpoint, this run's `wait_token`."""
         query = urlencode({"token": self.wait_token})
-        return f"{base_url.rstrip('/')}/api/v1/messages/{self.message.id}/response?{query}"
+        return f"{base_url.rstrip('/')}/api/v1/messages/{self.message.id}:response?{query}"
 
     def wait_for_response(self, timeout: timedelta | float) -> None:
         """Stop here (this step counts as done) until `openhub.respond()` delivers a response for this
@@ -169,14 +169,26 @@ ERROR_LINE_CHARS = 500
 # sending the reader to developer.mozilla.org, the line a list would otherwise have shown.
 _HTTPX_STATUS = re.compile(r"^(?:httpx\.HTTPStatusError: )?(?:Informational response|Redirect response|"
                            r"Client error|Server error|Invalid status code) '(\d{3})[^']*' for url '(.+)'$")
+# openhub.http.HttpCall's texts, carried by a TransientError or a Reject: "POST <url> answered 503: <body>"
+# (a Reject's followed by " [HTTP_422]", a postponement's by ", Retry-After 5"), and "POST <url>: ConnectError:
+# <what httpx said>" where no answer came.
+_OWN_CLASS = re.compile(r"^(?:openhub\.errors\.)?(?:TransientError|Reject): ")
+_HTTP_ANSWER = re.compile(r"^([A-Z]+) (\S+) answered (\d{3})(.*?)(?: \[HTTP_\d{3}\])?$")
+_HTTP_NO_ANSWER = re.compile(r"^([A-Z]+) (\S+): ([A-Z]\w*): (.*)$")
 
 
 def error_line(text: str | None, limit: int = ERROR_LINE_CHARS) -> str | None:
-    """The one line lists show of a stored error text (None when there is none), at most `limit` characters.
+    """The one line shown of a stored error text (None when there is none), at most `limit` characters.
 
-    A traceback is summed up by the exception that ended it (its first line: `KeyError: 'id'`), an
-    HTTP status error raised by httpx as `HTTP 503 from <url>`, any other text by its first line.
-    Every list (messages, confirmations, the Failed tab, the CLI, history details) shows this line.
+    Every place that shows an error shows this line (the message list and detail, the Failed tab, the
+    overview's parked confirmations, the confirmations list, the CLI, history details, what a source
+    system is told); the whole text is a click away on the admin page (`--verbose` in the CLI, the
+    `failed_error` and `last_error` of `GET /api/v1/messages/{id}` with the admin token). The line:
+    - of a traceback, the exception that ended it (its first line: `KeyError: 'id'`);
+    - of an HTTP status, `HTTP 503 from POST <url>: <the start of the body>` (from `HttpCall`), or
+      `HTTP 503 from <url>` (httpx's `raise_for_status()`, whose text has no method);
+    - of an HTTP call that got no answer, `ConnectError on POST <url>: <what httpx said>`;
+    - of any other text, its first line; `openhub.errors.` is left out of the hub's own exceptions' names.
     """
     lines = [line.rstrip() for line in (text or "").strip().splitlines()]
     if not lines:
@@ -186,8 +198,20 @@ def error_line(text: str | None, limit: int = ERROR_LINE_CHARS) -> str | None:
         line = next((x for x in lines[starts[-1] + 1:] if x and not x[0].isspace()), lines[-1])
     else:
         line = next(x for x in lines if x.strip())
-    line = line.strip()
+    line = _said_usefully(line.strip())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def _said_usefully(line: str) -> str:
     status = _HTTPX_STATUS.match(line)
     if status:
-        line = f"HTTP {status[1]} from {status[2]}"
-    return line if len(line) <= limit else line[:limit - 1] + "…"
+        return f"HTTP {status[1]} from {status[2]}"
+    own = _OWN_CLASS.match(line)
+    said = line[own.end():] if own else line  # a postponement's reason comes without the class
+    answer = _HTTP_ANSWER.match(said)
+    if answer:
+        return f"HTTP {answer[3]} from {answer[1]} {answer[2]}{answer[4]}"
+    failed = _HTTP_NO_ANSWER.match(said) if own else None
+    if failed:
+        return f"{failed[3]} on {failed[1]} {failed[2]}: {failed[4]}"
+    return line.removeprefix("openhub.errors.")

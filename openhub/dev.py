@@ -22,14 +22,23 @@ READY_TIMEOUT = 60  # seconds to wait for the worker before printing how to use 
 
 
 def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, failure_rate: float = 0.2,
-            announce: Any = print) -> int:
-    """Run the simulator, a worker with beat and the ingress until interrupted; returns an exit code."""
-    external = ExternalSystem(failure_rate=failure_rate).start(port=EXAMPLE_PORT)
+            announce: Any = print, example_port: int = EXAMPLE_PORT) -> int:
+    """Run the simulator, a worker with beat and the ingress until interrupted; returns an exit code: 0
+    when stopped (Ctrl+C, SIGTERM), the worker's when it ended on its own."""
+    external = ExternalSystem(failure_rate=failure_rate).start(port=example_port)
     env = dict(os.environ)
     env.setdefault("OPENHUB_EXAMPLE_URL", external.url)
     env.setdefault("OPENHUB_RETRY_INTERVAL", "5")
     env.setdefault("OPENHUB_POLL_INTERVAL", "1")
     os.environ.update({k: env[k] for k in ("OPENHUB_EXAMPLE_URL", "OPENHUB_RETRY_INTERVAL", "OPENHUB_POLL_INTERVAL")})
+    if _root():
+        # Celery warns a worker run as root in a paragraph at every start: right for a deployment (deploy/
+        # runs workers as an unprivileged user), noise for trying the hub out in a container. Said once here.
+        # (PYTHONWARNINGS takes no category of a package's, so the warning is told by its first words.)
+        env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"),
+                                                       "ignore:You're running the worker with superuser"]))
+        announce("openhub dev: running as root, fine for trying openhub out; run the workers of a real hub as "
+                 "an unprivileged user (deploy/ does)")
     heartbeat = _heartbeat_file(env)
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-B", "--loglevel", "INFO",
                                "--concurrency", str(concurrency)], env=env)
@@ -38,7 +47,7 @@ def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, fai
     announce("openhub dev: worker + beat started (celery -A tasks worker -B)")
     credentials: list[str] = []
     server = _start_ingress(host, port, lambda text: (announce(text), credentials.append(text)))
-    stop = threading.Event()
+    stop = threading.Event()  # set when asked to stop: Ctrl+C or SIGTERM
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         # The worker's start-up banner and the ingress's lines come after the credentials: once the worker
@@ -50,8 +59,11 @@ def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, fai
         while not stop.is_set() and worker.poll() is None:
             stop.wait(0.5)
     except KeyboardInterrupt:
-        pass
+        stop.set()
     finally:
+        # A second Ctrl+C while the worker shuts down is the worker's (Celery's cold shutdown, from the
+        # terminal), not a traceback of this process's.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if server is not None:
             server.should_exit = True
         if worker.poll() is None:
@@ -61,7 +73,13 @@ def run_dev(host: str = "127.0.0.1", port: int = 8000, concurrency: int = 2, fai
             except subprocess.TimeoutExpired:
                 worker.kill()
         external.stop()
-    return worker.returncode or 0
+    # Asked to stop, the worker's own status on the way out (1 after the terminal's Ctrl+C and this SIGTERM
+    # met in its shutdown) is no failure: `make run` would end in make's "Error 1".
+    return 0 if stop.is_set() else worker.wait() or 0
+
+
+def _root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def _heartbeat_file(env: dict[str, str]) -> Path:

@@ -89,9 +89,12 @@ def apply_event(tx: Tx, row: Any, event: Event, route: Route | None, item: Route
         if confirmed_to_source(tx.conn, row):
             queue_confirmation(tx.conn, row.id, result.state.value, tx.now)
             tx.follow.confirm.append(row.id)
-        else:
-            log.info("message %s (%s) ended %s; not confirmed (no confirmer for %s, or a split child)", row.id,
+        elif row.parent_id is None:
+            log.info("message %s (%s) ended %s; not confirmed: no confirmer for %s", row.id,
                      row.correlation_id, result.state.value, row.source_system)
+        else:  # a split child: its parent is what the source system sent, and is confirmed
+            log.debug("message %s (%s) ended %s; not confirmed: a split child", row.id, row.correlation_id,
+                      result.state.value)
     set_state(tx.conn, row, event.value, result.state, step=item.key if item else None, detail=detail, now=tx.now,
               **values)
     if Action.PAUSE_ROUTE in result.actions and route is not None:

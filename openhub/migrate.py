@@ -6,6 +6,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 
 from .config import get_settings
 
@@ -18,6 +19,16 @@ def alembic_config(url: str | None = None) -> Config:
     return cfg
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
-    """Bring the store's schema up to `revision`."""
+def current_revision(url: str | None = None) -> str | None:
+    """The schema revision the store is at (None: no openhub schema yet)."""
+    from .db import get_engine
+
+    with get_engine(url or get_settings().database_url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> tuple[str | None, str | None]:
+    """Bring the store's schema up to `revision`; the revisions (before, after)."""
+    before = current_revision(url)
     command.upgrade(alembic_config(url), revision)
+    return before, current_revision(url)

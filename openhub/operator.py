@@ -18,7 +18,7 @@ from .producer import get_message, shallow
 from .redrive import carry_out, redrive_due_messages
 from .registry import get_registry
 from .schema import messages, route_pauses
-from .states import FINAL, NON_FINAL, Event, State
+from .states import FINAL, NON_FINAL, Event, State, allowed
 from .store import DRAIN, drain_reason, dumps, filtered, lock_message, pause_route, paused_routes
 
 M = messages.c
@@ -41,6 +41,9 @@ def restart(message_id: int, total: bool = False) -> MessageView:
     follow = FollowUps(redrive=[int(message_id)])
     with transaction() as conn:
         row = _locked(conn, message_id)
+        if not allowed(State(row.state), Event.RESTARTED):
+            raise StateConflict(f"message {message_id} is {row.state}: only an OK, FAILED or CANCEL message "
+                                "can be restarted")
         now = store_now()
         # A run still in flight (the message was cancelled mid-step) keeps its lease: the new chain waits for it.
         values: dict[str, Any] = dict(due_at=now, finished_at=None, failed_error=None, failed_step=None,
@@ -49,9 +52,10 @@ def restart(message_id: int, total: bool = False) -> MessageView:
         if total:
             leases.forget_calls(conn, row)
             values.update(generation=row.generation + 1, custom_data=None, business_errors=None)
-        # StateConflict unless OK, FAILED or CANCEL, and then the transaction writes nothing.
+        # The history says who restarted it: the state it goes to (PARTLY_FAILED, due now) alone reads as a failure.
         apply_event(Tx(conn, now, follow), row, Event.RESTARTED, _route_of(row),
-                    detail="total restart" if total else None, **values)
+                    detail="total restart by an operator: every call made again" if total
+                    else "restarted by an operator", **values)
     carry_out(follow, now)
     return get_message(message_id)
 
@@ -61,6 +65,9 @@ def cancel(message_id: int) -> MessageView:
     follow = FollowUps()
     with transaction() as conn:
         row = _locked(conn, message_id)
+        if row.state in FINAL:
+            raise StateConflict(f"message {message_id} is already {row.state}: only a message not final yet "
+                                "can be cancelled")
         now = store_now()
         cancel_family(conn, row, now, follow)
     carry_out(follow, now)

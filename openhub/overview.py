@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, case, func, select, text
 
 from .breaker import open_breakers
-from .context import aware
+from .context import aware, error_line
 from .db import is_postgres, store_now, transaction
 from .model import route_name
 from .schema import LIVE_PREDICATE, confirmations, messages, route_pauses
@@ -118,7 +118,8 @@ def confirmation_states(conn: Connection) -> dict[str, Any]:
     unsettled = select(C.state, func.count()).where(C.state != ConfirmationState.OK).group_by(C.state)
     counts = dict(conn.execute(unsettled).all())
     parked = [{"id": r.id, "message_id": r.message_id, "outcome": r.outcome, "attempts": r.attempts,
-               "updated_at": _iso(r.updated_at), "last_error": r.last_error}
+               "updated_at": _iso(r.updated_at),
+                "last_error": error_line(r.last_error)}  # the whole text: in the message's detail
               for r in conn.execute(select(confirmations).where(C.state == ConfirmationState.FAILED_END)
                                     .order_by(C.id.desc()).limit(PARKED_LISTED))]
     return {"by_state": counts, "parked_count": counts.get(ConfirmationState.FAILED_END, 0), "parked": parked}

@@ -6,7 +6,7 @@ with time passed in to the poller instead of slept:
     with LocalHub("routes.customers") as hub:
         view = hub.submit("customer.setCustomer", {"externalCustomerId": "42"})
         hub.run()                                  # carry every published chain to its end
-        hub.tick(seconds=60)                       # the poller, a minute from now
+        hub.tick(seconds=60)                       # the poller, a minute from now (not from the last tick)
         assert hub.get(view.id).state == "OK"
 
 `ExternalSystem` is a real HTTP external system with counters and failure injection.
@@ -21,6 +21,11 @@ and CRM, and what openhub's own tests (and users' tests of their routes) call fr
 
 A request with an `Idempotency-Key` already applied is answered like the first one and not
 applied again, as a well-behaved external API does.
+
+What it answers: any POST to any path, 200 with `{"id": "<path with / as ->-<n>"}` (`n` counts the calls
+applied so far, so `r.json()["id"]` is a new id per applied call and the same one for a replay); an
+injected failure (`fail`, `failure_rate`) answers its status with `{"error": "injected failure"}` and
+applies nothing; `GET` any path answers the counters of `stats()`.
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class ExternalSystem:
-    """A threaded HTTP server on 127.0.0.1 that records every call and fails on demand."""
+    """A threaded HTTP server on 127.0.0.1 that records every call and fails on demand (its answers: the
+    module's docstring)."""
 
     def __init__(self, failure_rate: float = 0.0, seed: int | None = None) -> None:
         self.failure_rate = failure_rate
@@ -76,6 +82,8 @@ class ExternalSystem:
         self._delays: dict[str, float] = {}
         self._applied: dict[tuple[str, str], dict] = {}
         self._active: dict[str, int] = defaultdict(int)
+        self._on_path: dict[str, int] = defaultdict(int)  # calls being answered now, per path
+        self._gathers: dict[str, tuple[int, float, threading.Event]] = {}
         self.overlaps: list[str] = []
         self.in_flight = 0  # calls being answered now
         self.peak_in_flight = 0  # the most calls that were being answered at one moment
@@ -141,6 +149,13 @@ class ExternalSystem:
         with self._lock:
             self._failures[path].extend([status] * times)
 
+    def gather(self, path: str, calls: int, timeout: float) -> None:
+        """Calls to `path` wait until `calls` of them are being answered at once (each at most `timeout`
+        seconds), then all go on; later calls are not held. A test sees a caller keep that many calls in
+        flight as a condition with a deadline, not as a peak that depends on how busy the machine is."""
+        with self._lock:
+            self._gathers[path] = (calls, timeout, threading.Event())
+
     def delay(self, path: str, seconds: float) -> None:
         """Calls to `path` take `seconds` before they are applied (0 to stop delaying)."""
         with self._lock:
@@ -182,6 +197,10 @@ class ExternalSystem:
             self.started_events[path].set()
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self._on_path[path] += 1
+            gather = self._gathers.get(path)
+            if gather is not None and self._on_path[path] >= gather[0]:
+                gather[2].set()
             delay = self._delays.get(path, 0.0)
             planned = self._failures[path].pop(0) if self._failures[path] else None
             if funnel is not None:
@@ -189,6 +208,8 @@ class ExternalSystem:
                 if self._active[funnel] > 1:
                     self.overlaps.append(funnel)
         try:
+            if gather is not None:
+                gather[2].wait(gather[1])  # held until enough calls meet: the behaviour asked for, not a sync
             if delay:
                 time.sleep(delay)  # the simulated system is slow; this is its behaviour, not a sync
             with self._lock:
@@ -209,6 +230,7 @@ class ExternalSystem:
         finally:
             with self._lock:
                 self.in_flight -= 1
+                self._on_path[path] -= 1
                 if funnel is not None:
                     self._active[funnel] -= 1
 
@@ -383,7 +405,11 @@ class LocalHub:
 
     def tick(self, seconds: float = 0.0) -> Any:
         """One poller tick `seconds` from now, then run what it re-drove at that time too; returns the
-        tick's report."""
+        tick's report.
+
+        `seconds` counts from the hub's clock's now, not from the last tick: the hub has no clock of its
+        own that ticks move on. `tick(seconds=31)` twice is two ticks half a minute ahead, never one a
+        minute ahead; to be past a 60 s retry, `tick(seconds=61)`. (`run(seconds=...)` alike.)"""
         from .db import store_now
         from .poller import tick
 

@@ -24,6 +24,10 @@ CALL_STATES = {None: CallState.OK, Event.SPLIT: CallState.OK, Event.WAIT_RESPONS
                Event.NO_EFFECT: CallState.NO_EFFECT, Event.POSTPONED: CallState.POSTPONED,
                Event.HELD_BACK: CallState.POSTPONED}
 
+# What a step task's result says (in Flower) where the task ran no step.
+SHOWN = {"skipped": "skipped: already done (recorded OK before, no call made)",
+         "stopped": "stopped: this chain no longer carries the message (it moved on, or is another chain's)"}
+
 # The start of the error of a transient failure that replaced an outcome the store would not take.
 UNRECORDED = "could not record the outcome of step"
 
@@ -87,6 +91,13 @@ class StepReport:
     def failed(self) -> bool:
         """The step's attempt failed (the hub retries it or has failed the message)."""
         return self.outcome in (Event.TRANSIENT.value, Event.REJECTED.value)
+
+    @property
+    def shown(self) -> str:
+        """The task's result as Flower lists it. A retry's chain starts at the route's first step, and a
+        step already done is skipped: Celery calls that task a SUCCESS like any other, so its result
+        says it made no call, lest an operator reading Flower suspect the call was made twice."""
+        return SHOWN.get(self.outcome, self.outcome)
 
     def __bool__(self) -> bool:
         return self.go_on

@@ -152,8 +152,11 @@ def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = Fa
     is written by one clock; SQLite is embedded, and its clock is this host's.
     """
     global _renewed, _gap_ended
-    started = time.monotonic()
     with transaction(url, first=True) as conn:  # under gevent, ahead of the steps waiting for the store
+        # The fence counts from here, with the connection in hand, just before the heartbeat's time is read:
+        # still no later than the time others see, but not charged with opening the connection, which in a
+        # fresh process on a busy machine took most of the fence and fenced its first step at once.
+        started = time.monotonic()
         if now is None:
             now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()
         with _runs_lock:  # taken after `now`: a run leased after `now` is not missing from it

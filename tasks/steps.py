@@ -103,7 +103,7 @@ def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
         if report.failed:
             raise StepFailed(f"message {message_id}: {route.steps[step].key}: {report.outcome}: "
                              f"{report.error or ''}".strip())
-        return report.outcome
+        return report.shown  # what Flower lists as the task's result: "skipped: already done ..." for a step done
 
     run.__name__ = route.steps[index].key
     run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if end - index == 1 else

@@ -23,10 +23,12 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def message_detail(message_id: int) -> dict[str, Any]:
-    """The message as `MessageView.as_dict()` with detailed ext calls, children, confirmation, history and
+    """The message as `MessageView.as_dict()` (with `failed_error_line`, the one line shown of `failed_error`) with
+    detailed ext calls, children, confirmation, history and
     the HTTP exchanges its steps recorded (`http_exchanges`, oldest first)."""
     with transaction() as conn:
         out = message_view(conn, message_id).as_dict()
+        out["failed_error_line"] = error_line(out["failed_error"])
         X = ext_calls.c
         out["ext_calls"] = [
             {"key": c.key, "step": c.step_key, "scope": c.scope, "state": c.state, "attempts": c.attempts,
@@ -59,7 +61,7 @@ def source_view(detail: dict[str, Any]) -> dict[str, Any]:
     recorded exchanges, tracebacks, worker names or state hooks' notifications, and each error as one
     line. The hub's exchanges with external systems and its internals are not the source's business."""
     out = {k: v for k, v in detail.items() if k != "http_exchanges"}
-    out["failed_error"] = error_line(detail.get("failed_error"))
+    out["failed_error"] = detail.get("failed_error_line")
     out["ext_calls"] = [{k: v for k, v in c.items() if k not in ("last_error", "worker")}
                         for c in detail.get("ext_calls", [])]
     out["confirmation"] = [{k: v for k, v in c.items() if k not in ("last_error", "hook")}

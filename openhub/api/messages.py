@@ -13,13 +13,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .. import operator, producer, tracing
 from ..context import MessageView
 from ..model import Route, route_name
-from ..errors import InputError
+from ..errors import InputError, UnknownRouteError
 from ..registry import get_registry
 from ..states import State
 from . import body, metrics
@@ -299,8 +299,27 @@ def get_message(request: Request, message_id: MessageId, caller: Annotated[Calle
     return detail if caller.admin else source_view(detail)
 
 
-@router.post("/messages/{message_id}/restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+def _superseded(action: str) -> Any:
+    """A dependency of an operator action's old path: the answer names the path that replaces it."""
+    def successor(request: Request, response: Response) -> None:
+        response.headers["Link"] = (f'</api/v1/messages/{request.path_params["message_id"]}:{action}>; '
+                                    'rel="successor-version"')
+    return Depends(successor)
+
+
+def _old_path(action: str) -> dict[str, Any]:
+    """The options of an operator action's path before issue 40, `/messages/{id}/<action>`: kept working one
+    release, for numeric ids only, so that it can never take a route's submission (`order.cancel` is
+    `/messages/order/cancel`; a service name starts with a letter)."""
+    return dict(path=f"/messages/{{message_id:int}}/{action}", deprecated=True, dependencies=[_superseded(action)],
+                operation_id=f"{action}_message_old_path", summary=f"Old path of POST /messages/{{id}}:{action}")
+
+
+# The operator's actions on one message are `/messages/{id}:<action>` (as the bulk ones are `/messages:<action>`):
+# one path segment where a route's submission has two, so no route name can ever reach them.
+@router.post("/messages/{message_id}:restart", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
              summary="Restart a final message")
+@router.post(**_old_path("restart"), responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)})
 def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)],
                     options: RestartRequest | None = None) -> dict[str, Any]:
     """Restart an OK, FAILED or CANCEL message (`total`: make every external call again)."""
@@ -308,8 +327,9 @@ def restart_message(request: Request, message_id: MessageId, _: Annotated[Caller
     return operator.restart(message_id, total=bool(options and options.total)).as_dict()
 
 
-@router.post("/messages/{message_id}/cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
+@router.post("/messages/{message_id}:cancel", responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
              summary="Cancel a message that is not final yet")
+@router.post(**_old_path("cancel"), responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)})
 def cancel_message(request: Request, message_id: MessageId, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
     """Cancel a non-final message; it is confirmed as CANCEL."""
     request.state.message_id = message_id
@@ -333,9 +353,11 @@ def cancel_matching(matching: Matching, _: Annotated[Caller, Depends(admin)]) ->
     return operator.cancel_matching(**matching.filters()).as_dict()
 
 
-@router.post("/messages/{message_id}/response", openapi_extra=_PAYLOAD_BODY,
+@router.post("/messages/{message_id}:response", openapi_extra=_PAYLOAD_BODY,
              responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)},
              summary="Deliver the response a WAITING_FOR_RES message waits for")
+@router.post(**_old_path("response"), openapi_extra=_PAYLOAD_BODY,
+             responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)})
 async def respond_message(request: Request, message_id: MessageId,
                           caller: Annotated[Caller, Depends(reader)],
                           token: Annotated[str | None, Query(
@@ -385,7 +407,8 @@ def may_respond(route: Route, owner: str, caller: Caller) -> int | None:
     return 403 if caller.source_system == owner else 404
 
 
-# Registered after the /messages/{id}/restart|cancel|response routes, which its pattern would swallow.
+# Registered after the old /messages/{id}/restart|cancel|response paths, which its pattern would swallow (theirs
+# take digits only, which no service name is).
 @router.post("/messages/{service}/{operation}", status_code=202, response_model=Accepted, openapi_extra=_PAYLOAD_BODY,
              responses={200: {"description": "Duplicate: the first message with this correlation id",
                               "model": Accepted}, **{s: e for s, e in ERRORS.items() if s != 409}},
@@ -407,7 +430,7 @@ async def submit_message(
     request.state.correlation_id = x_correlation_id
     if x_source_system is not None and x_source_system != system:
         raise ApiError(403, f"this API key belongs to {system}, not {x_source_system}")
-    route = served(request).registry.route(route_name(service, operation))
+    route = _submitted_route(request, route_name(service, operation))
     mime, charset = body.media_type(request)
     if not (body.is_json(mime) or body.is_text(mime)):
         raise ApiError(415, f"unsupported media type {mime!r}: use application/json, text/plain or application/xml")
@@ -439,8 +462,17 @@ def misaddressed_submit(name: Annotated[str, Path(max_length=201)]) -> None:
         raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: a route is addressed as "
                             f"/{{service}}/{{operation}}, here POST /api/v1/messages/{service}/{operation}")
     raise ApiError(404, f"no endpoint POST /api/v1/messages/{name}: submit with POST /api/v1/messages/"
-                        "{service}/{operation}; act on a message with POST /api/v1/messages/{id}/restart, "
-                        "/cancel or /response")
+                        "{service}/{operation}; act on a message with POST /api/v1/messages/{id}:restart, "
+                        ":cancel or :response")
+
+
+def _submitted_route(request: Request, name: str, which: str = "") -> Route:
+    """The route a source system submits to; unknown, a 404 naming it alone: the hub's route table is the
+    operators' (GET /api/v1/routes), not to be listed to every key that misspells one."""
+    try:
+        return served(request).registry.route(name)
+    except UnknownRouteError:
+        raise ApiError(404, f"{which}unknown route {name!r}") from None
 
 
 def _parse_batch(data: bytes, charset: str) -> Batch:
@@ -485,7 +517,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
         name = item.route or (route_name(item.service, item.operation) if item.service and item.operation else None)
         if name is None:
             raise InputError(f"message #{i}: route (or service and operation) is required")
-        route = registry.route(name)
+        route = _submitted_route(request, name, f"message #{i}: ")
         _utc(item.msg_timestamp, f"message #{i}: msg_timestamp")
         _utc(item.expires_at, f"message #{i}: expires_at")
         counts[route.operation] = counts.get(route.operation, 0) + 1

@@ -88,7 +88,16 @@ def test_find_a_failed_message_restart_it_and_see_it_ok(hub, external: ExternalS
     row.click()
     expect(page.locator("#d-state")).to_have_text("FAILED")
     expect(page.locator("#d-error-title")).to_have_text("Last error")
-    expect(page.locator("#d-error")).to_contain_text("503")
+    # Issue 40: one line, the whole traceback a click away.
+    expect(page.locator("#d-error-line")).to_have_text(f"HTTP 503 from {external.url}{prefix}/fragile")
+    expect(page.locator("#d-error")).not_to_be_visible()
+    page.click("#d-error-box summary")
+    expect(page.locator("#d-error")).to_contain_text("Traceback (most recent call last)")
+    expect(page.locator("#d-children tbody")).to_have_text("none")  # not bare headers
+    call_error = page.locator("#d-calls tbody details.error").first  # an external call's error: the same
+    expect(call_error.locator("summary")).to_have_text(f"HTTP 503 from {external.url}{prefix}/fragile")
+    call_error.locator("summary").click()
+    expect(call_error.locator("pre")).to_contain_text("Traceback (most recent call last)")
     expect(page.locator("#d-calls tbody")).to_contain_text("FAILED")
     expect(page.locator("#d-history tbody")).to_contain_text("transient")
     expect(page.locator("#d-cancel")).to_be_disabled()
@@ -114,6 +123,7 @@ def test_a_message_ok_after_a_retry_shows_its_error_as_an_earlier_attempts(hub, 
     page.locator(f"#results tbody tr[data-id='{view.id}']").click()
     expect(page.locator("#d-state")).to_have_text("OK")
     expect(page.locator("#d-error-title")).to_have_text("Error of an earlier attempt (the message then ended OK)")
+    expect(page.locator("#d-error-line")).to_contain_text("HTTP 503 from")
     expect(page.locator("#d-error")).not_to_be_visible()  # folded: shown on a click
     expect(page.locator("#d-fields")).not_to_contain_text("failed step")
     expect(page.locator("#d-fields")).to_contain_text("step that failed earlier")

@@ -72,6 +72,8 @@ def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> N
     expect(oldest.locator("a.message-link")).to_have_text(f"#{ids['oldest_partly_failed']}")
     for failed in ids["failed"]:
         expect(page.locator(f"#ov-parked-list a[data-id='{failed}']")).to_be_visible()
+    expect(page.locator("#ov-parked-list tbody tr").first).to_contain_text(EXPECTED["parked_error"])
+    expect(page.locator("#ov-parked-list")).not_to_contain_text("developer.mozilla.org")
     expect(page.locator("#ov-workers")).not_to_be_empty()
     for chart in ("hour-throughput", "hour-failures", "day-throughput", "day-failures"):
         svg = page.locator(f"#chart-{chart}")

@@ -137,7 +137,7 @@ def seconds(duration: str) -> float:
 def test_deploy_procfile_lists_every_process():
     processes = read_procfile()
     assert set(processes) == set(PROCESS_TARGETS)
-    # The commands the contract names (DESIGN.md §6 and issue 6), verbatim.
+    # The commands README.md and openhub/api/README.md ("Command line") name (issue 6), verbatim.
     assert processes["release"] == "openhub db upgrade"
     assert processes["ingress"].startswith("openhub serve ")
     assert processes["worker"].startswith("celery -A tasks worker")

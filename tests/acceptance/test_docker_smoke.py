@@ -1,4 +1,4 @@
-"""Docker smoke test (DESIGN.md §9): the hub against a Redis broker in a container.
+"""Docker smoke test (README.md, "Layout": tests): the hub against a Redis broker in a container.
 
 These machines have the Docker client but no engine, so the test skips cleanly where no engine
 answers; on a developer's machine with Docker it runs a real worker against `redis:7` in a

@@ -20,8 +20,6 @@ from tests.support.workers import PROJECT
 
 @pytest.fixture
 def flower(hub):  # noqa: ANN001, ANN201
-    if hub.name != "redis-pg":
-        pytest.skip("Flower follows task events through Redis; the filesystem transport has no event fanout")
     port = free_port()
     env = dict(os.environ, **hub.env, FLOWER_UNAUTHENTICATED_API="true")
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
@@ -108,3 +106,19 @@ def test_flower_shows_a_failed_attempt_as_a_failed_task(flower, prefix, external
     assert [state for _n, state, _r in b] == ["FAILURE", "SUCCESS"], b
     failure = next(r for _n, state, r in b if state == "FAILURE")
     assert "transient" in failure and "503" in failure, failure
+
+
+def test_flower_shows_a_step_skipped_on_a_retry_as_skipped_not_as_a_fresh_success(flower, prefix, external) -> None:  # noqa: ANN001
+    # Issue 40: the retry's chain starts at step a again, which finds its call recorded OK and makes none;
+    # Flower listed it as one more SUCCESS, as if a were called twice.
+    external.fail(f"{prefix}/b", times=1)
+    m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
+    assert wait_final(m.id).state == "OK"
+
+    def step_a() -> list[tuple[str, str]] | None:
+        mine = [(t["state"], str(t.get("result"))) for t in _tasks_of(flower, m.id) if t["name"].endswith(".a")]
+        return mine if len(mine) >= 2 and all(state == "SUCCESS" for state, _r in mine) else None
+
+    results = sorted(result for _state, result in wait_for(step_a, 60, "Flower to see both tasks of step a"))
+    assert results == ["'ok'", "'skipped: already done (recorded OK before, no call made)'"], results
+    assert external.count(f"{prefix}/a") == 1

@@ -13,6 +13,7 @@ import ast
 import json
 import time
 import uuid
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,6 +21,7 @@ from typing import Any, Iterator
 import pytest
 
 import openhub
+from openhub.api.detail import message_detail
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.checks import assert_each_step_ok_once
@@ -78,28 +80,31 @@ def _assert_all_done_once(ids: list[int], prefix: str, steps: list[str], externa
         assert external.effects(f"{prefix}/{s}") == len(ids), s
 
 
-def _killed_mid_step(svc: str, external: ExternalSystem, prefix: str, first: Worker) -> tuple[
-        list[int], list[int], float]:
-    """Submit slow messages, SIGKILL `first` while calls are in flight; (ids, in-flight ids, kill time)."""
-    external.delay(f"{prefix}/slow", 1.0)  # under the step's 2 s timeout: the kill lands mid-call
-    ids = _submit(f"{svc}.slow", prefix, 12)
-    wait_for(lambda: external.started_events[f"{prefix}/slow"].is_set(), 60, "a slow call in flight")
+def _killed_mid_step(svc: str, external: ExternalSystem, prefix: str, first: Worker) -> tuple[list[int], list[int]]:
+    """Submit messages whose middle call is slow, SIGKILL `first` while calls are in flight; (ids, in-flight ids).
+
+    The call takes 3 s until the kill and answers at once after it, under the step's 30 s timeout: on
+    however busy a machine, no call of the repair runs out of time (and is made again for that)."""
+    external.delay(f"{prefix}/patient", 3.0)
+    ids = _submit(f"{svc}.long", prefix, 12)
+    wait_for(lambda: external.started_events[f"{prefix}/patient"].is_set(), 60, "a slow call in flight")
     first.kill()
-    killed_at = time.monotonic()
+    external.delay(f"{prefix}/patient", 0)
     in_flight = [v.id for v in openhub.list_messages(limit=100) if v.state == "PROCESSING"]
     assert in_flight, "the kill should leave a message mid-step"
-    return ids, in_flight, killed_at
+    return ids, in_flight
 
 
-def _assert_back_in_seconds(in_flight: list[int], killed_at: float) -> None:
-    # Final long before the step lease (step timeout 20 s + grace 4 s) would have run out: the
-    # poller saw the dead worker's heartbeat stop and repaired its steps at once, no failure counted (the
-    # hub's fault, not the messages'), noted WORKER_LOST.
-    wait_for(lambda: all(openhub.get_message(i).state == "OK" for i in in_flight), 30, "the killed messages")
-    assert time.monotonic() - killed_at < 20
+def _assert_repaired_by_the_heartbeat(in_flight: list[int]) -> None:
+    # Repaired because the poller saw the dead worker's heartbeat stop, not when the step lease (the
+    # step's 30 s timeout + grace 4 s) ran out: the history says which, whatever the machine's load.
+    wait_for(lambda: all(openhub.get_message(i).state == "OK" for i in in_flight), 120, "the killed messages")
+    details = [e["detail"] or "" for i in in_flight for e in message_detail(i)["history"]]
+    assert any("died or its task crashed" in d for d in details), details
+    assert not [d for d in details if d.startswith("lease expired")]
+    # Its failures are its steps' own (a slow call past its timeout on a loaded box), none of them the
+    # loss: the hub's fault, not the message's, noted WORKER_LOST.
     repaired = [openhub.get_message(i) for i in in_flight]
-    assert any(v.error_code == "WORKER_LOST" and "died" in (v.failed_error or "") for v in repaired), repaired
-    # Its failures are its steps' own (a slow call past its timeout on a loaded box), none of them the loss.
     assert [v.failed_count for v in repaired] == [_events(v.id, "transient") for v in repaired]
 
 
@@ -114,6 +119,14 @@ def _events(message_id: int, event: str) -> int:
                                                        transitions.c.event == event)).scalar_one()
 
 
+def _assert_no_worker_called_a_key_twice(external: ExternalSystem, path: str) -> None:
+    """A live worker never makes a call again: the only repeats are the calls a killed worker had in
+    flight, made again by another (each call says which worker made it: tests/support/routes.call)."""
+    calls = Counter((c.headers.get("x-test-worker"), c.key) for c in external.calls if c.path == path)
+    assert None not in {worker for worker, _key in calls}
+    assert {k: n for k, n in calls.items() if n > 1} == {}
+
+
 @ON_BOTH_POOLS
 def test_worker_killed_mid_step_is_repaired_in_seconds(svc, pool, chaos, tmp_path) -> None:  # noqa: ANN001
     backend, external = chaos
@@ -121,9 +134,10 @@ def test_worker_killed_mid_step_is_repaired_in_seconds(svc, pool, chaos, tmp_pat
     first = Worker(backend.env, tmp_path / "w1", beat=True, **POOL_OPTIONS[pool]).start()
     second = Worker(backend.env, tmp_path / "w2", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers += [first, second]
-    ids, in_flight, killed_at = _killed_mid_step(svc, external, prefix, first)
-    _assert_back_in_seconds(in_flight, killed_at)
-    _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+    ids, in_flight = _killed_mid_step(svc, external, prefix, first)
+    _assert_repaired_by_the_heartbeat(in_flight)
+    _assert_all_done_once(ids, prefix, ["a", "patient", "c"], external)
+    _assert_no_worker_called_a_key_twice(external, f"{prefix}/patient")
 
 
 @ON_BOTH_POOLS
@@ -132,11 +146,11 @@ def test_worker_restarted_under_its_own_name_repairs_its_own_steps(svc, pool, ch
     prefix = "/restart"
     first = Worker(backend.env, tmp_path / "w", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers.append(first)
-    ids, in_flight, _killed_at = _killed_mid_step(svc, external, prefix, first)
+    ids, in_flight = _killed_mid_step(svc, external, prefix, first)
     again = Worker(backend.env, tmp_path / "w", beat=True, name=first.name, **POOL_OPTIONS[pool]).start()
     backend.workers.append(again)
-    _assert_back_in_seconds(in_flight, time.monotonic())  # counted from when the new worker is ready
-    _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+    _assert_repaired_by_the_heartbeat(in_flight)
+    _assert_all_done_once(ids, prefix, ["a", "patient", "c"], external)
 
 
 @ON_BOTH_POOLS
@@ -207,8 +221,6 @@ def test_two_beats_never_dispatch_twice(svc, pool, chaos, tmp_path) -> None:  # 
         backend.workers.append(w)
     ids = _submit(f"{svc}.flow", prefix, 20)
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
-    from collections import Counter
-
     from sqlalchemy import select
 
     from openhub.db import transaction
@@ -247,11 +259,9 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
         assert backend.redis is not None
         wait_for(lambda: backend.redis.client().hlen("unacked.owners") == 1, 30, "the worker to take the task")
         first.kill()
-        killed_at = time.monotonic()
         backend.workers.append(Worker(backend.env, tmp_path / "w2", beat=True, **POOL_OPTIONS[pool]).start())
-        done = wait_final(message_id, timeout=60)
+        done = wait_final(message_id, timeout=150)  # long before the lease grace (300 s) it once waited for
         assert done.state == "OK" and done.failed_count == 0
-        assert time.monotonic() - killed_at < 60
         assert [external.effects(f"/orphan/{s}") for s in "abc"] == [1, 1, 1]
 
 
@@ -288,7 +298,8 @@ def test_a_killed_worker_holds_no_queued_message_until_the_lease_grace(svc, tmp_
         first = Worker(backend.env, tmp_path / "w1", beat=True).start()
         second = Worker(backend.env, tmp_path / "w2", beat=True).start()
         backend.workers += [first, second]
-        ids, _in_flight, killed_at = _killed_mid_step(svc, external, prefix, first)
+        ids, _in_flight = _killed_mid_step(svc, external, prefix, first)
+        killed_at = time.monotonic()
         assert backend.redis is not None
         # The case this test is for: tasks the dead worker had taken and not started (no step run).
         record_property("held_unstarted", _held_unstarted(backend.redis.client(), first))
@@ -296,12 +307,14 @@ def test_a_killed_worker_holds_no_queued_message_until_the_lease_grace(svc, tmp_
         def not_ok() -> list[tuple[int, str]]:
             return [(i, v.state) for i, v in ((i, openhub.get_message(i)) for i in ids) if v.state != "OK"]
 
+        # Long before the lease grace (300 s), which the dead worker's taken tasks once waited for; a few
+        # seconds on a quiet machine (repair_seconds), more on a busy one.
         try:
-            wait_for(lambda: not not_ok(), 30, "every message, the dead worker's queued ones too")
+            wait_for(lambda: not not_ok(), 150, "every message, the dead worker's queued ones too")
         except AssertionError:
-            raise AssertionError(f"not OK 30 s after the kill: {not_ok()}") from None
+            raise AssertionError(f"not OK 150 s after the kill: {not_ok()}") from None
         record_property("repair_seconds", round(time.monotonic() - killed_at, 2))
-        _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+        _assert_all_done_once(ids, prefix, ["a", "patient", "c"], external)
 
 
 
@@ -378,27 +391,30 @@ def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:  # 
 @pytest.mark.parametrize("pool", ["prefork", "gevent"])
 def test_worker_killed_mid_batch_leaves_no_message_behind_and_repeats_no_successful_call(
         pool, chaos, tmp_path) -> None:  # noqa: ANN001
-    """A batch task of 20 messages (`batched.slow`, submitted together: one task), SIGKILLed while its
+    """A batch task of 20 messages (`batched.long`, submitted together: one task), SIGKILLed while its
     slow calls are in flight (one under prefork, which runs them one after another; all 20 under gevent).
     A new worker finishes every message; the step all 20 had recorded together before the kill is never
-    called again, and each message is confirmed once."""
+    called again, no worker makes one call twice, and each message is confirmed once.
+
+    The slow call answers at once after the kill, far inside its step's 30 s timeout: on a busy machine,
+    the 2 s timeout of the `slow` step this test once used ran out in the new worker's calls too (each
+    made again, as a timed-out call is), which a count of the calls then took for repeats."""
     backend, external = chaos
     prefix, many = f"/batch-{pool}", 20
-    external.delay(f"{prefix}/slow", 1.0)  # under the step's 2 s timeout: the kill lands mid-call
+    external.delay(f"{prefix}/patient", 3.0)
     first = Worker(backend.env, tmp_path / "w1", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers.append(first)
     ids = [v.id for v in openhub.submit_many([
-        {"route": "batched.slow", "payload": {"prefix": prefix}, "source_system": "CONFIRMED",
+        {"route": "batched.long", "payload": {"prefix": prefix}, "source_system": "CONFIRMED",
          "correlation_id": f"batch-{uuid.uuid4().hex}"} for _ in range(many)])]
-    wait_for(lambda: external.started_events[f"{prefix}/slow"].is_set(), 60, "a slow call in flight")
+    wait_for(lambda: external.started_events[f"{prefix}/patient"].is_set(), 60, "a slow call in flight")
     first.kill()
-    in_flight = external.in_flight  # the calls whose answer the killed worker never got: repeated, as replays
-    assert in_flight >= 1
+    external.delay(f"{prefix}/patient", 0)
     second = Worker(backend.env, tmp_path / "w2", beat=True, **POOL_OPTIONS[pool]).start()
     backend.workers.append(second)
-    _assert_all_done_once(ids, prefix, ["a", "slow", "c"], external)
+    _assert_all_done_once(ids, prefix, ["a", "patient", "c"], external)
     assert external.count(f"{prefix}/a") == many  # recorded for all 20 in one transaction before the kill
-    assert external.count(f"{prefix}/slow") <= many + in_flight
+    _assert_no_worker_called_a_key_twice(external, f"{prefix}/patient")  # the first's in flight: made again
     assert external.count(f"{prefix}/c") == many
     wait_for(lambda: external.count(f"{prefix}/confirm") >= many, 60, "the confirmations")
     assert external.count(f"{prefix}/confirm") == external.effects(f"{prefix}/confirm") == many  # each once

@@ -1,4 +1,5 @@
-"""The `openhub` command line (DESIGN.md §6): JSON for scripts, tables for people, clean errors."""
+"""The `openhub` command line (openhub/api/README.md, "Command line"): JSON for scripts, tables for people,
+clean errors."""
 
 from __future__ import annotations
 
@@ -111,11 +112,17 @@ def test_messages_list_show_cancel_restart(cli, prefix, held):
     assert shown["id"] == view.id and shown["history"][0]["event"] == "accepted" and "children" in shown
     assert "payload" in cli("messages", "show", str(view.id)).output
     conflict = CliRunner().invoke(main, ["messages", "restart", str(view.id)])
-    assert conflict.exit_code == 1 and "not allowed" in conflict.output
+    assert conflict.exit_code == 1 and "only an OK, FAILED or CANCEL message can be restarted" in conflict.output
     cancelled = cli("messages", "cancel", str(view.id), "--json")
     assert json.loads(cancelled.output)["state"] == "CANCEL"
+    again = CliRunner().invoke(main, ["messages", "cancel", str(view.id)])  # issue 40: "cancelled is not allowed
+    assert again.exit_code == 1 and f"message {view.id} is already CANCEL" in again.output  # in state CANCEL"
     restarted = cli("messages", "restart", str(view.id), "--total")
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
+    # The history names the operator's restart, not only its move to PARTLY_FAILED (which reads as a failure).
+    [entry] = [e for e in json.loads(cli("messages", "show", str(view.id), "--json").output)["history"]
+               if e["event"] == "restarted"]
+    assert (entry["from_state"], entry["detail"]) == ("CANCEL", "total restart by an operator: every call made again")
 
 
 def test_messages_respond_takes_the_waits_token(cli, hub, prefix, external):
@@ -162,6 +169,10 @@ def test_show_calls_the_error_of_a_message_ok_after_a_retry_an_earlier_attempts(
     shown = cli("messages", "show", str(view.id)).output
     assert "error of an earlier attempt (the message then ended OK)" in shown and "step_that_failed_earlier" in shown
     assert "last error" not in shown and "Traceback" not in shown
+    # One line (issue 40), the whole text with --verbose.
+    assert f"HTTP 503 from {external.url}{prefix}/b" in shown and "--verbose shows the whole texts" in shown
+    verbose = cli("messages", "show", str(view.id), "--verbose").output
+    assert "Traceback (most recent call last)" in verbose and "--verbose shows" not in verbose
 
 
 def test_messages_cancel_and_restart_by_filter(cli, prefix, held):
@@ -178,8 +189,12 @@ def test_messages_cancel_and_restart_by_filter(cli, prefix, held):
     assert both.exit_code == 2
     cancelled = json.loads(cli("messages", "cancel", "--process-id", process, "--json").output)
     assert cancelled == {"done": sorted(ids), "refused": [], "more": False}
+    restarted = cli("messages", "restart", "--process-id", process, "--state", "cancel", "--limit", "1")
+    assert restarted.exit_code == 0 and restarted.output == "1 message restarted; more match: run again\n"
     restarted = cli("messages", "restart", "--process-id", process, "--state", "cancel")
-    assert restarted.exit_code == 0 and "2 messages restarted" in restarted.output
+    assert restarted.exit_code == 0 and restarted.output == "1 message restarted\n"  # not "1 messages"
+    cancelled = cli("messages", "cancel", "--process-id", process)
+    assert cancelled.exit_code == 0 and cancelled.output == "2 messages cancelled\n"
 
 
 def test_list_and_show_print_markup_and_control_characters_verbatim(cli, prefix):
@@ -200,6 +215,8 @@ def test_pause_resume_and_routes(cli):
     assert "test.held" in openhub.paused()
     resumed = json.loads(cli("resume", "test.held", "--json").output)
     assert resumed["paused"] is False and "test.held" not in openhub.paused()
+    cli("pause", "test.held")
+    assert cli("resume", "test.held").output == "test.held resumed; 0 postponed messages re-driven now\n"
     routes = json.loads(cli("routes", "--json").output)
     assert "test.flow" in {r["route"] for r in routes}
 

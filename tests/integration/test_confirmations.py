@@ -87,7 +87,13 @@ def test_a_confirmation_refused_by_raise_for_status_is_listed_by_its_status_and_
     with TestClient(create_app()) as client:
         listed = client.get("/api/v1/confirmations", params={"message_id": only},
                             headers={"Authorization": f"Bearer {ADMIN}"})
+        # Issue 40: the overview, the first screen an operator sees, listed the whole traceback.
+        overview = client.get("/api/v1/overview", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        detail = client.get(f"/api/v1/messages/{only}", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     assert listed.json()[0]["last_error"] == line
+    assert [(p["message_id"], p["last_error"]) for p in overview["confirmations"]["parked"]] == [(only, line)]
+    [confirmation] = detail["confirmation"]  # the whole text: a click away, in the message's detail
+    assert confirmation["last_error_line"] == line and "Traceback" in confirmation["last_error"]
     assert json.loads(CliRunner().invoke(main, ["confirmations", "list", "--json"]).output)[0]["last_error"] == line
     assert line in CliRunner().invoke(main, ["confirmations", "list"], terminal_width=200).output
 

@@ -1,4 +1,4 @@
-"""The core behaviour of DESIGN.md §3 with real workers, on both backends."""
+"""The core behaviour (README.md, "How it works" and "Defining routes") with real workers, on both backends."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_three_steps_reach_ok_each_called_once(svc, prefix, external) -> None:
     m = submit(f"{svc}.flow", prefix)
     assert m.state in ("NEW", "IN_QUEUE") and not m.duplicate
     done = wait_final(m.id)
-    assert done.state == "OK" and done.failed_count == 0
+    assert done.state == "OK" and done.failed_count == 0, (done.state, done.failed_count, done.failed_error)
     assert [external.count(f"{prefix}/{s}") for s in "abc"] == [1, 1, 1]
     assert [(c.step, c.state) for c in done.ext_calls] == [("a", "OK"), ("b", "OK"), ("c", "OK")]
     assert events(m.id)[0] == ("accepted", "NEW")
@@ -213,10 +213,12 @@ def test_restart_resumes_and_total_restart_calls_again(svc, prefix, external) ->
 def test_operator_actions_refused_in_wrong_states(svc, prefix) -> None:
     m = submit(f"{svc}.wait", prefix, wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
-    with pytest.raises(openhub.StateConflict, match="restarted is not allowed in state WAITING_FOR_RES"):
+    with pytest.raises(openhub.StateConflict, match=f"message {m.id} is WAITING_FOR_RES: only an OK, FAILED or "
+                                                    "CANCEL message can be restarted"):
         openhub.restart(m.id)
     assert openhub.cancel(m.id).state == "CANCEL"
-    with pytest.raises(openhub.StateConflict):
+    # Issue 40: a second cancel said "cancelled is not allowed in state CANCEL".
+    with pytest.raises(openhub.StateConflict, match=f"^message {m.id} is already CANCEL: only a message not final"):
         openhub.cancel(m.id)
     with pytest.raises(openhub.NotFound):
         openhub.restart(10**12)

@@ -33,9 +33,12 @@ pytest.importorskip("gevent")
 CONCURRENCY = 50
 MESSAGES = 30
 CALL_SECONDS = 1.0  # the external system's answer time on step a: what keeps calls in flight
-# With -c 500 and 3 s calls, the calls that met at the external system at once (one process): 495 on a
-# busy 2-core box; HttpCall's connection cap held it at exactly 100 before.
-PEAK_OF_500 = 250
+MET = 10  # calls of -c 50 held at the external system until this many meet (prefork -c 2 keeps 2)
+# With -c 500 and 3 s calls, the calls that met at the external system at once (one process) were 495 on
+# a busy 2-core box; HttpCall's connection cap held it at exactly 100 before. The test holds them until
+# more than that cap meet: a condition with a deadline, not a figure (bench/ has the figures).
+MET_OF_500 = 150
+MEETING_SECONDS = 15  # how long a held call waits for the others: under the steps' 30 s and 20 s timeouts
 
 
 @pytest.fixture
@@ -86,6 +89,7 @@ def test_a_gevent_worker_keeps_many_slow_calls_in_flight_and_makes_each_once(
         gevent_hub: backends.Backend, system: ExternalSystem, svc: str) -> None:
     prefix = f"/t{uuid.uuid4().hex[:10]}"
     system.delay(f"{prefix}/a", CALL_SECONDS)
+    system.gather(f"{prefix}/a", MET, MEETING_SECONDS)
     before = _last_heartbeats()
     ids = [_submit(f"{svc}.flow", prefix).id for _ in range(MESSAGES)]
     done = [wait_final(i, timeout=120) for i in ids]
@@ -93,8 +97,8 @@ def test_a_gevent_worker_keeps_many_slow_calls_in_flight_and_makes_each_once(
     assert [m.state for m in done] == ["OK"] * MESSAGES, log
     for step in "abc":  # each step of each message called once
         assert system.count(f"{prefix}/{step}") == MESSAGES and system.effects(f"{prefix}/{step}") == MESSAGES
-    # One process of -c 50 kept many one-second calls open at once (prefork -c 2 would keep 2).
-    assert system.peak_in_flight >= 10, (system.peak_in_flight, log)
+    # One process of -c 50 kept many calls open at once (prefork -c 2 would keep 2): the first ten met.
+    assert system.peak_in_flight >= MET, (system.peak_in_flight, log)
     after = _last_heartbeats()  # and the worker's heartbeat went on meanwhile
     assert any(seen > before.get(worker, seen) or worker not in before for worker, seen in after.items()), after
 
@@ -104,7 +108,7 @@ def test_a_step_over_its_timeout_is_interrupted_in_its_greenlet(gevent_hub: back
     prefix = f"/t{uuid.uuid4().hex[:10]}"
     system.delay(f"{prefix}/slow", 6)  # the step's timeout is 2 s; Celery's gevent pool kills only at 62 s
     m = _submit("test.slow", prefix)
-    wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 20,
+    wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 60,
              f"the slow step to time out; worker log: {gevent_hub.workers[0].log()[-3000:]}")
     assert "TimeLimitExceeded" in (openhub.get_message(m.id).failed_error or "")
     system.delay(f"{prefix}/slow", 0)
@@ -120,6 +124,7 @@ def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections
     many, seconds = 500, 3.0
     prefix = f"/t{uuid.uuid4().hex[:10]}"
     system.delay(f"{prefix}/pooled", seconds)
+    system.gather(f"{prefix}/pooled", MET_OF_500, MEETING_SECONDS)
     with _gevent_hub("redis-pg", tmp_path, system, concurrency=many) as hub:
         database = hub.database_url.rsplit("/", 1)[1]
         admin = sqlalchemy.create_engine(f"{backends.PG_SERVER}/postgres", isolation_level="AUTOCOMMIT",
@@ -150,7 +155,7 @@ def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections
         views = [wait_final(i) for i in ids]
         log = hub.workers[0].log()
     assert system.count(f"{prefix}/pooled") == many  # each call made once
-    assert system.peak_in_flight >= PEAK_OF_500, system.peak_in_flight  # hundreds of greenlets waited at once
+    assert system.peak_in_flight >= MET_OF_500, system.peak_in_flight  # hundreds of greenlets waited at once
     assert counts and max(counts) <= PG_POOL_SIZE + PG_MAX_OVERFLOW, (max(counts), PG_POOL_SIZE + PG_MAX_OVERFLOW)
     # The heartbeat kept up: behind 500 greenlets in line for the store it fell behind, and the worker
     # refused its own steps, left each to the repair (+1 failure).

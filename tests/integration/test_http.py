@@ -1,7 +1,7 @@
 """openhub.http.HttpCall against a real local HTTP server, run through LocalHub.
 
 Each answer class (2xx, mapped 409, mapped 4xx Reject, unmapped 4xx, 5xx, 429 with and without
-Retry-After, timeout, refused connection) ends in the state DESIGN.md §3 gives it, and a recorded
+Retry-After, timeout, refused connection) ends in the state README.md gives it ("HTTP steps"), and a recorded
 exchange keeps what was sent and received with secrets redacted.
 """
 
@@ -163,6 +163,29 @@ def test_timeout_and_refused_connection_are_transient_and_recorded(hub, server, 
     assert x["status"] is None and x["error"].startswith("ConnectError") and x["response_body"] is None
 
 
+def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, server, monkeypatch) -> None:  # noqa: ANN001
+    # Issue 40: lists showed `openhub.errors.TransientError: POST ... answered 503: ...` for these, `HTTP 503
+    # from <url>` for httpx's raise_for_status() and, on the overview, a whole traceback.
+    from openhub.api.summary import message_summaries
+
+    server.answer("/flaky", 503, body=b'{"error": "down"}')
+    server.answer("/bad", 422, body=b'{"error": "no such customer"}')
+    transient, rejected = run(hub, {"path": "/flaky"}), run(hub, {"path": "/bad"})
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", f"http://127.0.0.1:{closed}")
+    refused = run(hub, {"path": "/gone"})
+    lines = {m["id"]: m["failed_error"] for m in message_summaries(limit=10)}
+    assert lines[transient.id] == f'HTTP 503 from POST {server.url}/flaky: {{"error": "down"}}'
+    assert lines[rejected.id] == f'HTTP 422 from POST {server.url}/bad: {{"error": "no such customer"}}'
+    assert lines[refused.id].startswith(f"ConnectError on POST http://127.0.0.1:{closed}/gone: ")
+    detail = message_detail(transient.id)
+    assert detail["failed_error_line"] == lines[transient.id] and "Traceback" in detail["failed_error"]  # the whole
+    [call] = detail["ext_calls"]
+    assert call["last_error_line"] == lines[transient.id]
+
+
 def test_nothing_is_recorded_unless_asked(hub, server) -> None:  # noqa: ANN001
     view = run(hub, {"path": "/q"}, route="http.quiet")
     assert view.state == "OK" and message_detail(view.id)["http_exchanges"] == []
@@ -263,8 +286,8 @@ def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, serve
     server.answer("/boom", 503, body=b'{"error": "down"}')
     view = run(hub, {"path": "/boom"})
     shown = source_view(message_detail(view.id))
-    assert "http_exchanges" not in shown and shown["failed_error"] == 'openhub.errors.TransientError: POST ' \
-        f'{server.url}/boom answered 503: {{"error": "down"}}'
+    assert "http_exchanges" not in shown and shown["failed_error"] == \
+        f'HTTP 503 from POST {server.url}/boom: {{"error": "down"}}'
     text = json.dumps(shown, default=str)
     assert "Traceback" not in text and '"worker"' not in text and "last_error\"" not in text
 

@@ -28,6 +28,19 @@ def test_local_hub_runs_a_route_and_retries_in_simulated_time(external, monkeypa
     assert external.count("/local/a") == 1 and external.count("/local/b") == 2
 
 
+def test_tick_seconds_count_from_now_not_from_the_last_tick(external, monkeypatch) -> None:  # noqa: ANN001
+    # Issue 40: `tick(seconds=N)` read as cumulative surprised; it is N seconds from now, as documented.
+    monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
+    external.fail("/ticks/b", times=1)
+    with LocalHub("tests.support.routes", OPENHUB_RETRY_INTERVAL="60") as hub:
+        view = hub.submit("test.flow", {"prefix": "/ticks"})
+        hub.run()
+        assert hub.tick(seconds=31).redriven == 0
+        assert hub.tick(seconds=31).redriven == 0  # 31 s from now again, not 62 s
+        assert hub.tick(seconds=61).redriven == 1
+        assert hub.get(view.id).state == "OK"
+
+
 def test_local_hub_splits_and_waits(external, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
     with LocalHub("tests.support.routes") as hub:

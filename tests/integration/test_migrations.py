@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from openhub.db import dispose_engines, get_engine
-from openhub.migrate import upgrade
+from openhub.migrate import alembic_config, upgrade
 from openhub.schema import Base
 from tests.support.backends import postgres_database
 
@@ -67,3 +68,24 @@ def test_upgrade_keeps_in_flight_entity_records_and_funnels_working(tmp_path) ->
     dispose_engines()
     assert tuple(call) == ("entity:CRM:customer:42:mno", 1)
     assert funnel == "CRM:sku-1"
+
+
+def test_db_upgrade_says_what_it_did(tmp_path) -> None:  # noqa: ANN001
+    # Issue 40: on an empty database it said "is up to date" after creating the whole schema.
+    from click.testing import CliRunner
+
+    from openhub.cli import main
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    try:
+        created = CliRunner().invoke(main, ["db", "upgrade", "--url", url], catch_exceptions=False)
+        assert created.output == f"database at {url}: schema created (revision {head})\n"
+        again = CliRunner().invoke(main, ["db", "upgrade", "--url", url], catch_exceptions=False)
+        assert again.output == f"database at {url} is up to date (revision {head})\n"
+        older = f"sqlite:///{tmp_path / 'older.db'}"
+        upgrade(older, "0001")
+        migrated = CliRunner().invoke(main, ["db", "upgrade", "--url", older], catch_exceptions=False)
+        assert migrated.output == f"database at {older}: schema migrated from revision 0001 to {head}\n"
+    finally:
+        dispose_engines()

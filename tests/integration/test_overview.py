@@ -40,6 +40,7 @@ def test_overview_of_known_traffic(store: str) -> None:
     assert f["hour"][-2]["finished"] == 3 and f["hour"][-1]["finished"] == 0
     assert o["confirmations"]["parked_count"] == EXPECTED["parked"]
     assert sorted(p["message_id"] for p in o["confirmations"]["parked"]) == sorted(ids["failed"])
+    assert {p["last_error"] for p in o["confirmations"]["parked"]} == {EXPECTED["parked_error"]}  # one line
     assert o["confirmations"]["by_state"]["PENDING"] == EXPECTED["pending_confirmations"]
     assert [p["route"] for p in o["paused_routes"]] == EXPECTED["paused"]
 

@@ -83,7 +83,9 @@ def test_a_send_ends_at_its_overall_deadline(slow: DribblingServer) -> None:
     with pytest.raises(httpx.TimeoutException, match="2.0 s"):
         post_within(slow.url, 2.0, json={"x": 1})
     elapsed = time.monotonic() - started
-    assert 1.9 <= elapsed < 3.0, elapsed  # per read it never waited longer than 0.5 s: the cap is overall
+    # Per read it never waited longer than 0.5 s: the cap is overall (the receiver dribbles for 100 s). The
+    # upper bound is sized for a busy machine, far from the 100 s a per-read cap would take.
+    assert 1.9 <= elapsed < 30, elapsed
 
 
 def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: DribblingServer) -> None:
@@ -95,16 +97,14 @@ def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: 
         started = time.monotonic()
         hub.run()
         hub.tick()
-        assert time.monotonic() - started < 3 * 1 + 4  # each send cut off at 1 s, not after 100 s of dribble
+        assert time.monotonic() - started < 30  # each send cut off at 1 s, not after 100 s of dribble (busy: < 30)
         rows = [r for r in openhub.list_confirmations() if r["hook"] == "webhook"]
         assert len(rows) == 3 and {r["state"] for r in rows} == {"FAILED"}, rows
         assert all("Timeout" in r["last_error"] and "1.0 s" in r["last_error"] for r in rows)
         before = slow.requests
-        started = time.monotonic()
         # All three are due again; the tick's budget (0.5 s, half a send cut off at 1 s) is spent after the first.
         hub.tick(seconds=61)
-        assert time.monotonic() - started < 2.5
-        assert slow.requests == before + 1
+        assert slow.requests == before + 1  # one send, however long a busy machine took over it
         retried = [r for r in openhub.list_confirmations() if r["hook"] == "webhook" and r["attempts"] == 2]
         assert len(retried) == 1 and retried[0]["message_id"] in ids
     routes.reset()
@@ -127,11 +127,9 @@ def test_a_slow_confirmer_does_not_hold_the_step_workers(own_backend, slow: Drib
         first = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
                                correlation_id=uuid.uuid4().hex)
         wait_final(first.id)
-        started = time.monotonic()
         second = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
                                 correlation_id=uuid.uuid4().hex)
-        wait_final(second.id, timeout=30)
-        assert time.monotonic() - started < 10  # not behind a confirmation that dribbles for 100 s
+        wait_final(second.id, timeout=60)  # not behind a confirmation that dribbles for 100 s
         assert slow.requests == 0  # the step worker sent nothing itself
         confirmer = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub.confirm").start()
         wait_for(lambda: slow.requests >= 1, timeout=30,  # the confirm worker sends them

@@ -3,6 +3,7 @@ cancelled parent's family cancelled with it, and children confirmed only when th
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import pytest
@@ -84,3 +85,17 @@ def test_children_are_confirmed_when_their_split_asks(hub: LocalHub) -> None:
     hub.tick()
     children = [c.id for c in _children(parent.id)]
     assert sorted(routes.CONFIRMED) == sorted([(children[0], "OK"), (children[1], "OK"), (parent.id, "OK")])
+
+
+def test_a_split_child_ending_is_not_logged_at_info_as_unconfirmed(hub: LocalHub, caplog) -> None:  # noqa: ANN001
+    # Issue 40: every child of a split logged "not confirmed (no confirmer for CRM, or a split child)" at INFO.
+    caplog.set_level(logging.INFO, logger="openhub")
+    parent = hub.submit("p.big", {"children": 3})
+    hub.run()
+    assert hub.get(parent.id).state == "OK"
+    assert [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()
+            and r.levelno >= logging.INFO] == []
+    alone = hub.submit("p.flow", {}, source_system="NOBODY")  # a source system without a confirmer is still told
+    hub.run()
+    assert [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()] == [
+        f"message {alone.id} ({alone.correlation_id}) ended OK; not confirmed: no confirmer for NOBODY"]

@@ -86,3 +86,19 @@ def test_status_watch_redraws_until_interrupted(store: str, tmp_path: Path) -> N
             assert proc.wait(timeout=30) == 0  # Ctrl-C ends it cleanly, no traceback
     lines = out.read_text().splitlines()
     assert all(json.loads(line)["finished"]["hour_total"]["finished"] == 11 for line in lines[:3])
+
+
+def test_status_watch_writes_each_refresh_to_a_pipe(store: str, tmp_path: Path) -> None:
+    # Issue 40: without --json, `openhub status --watch | tee` showed nothing (rich's Live redraws in place).
+    write_known_traffic(utcnow())
+    env = {**os.environ, "OPENHUB_DATABASE_URL": store, "PYTHONPATH": str(PROJECT)}
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen([OPENHUB, "status", "--watch", "0.2", "--no-workers"], env=env,
+                                cwd=PROJECT, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: out.read_text().count("openhub status at") >= 2, 60, "two refreshes")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 0
+    assert "finished last hour: 11" in out.read_text() and "Traceback" not in out.read_text()

@@ -16,15 +16,17 @@ from openhub import (Child, Holdback, Outcome, Postpone, Reject, RetryPolicy, Ro
 from openhub.http import HttpCall
 
 
-
 def external_url() -> str:
     """The test's external system (read per call: a test process may start several)."""
     return os.environ.get("OPENHUB_TEST_EXTERNAL_URL", "http://127.0.0.1:9")
 
 
 def call(ctx: StepContext, name: str, body: dict | None = None) -> dict:
-    """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key."""
+    """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key (and,
+    from a test's worker process, `X-Test-Worker`: which worker made the call)."""
     headers = {"Idempotency-Key": ctx.idempotency_key}
+    if os.environ.get("OPENHUB_TEST_WORKER"):
+        headers["X-Test-Worker"] = os.environ["OPENHUB_TEST_WORKER"]
     funnel = ctx.payload.get("funnel_header")
     if funnel:
         headers["X-Funnel"] = funnel
@@ -174,6 +176,7 @@ def behaviour_routes(service: str, fused: bool = False, batch: int | None = None
         route("custom", [charge]),
         route("fragile", [step_a, fragile]),
         route("slow", [step_a, slow, step_c]),
+        route("long", [step_a, patient, step_c]),  # a worker is killed mid-call: the call's timeout is far off
         route("patient", [patient]),
         route("pooled", [pooled]),
         # CRM (or CONFIRMED) asks, SHOP answers (the third party): issue 27's sources and responders

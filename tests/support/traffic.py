@@ -43,7 +43,19 @@ EXPECTED = {
                ("order.create", "WAITING"): 1, ("order.create", "OK"): 3},
     "oldest_partly_failed_minutes": 30, "parked": 2, "pending_confirmations": 1,
     "paused": ["order.bookLine"],
+    "parked_error": "HTTP 500 from https://crm.example/confirmations",  # the line of PARKED_ERROR
 }
+
+# What a parked confirmation keeps of a confirmer that called raise_for_status(): a traceback whose last
+# line sends the reader to developer.mozilla.org (issue 40: the overview listed all of it).
+PARKED_ERROR = """Traceback (most recent call last):
+  File "/srv/routes/customers.py", line 61, in confirm_crm
+    httpx.post(CRM_CONFIRM, json=outcome.as_dict()).raise_for_status()
+  File "/srv/.venv/lib/python3.11/site-packages/httpx/_models.py", line 829, in raise_for_status
+    raise HTTPStatusError(message, request=request, response=self)
+httpx.HTTPStatusError: Server error '500 Internal Server Error' for url 'https://crm.example/confirmations'
+For more information check: https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/500
+"""
 
 
 def _row(route: str, state: str, received: datetime, finished: datetime | None) -> dict[str, Any]:
@@ -77,7 +89,7 @@ def write_known_traffic(now: datetime, url: str | None = None) -> dict[str, Any]
         for mid in ids["failed"]:
             conn.execute(insert(confirmations).values(
                 message_id=mid, outcome="FAILED", state="FAILED_END", attempts=3, due_at=None,
-                created_at=now, updated_at=now, last_error="CRM answered 500"))
+                created_at=now, updated_at=now, last_error=PARKED_ERROR))
         conn.execute(insert(confirmations).values(
             message_id=ids["oldest_partly_failed"], outcome="OK", state="PENDING", attempts=0, due_at=now,
             created_at=now, updated_at=now))

@@ -66,8 +66,9 @@ class Worker(_CeleryProcess):
         self.workdir = workdir
         self.heartbeat = workdir / f"{self.name}.heartbeat"
         self.log_path = workdir / f"{self.name}.log"
+        # OPENHUB_TEST_WORKER: the test routes' calls say which worker made them (tests/support/routes.call)
         self.env = dict(os.environ, **env, OPENHUB_WORKER_HEARTBEAT_FILE=str(self.heartbeat),
-                        PYTHONPATH=str(PROJECT))
+                        OPENHUB_TEST_WORKER=self.name, PYTHONPATH=str(PROJECT))
         self.args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel", "INFO",
                      "--concurrency", str(concurrency), "--hostname", f"{self.name}@%h", "--without-gossip",
                      "--without-mingle"]

@@ -48,3 +48,27 @@ def test_a_chained_traceback_is_summarised_by_the_exception_that_ended_it() -> N
 ])
 def test_plain_texts_are_their_first_line_bounded(text: str | None, line: str | None) -> None:
     assert error_line(text) == line
+
+
+@pytest.mark.parametrize("text, line", [
+    # HttpCall's transient failure, as a traceback ends with it
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    billing.post(ctx, url)\n"
+     "openhub.errors.TransientError: POST https://billing.example/customers answered 503: {\"error\": \"down\"}\n",
+     "HTTP 503 from POST https://billing.example/customers: {\"error\": \"down\"}"),
+    # its rejection, as the engine stores a Reject
+    ("Reject: PUT https://crm.example/x answered 422: bad field [HTTP_422]",
+     "HTTP 422 from PUT https://crm.example/x: bad field"),
+    # a 429's postponement
+    ("GET https://api.example/rates answered 429, Retry-After 5",
+     "HTTP 429 from GET https://api.example/rates, Retry-After 5"),
+    ("openhub.errors.TransientError: GET https://api.example/a answered 502", "HTTP 502 from GET https://api.example/a"),
+    # no answer at all
+    ("openhub.errors.TransientError: POST https://billing.example/c: ConnectError: [Errno 111] Connection refused",
+     "ConnectError on POST https://billing.example/c: [Errno 111] Connection refused"),
+    # the hub's own exceptions without their module; a user's Reject as it was
+    ("openhub.errors.TransientError: billing is down", "TransientError: billing is down"),
+    ("Reject: no such customer [E404]", "Reject: no such customer [E404]"),
+])
+def test_one_format_for_every_http_failure(text: str, line: str) -> None:
+    # Issue 40: three formats (httpx's, HttpCall's TransientError, a traceback) for one kind of failure.
+    assert error_line(text) == line

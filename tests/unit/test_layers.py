@@ -1,5 +1,5 @@
 """The package's imports flow one way: no module imports, at its top or inside a function, a module
-that imports it back (DESIGN.md §1). A cycle is how plumbing starts looping back on itself."""
+that imports it back (README.md, "Layout"). A cycle is how plumbing starts looping back on itself."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""DESIGN.md §3 as a table: each row is (state, event, failed_count) -> (state, failed_count, actions)."""
+"""README.md's states ("How it works") as a table: each row is (state, event, failed_count) ->
+(state, failed_count, actions)."""
 
 from __future__ import annotations
 

@@ -155,3 +155,39 @@ def test_a_heartbeat_thread_that_ended_is_started_again(heartbeating) -> None:  
     renewed = workers._renewed  # noqa: SLF001
     wait_for(lambda: workers._renewed != renewed, 10, "the new thread to heartbeat")  # noqa: SLF001
     wait_for(workers.store_reachable, 10, "the store to count as reachable again")
+
+
+def test_a_first_heartbeat_slow_to_connect_does_not_fence_the_step_after_it(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    # Found with `make test-burn` (issue 40): a fresh pool process's first heartbeat opens its connection
+    # to the store, which on a busy machine takes most of a second; the fence was counted from before that
+    # connection, so the process's first step found its heartbeat "behind" at once and left its run to the
+    # repair (test_flow's first message on PostgreSQL: "ended without an outcome: worker ... died").
+    import time
+
+    from sqlalchemy import event
+
+    from openhub import workers
+    from openhub.config import reset_settings
+    from openhub.db import dispose_engines, get_engine
+    from openhub.migrate import upgrade
+
+    monkeypatch.setenv("OPENHUB_DATABASE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("OPENHUB_WORKER_DEAD_AFTER", "1")  # the fence at 0.75 s
+    reset_settings()
+    try:
+        upgrade()
+        dispose_engines()  # the beat opens its own connection, as in a fresh process
+
+        @event.listens_for(get_engine(), "connect")
+        def slow_to_connect(*_: object) -> None:
+            time.sleep(1.0)  # the fault: a connection that takes a busy machine's second
+
+        monkeypatch.setattr(workers, "_beating", os.getpid())  # as start_heartbeat sets it, without its thread
+        monkeypatch.setattr(workers, "_renewed", None)
+        monkeypatch.setattr(workers, "_gap_ended", float("-inf"))
+        workers.beat(workers.current_id(), "test", broken=True)
+        assert not workers.fenced(time.monotonic())  # the heartbeat was just written
+    finally:
+        dispose_engines()
+        monkeypatch.undo()
+        reset_settings()

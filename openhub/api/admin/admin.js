@@ -166,16 +166,33 @@ async function loadRoutes() {
   } catch (e) { showError(e.message); }
 }
 
+// An error as one line (openhub.context.error_line); where the stored text says more (a traceback, a
+// longer body), a click on the line unfolds the whole of it (kept open across the detail's refreshes).
+function errorCell(tr, line, whole, key, opened) {
+  if (!whole || whole.trim() === line) return cell(tr, line);
+  const td = cell(tr, "");
+  const box = document.createElement("details"), summary = document.createElement("summary");
+  const pre = document.createElement("pre");
+  box.className = "error";
+  box.dataset.key = key;
+  box.open = opened.has(key);
+  summary.textContent = line;
+  pre.textContent = whole;
+  box.append(summary, pre);
+  td.appendChild(box);
+  return td;
+}
+
 function fillTable(sel, rows, columns) {
   const tbody = $(sel + " tbody");
+  const opened = new Set(Array.from(tbody.querySelectorAll("details.error[open]"), (d) => d.dataset.key));
   tbody.textContent = "";
-  rows.forEach((row) => {
+  rows.forEach((row, i) => {
     const tr = document.createElement("tr");
     columns.forEach((c) => {
       if (c === "state" || c === "to_state") return stateCell(tr, row[c]);
-      if (c === "last_error" && row[c]) {  // its one line (openhub.context.error_line), the whole of it on hover
-        cell(tr, row.last_error_line || row[c]).title = row[c];
-        return;
+      if (c === "last_error" && row[c]) {
+        return errorCell(tr, row.last_error_line || row[c], row[c], `${current}:${i}`, opened);
       }
       cell(tr, /(_at|^at)$/.test(c) ? fmt(row[c]) : row[c]);
     });
@@ -217,21 +234,26 @@ async function showMessage(id, quiet) {
       }
       ftbody.appendChild(tr);
     });
-    $("#d-error").textContent = m.failed_error || "—";
+    $("#d-error-line").textContent = m.failed_error_line || "—";
+    $("#d-error").textContent = m.failed_error || "";
     $("#d-error-title").textContent = past ? "Error of an earlier attempt (the message then ended OK)" : "Last error";
-    const box = $("#d-error-box"), shown = m.id + ":" + past;  // a refresh keeps what the reader opened
-    if (box.dataset.shown !== shown) { box.open = !past; box.dataset.shown = shown; }
+    // The whole text is a click away, where it says more than its line (a traceback, a longer body).
+    const box = $("#d-error-box"), shown = String(m.id);  // a refresh keeps what the reader opened
+    box.hidden = !m.failed_error || m.failed_error.trim() === m.failed_error_line;
+    if (box.dataset.shown !== shown) { box.open = false; box.dataset.shown = shown; }
     $("#d-payload").textContent = JSON.stringify(m.payload, null, 2);
     $("#d-business").textContent = m.business_errors.length ? JSON.stringify(m.business_errors, null, 2) : "—";
-    fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "worker", "duration_ms", "updated_at",
-      "last_error"]);
-    fillTable("#d-history", m.history, ["at", "event", "from_state", "to_state", "step", "detail"]);
+    noneRow(fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "worker", "duration_ms",
+      "updated_at", "last_error"]));
+    noneRow(fillTable("#d-history", m.history, ["at", "event", "from_state", "to_state", "step", "detail"]));
     const children = fillTable("#d-children", m.children, ["id", "route", "state", "object_id"]);
     Array.from(children.rows).forEach((tr, i) => {
       tr.className = "clickable";
       tr.addEventListener("click", () => showMessage(m.children[i].id));
     });
-    fillTable("#d-confirmation", m.confirmation, ["outcome", "state", "attempts", "updated_at", "last_error"]);
+    noneRow(children);
+    noneRow(fillTable("#d-confirmation", m.confirmation, ["outcome", "state", "attempts", "updated_at",
+      "last_error"]));
     renderExchanges(m.http_exchanges || []);
     const final = ["OK", "FAILED", "CANCEL"].includes(m.state);
     $("#d-restart").disabled = !final;
@@ -246,11 +268,11 @@ async function showMessage(id, quiet) {
   } catch (e) { showError(e.message); }
 }
 
-async function act(path, body, confirmText) {
+async function act(action, body, confirmText) {
   if (current === null) return;
   if (confirmText && !window.confirm(confirmText)) return;
   try {
-    await api("POST", `/api/v1/messages/${current}/${path}`, body);
+    await api("POST", `/api/v1/messages/${current}:${action}`, body);
     await showMessage(current);
   } catch (e) { showError(e.message); }
 }

@@ -91,7 +91,7 @@ function renderOverview(o) {
     const tr = document.createElement("tr");
     messageLink(cell(tr, ""), c.message_id);
     cell(tr, c.outcome); cell(tr, c.attempts); cell(tr, fmt(c.updated_at));
-    cell(tr, c.last_error);  // one line already (openhub.context.error_line)
+    cell(tr, c.last_error);  // its one line (openhub.context.error_line); the whole text: the message's detail
     const send = document.createElement("button");
     send.textContent = "Send again";
     send.className = "resend";

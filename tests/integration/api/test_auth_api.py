@@ -42,8 +42,8 @@ def test_the_admin_token_cannot_submit(client, cid, flow_payload):
 
 
 def test_admin_endpoints_need_the_admin_token(client, message_id):
-    for method, path in [("POST", f"/api/v1/messages/{message_id}/restart"),
-                         ("POST", f"/api/v1/messages/{message_id}/cancel"),
+    for method, path in [("POST", f"/api/v1/messages/{message_id}:restart"),
+                         ("POST", f"/api/v1/messages/{message_id}:cancel"),
                          ("POST", "/api/v1/routes/test/held/pause"), ("POST", "/api/v1/routes/test/held/resume")]:
         assert client.request(method, path).status_code == 401, path
         assert client.request(method, path, headers=bearer("wrong")).status_code == 401, path
@@ -70,12 +70,12 @@ def test_a_source_system_reads_only_its_own_messages(client, message_id):
     mine = client.get("/api/v1/messages", headers=SHOP).json()["items"]
     assert all(m["source_system"] == "SHOP" for m in mine)
     assert client.get("/api/v1/messages", params={"source_system": "CRM"}, headers=SHOP).status_code == 403
-    assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=SHOP).status_code == 404
+    assert client.post(f"/api/v1/messages/{message_id}:response", json={}, headers=SHOP).status_code == 404
 
 
 def test_no_admin_token_configured_closes_the_admin_endpoints(api_env, message_id):
     with make_client(credentials=Credentials({"CRM": "k"}, None)) as c:
-        assert c.post(f"/api/v1/messages/{message_id}/restart", headers=bearer("")).status_code == 401
+        assert c.post(f"/api/v1/messages/{message_id}:restart", headers=bearer("")).status_code == 401
         assert c.get("/api/v1/routes", headers=bearer("None")).status_code == 401
 
 

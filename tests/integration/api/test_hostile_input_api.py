@@ -30,7 +30,7 @@ def test_charsets_outside_the_allow_list_are_415_at_once(client, charset):
     started = time.monotonic()
     cid, r = submit_raw(client, b"\x80" * 400_000 + b"a", f"text/plain; charset={charset}")
     assert r.status_code == 415, r.text
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 15  # at once: decoding it would take minutes (bounded for a busy machine)
     assert openhub.list_messages(correlation_id=cid) == []
 
 
@@ -207,7 +207,7 @@ def test_restart_total_must_be_a_boolean(client, total):
     # Issue 27: `{"total": 0}` was coerced to false (and "yes" to true) instead of refused.
     message = openhub.submit("test.flow", {"prefix": "x", "n": 1}, source_system="CRM",
                              correlation_id=uuid.uuid4().hex)
-    r = client.post(f"/api/v1/messages/{message.id}/restart", json={"total": total}, headers=ADMIN)
+    r = client.post(f"/api/v1/messages/{message.id}:restart", json={"total": total}, headers=ADMIN)
     assert r.status_code == 400, r.text
     assert r.json()["detail"].startswith("body.total: ")
     r = client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": total}, headers=ADMIN)

@@ -1,4 +1,4 @@
-"""The HTTP API's status codes (DESIGN.md §5) on both backends, against the real store."""
+"""The HTTP API's status codes (openhub/api/README.md) on both backends, against the real store."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from openhub.api.problems import STATUS_BY_ERROR, status_for
 from openhub.db import transaction
 from openhub.schema import messages
 from tests.integration.api.conftest import ADMIN, CRM, SHOP, bearer, make_client
+from tests.integration.api.extra_routes import OPERATOR_NAMED
 from tests.support import backends
 
 
@@ -134,7 +135,14 @@ def test_a_dotted_route_in_the_url_is_answered_with_the_right_url(client, cid, f
 
 
 def test_unknown_route_is_404(client, cid, flow_payload):
-    assert post(client, cid, flow_payload, route="no/such").status_code == 404
+    r = post(client, cid, flow_payload, route="no/such")
+    # Issue 40: the answer listed every route of the hub to a source system's key, which GET /api/v1/routes
+    # refuses (the operators' alone).
+    assert r.status_code == 404 and r.json()["detail"] == "unknown route 'no.such'", r.text
+    batch = client.post("/api/v1/messages:batch", headers=CRM, json={"messages": [
+        {"route": "test.flow", "payload": flow_payload, "correlation_id": cid},
+        {"route": "no.such", "payload": flow_payload, "correlation_id": f"{cid}-2"}]})
+    assert batch.status_code == 404 and batch.json()["detail"] == "message #1: unknown route 'no.such'", batch.text
     assert stored(cid) == 0
 
 
@@ -247,18 +255,53 @@ def test_search_filters_and_cursor(client, cid, prefix):
 def test_restart_cancel_respond_conflicts(client, cid, flow_payload):
     message_id = post(client, cid, flow_payload).json()["id"]
     # not final yet: restart is a conflict
-    assert client.post(f"/api/v1/messages/{message_id}/restart", headers=ADMIN).status_code in (409, 200)
+    assert client.post(f"/api/v1/messages/{message_id}:restart", headers=ADMIN).status_code in (409, 200)
     view = openhub.get_message(message_id)
     if view.state not in ("OK", "FAILED", "CANCEL", "SKIPPED"):
-        r = client.post(f"/api/v1/messages/{message_id}/cancel", headers=ADMIN)
+        r = client.post(f"/api/v1/messages/{message_id}:cancel", headers=ADMIN)
         assert r.status_code == 200 and r.json()["state"] == "CANCEL"
-    assert client.post(f"/api/v1/messages/{message_id}/cancel", headers=ADMIN).status_code == 409
-    r = client.post(f"/api/v1/messages/{message_id}/response", json={"answer": 1}, headers=ADMIN)
+    assert client.post(f"/api/v1/messages/{message_id}:cancel", headers=ADMIN).status_code == 409
+    r = client.post(f"/api/v1/messages/{message_id}:response", json={"answer": 1}, headers=ADMIN)
     assert r.status_code == 409
-    assert client.post("/api/v1/messages/999999999/restart", headers=ADMIN).status_code == 404
-    assert client.post("/api/v1/messages/999999999/cancel", headers=ADMIN).status_code == 404
-    r = client.post(f"/api/v1/messages/{message_id}/restart", json={"total": "maybe"}, headers=ADMIN)
+    assert client.post("/api/v1/messages/999999999:restart", headers=ADMIN).status_code == 404
+    assert client.post("/api/v1/messages/999999999:cancel", headers=ADMIN).status_code == 404
+    r = client.post(f"/api/v1/messages/{message_id}:restart", json={"total": "maybe"}, headers=ADMIN)
     assert r.status_code == 400
+
+
+@pytest.mark.parametrize("route", OPERATOR_NAMED)
+def test_a_route_named_like_an_operator_action_is_submitted_and_the_actions_still_work(client, cid, route):
+    # Issue 40: `POST /messages/order/cancel` with CRM's key answered 403 "this endpoint needs the admin
+    # token", and `/messages/shipment/restart` with the admin token 400 "path.message_id: ... integer":
+    # the operator's `/messages/{id}/<action>` paths took the submission of routes named `*.<action>`.
+    service, operation = route.split(".")
+    r = post(client, cid, {"n": 1}, route=f"{service}/{operation}")
+    assert r.status_code == 202, r.text
+    assert r.json()["route"] == route and openhub.get_message(r.json()["id"]).source_system == "CRM"
+    refused = post(client, f"{cid}-admin", {"n": 1}, route=f"{service}/{operation}", headers=ADMIN)
+    assert refused.status_code == 403 and "submit" in refused.json()["detail"], refused.text  # the submission's refusal
+
+    # The operator's actions, on their paths (`/messages/{id}:<action>`), with the admin token alone.
+    message_id = r.json()["id"]
+    assert client.post(f"/api/v1/messages/{message_id}:cancel", headers=CRM).status_code == 403
+    if openhub.get_message(message_id).state not in ("OK", "CANCEL"):  # a worker may have carried it to OK
+        assert client.post(f"/api/v1/messages/{message_id}:cancel", headers=ADMIN).json()["state"] == "CANCEL"
+    assert client.post(f"/api/v1/messages/{message_id}:restart", headers=ADMIN).status_code == 200
+    assert client.post(f"/api/v1/messages/{message_id}:response", json={}, headers=ADMIN).status_code == 409
+
+
+def test_the_old_operator_paths_answer_for_numeric_ids_and_name_their_successor(client, cid, flow_payload):
+    # Kept one release where they cannot be a route's submission: a service name starts with a letter.
+    message_id = post(client, cid, flow_payload).json()["id"]
+    openhub.cancel(message_id) if openhub.get_message(message_id).state not in ("OK", "CANCEL") else None
+    r = client.post(f"/api/v1/messages/{message_id}/restart", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.headers["Link"] == f'</api/v1/messages/{message_id}:restart>; rel="successor-version"'
+    assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=ADMIN).status_code == 409
+    assert client.post("/api/v1/messages/999999999/cancel", headers=ADMIN).status_code == 404
+    doc = client.get("/openapi.json").json()["paths"]
+    assert doc["/api/v1/messages/{message_id}/cancel"]["post"]["deprecated"] is True
+    assert "deprecated" not in doc["/api/v1/messages/{message_id}:cancel"]["post"]
 
 
 def test_count_matches_the_search_and_keeps_a_source_system_to_its_own(client, flow_payload):
@@ -299,7 +342,7 @@ def test_bulk_cancel_and_restart_by_filter(client, flow_payload):
 def test_restart_of_a_cancelled_message(client, cid, flow_payload):
     message_id = post(client, cid, flow_payload).json()["id"]
     openhub.cancel(message_id) if openhub.get_message(message_id).state not in ("OK", "CANCEL") else None
-    r = client.post(f"/api/v1/messages/{message_id}/restart", json={"total": True}, headers=ADMIN)
+    r = client.post(f"/api/v1/messages/{message_id}:restart", json={"total": True}, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert r.json()["failed_count"] == 0
 
@@ -362,9 +405,9 @@ def test_openapi_documents_every_endpoint(client):
     paths = doc["paths"]
     for path, method in [("/api/v1/messages/{service}/{operation}", "post"), ("/api/v1/messages:batch", "post"),
                          ("/api/v1/messages", "get"), ("/api/v1/messages/{message_id}", "get"),
-                         ("/api/v1/messages/{message_id}/restart", "post"),
-                         ("/api/v1/messages/{message_id}/cancel", "post"),
-                         ("/api/v1/messages/{message_id}/response", "post"), ("/api/v1/routes", "get"),
+                         ("/api/v1/messages/{message_id}:restart", "post"),
+                         ("/api/v1/messages/{message_id}:cancel", "post"),
+                         ("/api/v1/messages/{message_id}:response", "post"), ("/api/v1/routes", "get"),
                          ("/api/v1/routes/{service}/{operation}/pause", "post"),
                          ("/api/v1/routes/{service}/{operation}/resume", "post"), ("/healthz", "get"),
                          ("/readyz", "get"), ("/metrics", "get")]:
@@ -434,7 +477,7 @@ def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix, e
     wait_state(message_id, "WAITING_FOR_RES")
     # The question gave its responder the URL to answer (ctx.response_url): it carries the wait's token.
     (url,) = [c.body["url"] for c in external.calls if c.path == f"{prefix}/callback"]
-    assert url.startswith(f"http://testserver/api/v1/messages/{message_id}/response?token="), url
+    assert url.startswith(f"http://testserver/api/v1/messages/{message_id}:response?token="), url
     # test.wait declares responders=["SHOP"]: the third party answers, not the system that asked (issue 27)
     refused = client.post(url, json={"approved": True}, headers=CRM)
     assert refused.status_code == 403 and "SHOP" in refused.json()["detail"], refused.text
@@ -448,11 +491,11 @@ def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix, e
     history = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()["history"]
     assert any(h["event"] == "responded" and "SHOP" in (h["detail"] or "") for h in history), history
     assert any(h["event"] == "response_duplicate" for h in history), history
-    assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=ADMIN).status_code == 409
-    stale = client.post(f"/api/v1/messages/{message_id}/response", params={"token": "1.nothing-gave-this"},
+    assert client.post(f"/api/v1/messages/{message_id}:response", json={}, headers=ADMIN).status_code == 409
+    stale = client.post(f"/api/v1/messages/{message_id}:response", params={"token": "1.nothing-gave-this"},
                         json={}, headers=SHOP)
     assert stale.status_code == 409 and "no open wait" in stale.json()["detail"], stale.text
-    bad = client.post(f"/api/v1/messages/{message_id}/response", params={"token": "x" * 65}, json={}, headers=SHOP)
+    bad = client.post(f"/api/v1/messages/{message_id}:response", params={"token": "x" * 65}, json={}, headers=SHOP)
     assert bad.status_code == 400, bad.text
 
 
