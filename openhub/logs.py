@@ -3,8 +3,10 @@
 While a step or a confirmation of a message runs, every log record made in that context (the hub's,
 the step's own, a library's) carries `message_id`, `correlation_id` and `trace_id` (the id of the
 message's trace, openhub.tracing; None when it has none). The text format appends them to the line
-(`[message 12 c-1 trace 4bf9…]`); the JSON format writes one object per line with them as fields,
-for a log pipeline (Loki, Elasticsearch) to join the lines to the trace.
+(`[message 12 c-1 trace 4bf9…]`; a correlation id with anything but letters, digits and `._:@#/-` in it is
+written quoted, as logfmt does, `[message 12 "x] [message 1 y" trace 4bf9…]`, so no id can end the suffix
+early and forge another); the JSON format writes one object per line with them as fields, for a log
+pipeline (Loki, Elasticsearch) to join the lines to the trace.
 
 `install()` sets both up for a process's handlers (the Celery worker's after its logging is set
 up, `openhub serve` through uvicorn's log configuration).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Any
@@ -68,8 +71,19 @@ class TextFormatter(logging.Formatter):
         if message_id is None:
             return line
         trace = getattr(record, "trace_id", None)
-        return f"{line} [message {message_id} {getattr(record, 'correlation_id', '')}" + \
+        return f"{line} [message {message_id} {quoted(str(getattr(record, 'correlation_id', '')))}" + \
             (f" trace {trace}]" if trace else "]")
+
+
+_BARE = re.compile(r"[\w.:@#/-]+", re.ASCII)
+
+
+def quoted(value: str) -> str:
+    """`value` as it may stand in a log line's suffix: bare when it holds only letters, digits and
+    `._:@#/-`, else a JSON string (quotes, backslashes and unprintable characters escaped), so a correlation id such as `x] [message 1 y` cannot close the suffix and start a forged one."""
+    if _BARE.fullmatch(value):
+        return value
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in json.dumps(value, ensure_ascii=False))
 
 
 class JsonFormatter(logging.Formatter):
