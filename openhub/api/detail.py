@@ -54,14 +54,23 @@ def message_detail(message_id: int) -> dict[str, Any]:
     return out
 
 
+# What only operators see of a message: the hub's exchanges with external systems, what its steps keep for
+# one another (custom_data: a token one step leaves for the next), and the link to its trace (the tracing
+# back end's host, internal).
+_OPERATORS_ONLY = frozenset({"http_exchanges", "custom_data", "trace_url"})
+
+
 def source_view(detail: dict[str, Any]) -> dict[str, Any]:
     """What a source system is shown of its own message (`message_detail` is the operators'): no
-    recorded exchanges, tracebacks, worker names or state hooks' notifications, and each error as one
-    line. The hub's exchanges with external systems and its internals are not the source's business."""
-    out = {k: v for k, v in detail.items() if k != "http_exchanges"}
+    recorded exchanges, custom data, trace link, tracebacks, worker names, history details or state
+    hooks' notifications, and each error as one line. The hub's exchanges with external systems and
+    its internals are not the source's business."""
+    out = {k: v for k, v in detail.items() if k not in _OPERATORS_ONLY}
     out["failed_error"] = error_line(detail.get("failed_error"))
     out["ext_calls"] = [{k: v for k, v in c.items() if k not in ("last_error", "worker")}
                         for c in detail.get("ext_calls", [])]
     out["confirmation"] = [{k: v for k, v in c.items() if k not in ("last_error", "hook")}
                            for c in detail.get("confirmation", []) if c.get("hook") is None]
+    # A history detail names who answered, which message held a route back, what an operator did.
+    out["history"] = [{k: v for k, v in h.items() if k != "detail"} for h in detail.get("history", [])]
     return out
