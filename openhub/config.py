@@ -134,6 +134,9 @@ class Settings:
     api_keys: dict[str, str] = field(default_factory=dict)
     auth_failures: int = 20  # wrong keys from one address within auth_window before it gets 429
     auth_window: timedelta = timedelta(seconds=60)
+    # Proxies whose X-Forwarded-For/-Proto the ingress believes (addresses or networks, comma-separated;
+    # uvicorn's forwarded_allow_ips). Empty: uvicorn's own default, 127.0.0.1 or FORWARDED_ALLOW_IPS.
+    trusted_proxies: str = ""
     # Every (system, key) of OPENHUB_API_KEYS, a system named twice keeping both (a key rotation).
     api_key_pairs: tuple[tuple[str, str], ...] = ()
     admin_token: str | None = None
@@ -199,6 +202,8 @@ class Settings:
             api_key_pairs=_all_pairs(env, "OPENHUB_API_KEYS"),
             auth_failures=_int(env, "OPENHUB_AUTH_FAILURES", 20),
             auth_window=_seconds(env, "OPENHUB_AUTH_WINDOW", 60),
+            trusted_proxies=",".join(p.strip() for p in _env(env, "OPENHUB_TRUSTED_PROXIES", "").split(",")
+                                     if p.strip()),
             admin_token=env.get("OPENHUB_ADMIN_TOKEN") or None,
             metrics_token=env.get("OPENHUB_METRICS_TOKEN") or None,
             max_payload_bytes=_int(env, "OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),

@@ -910,3 +910,17 @@ def test_deploy_flower_refuses_a_missing_or_placeholder_login(value, starts):
         result = subprocess.run(["sh", *argv[1:]], env=env, capture_output=True, text=True, timeout=30)
         assert (result.returncode == 0) == starts, (where, value, result.stderr)
         assert starts or "refusing to start Flower: FLOWER_BASIC_AUTH" in result.stderr
+
+
+def test_deploy_ingress_believes_its_proxies_forwarded_addresses():
+    """Issue 34 H1: behind the Kubernetes Ingress controller every caller had the controller's address,
+    so one caller's refused keys counted against everyone; deploy/ set no trusted proxies."""
+    import ipaddress
+
+    configured = {"k8s": k8s_resource("ConfigMap", "openhub-config")["data"]["OPENHUB_TRUSTED_PROXIES"],
+                  "compose": compose_env_defaults(compose()["services"]["ingress"]["environment"])[
+                      "OPENHUB_TRUSTED_PROXIES"]}
+    for where, value in configured.items():
+        networks = [ipaddress.ip_network(part.strip()) for part in value.split(",")]
+        assert networks and all(n.is_private and not n.is_loopback for n in networks), (where, value)
+    assert "10.0.0.0/8" in configured["k8s"]  # the usual pod networks
