@@ -80,7 +80,8 @@ _BARE = re.compile(r"[\w.:@#/-]+", re.ASCII)
 
 def quoted(value: str) -> str:
     """`value` as it may stand in a log line's suffix: bare when it holds only letters, digits and
-    `._:@#/-`, else a JSON string (quotes, backslashes and unprintable characters escaped), so a correlation id such as `x] [message 1 y` cannot close the suffix and start a forged one."""
+    `._:@#/-`, else a JSON string (quotes, backslashes and unprintable characters escaped), so a
+    correlation id such as `x] [message 1 y` cannot close the suffix and start a forged one."""
     if _BARE.fullmatch(value):
         return value
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in json.dumps(value, ensure_ascii=False))
