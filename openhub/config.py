@@ -130,7 +130,9 @@ class Settings:
     confirm_interval: timedelta
     # The overall deadline of one webhook POST (openhub.notify.post_within), whatever the receiver does.
     confirm_timeout: timedelta = timedelta(seconds=30)
-    confirm_queue: str = ""  # the queue of the openhub.confirm task (empty: the default queue)
+    # The queue of the openhub.confirm task, which sends confirmations and hooks' notifications: a queue of
+    # its own, served by its own workers, so a slow receiver never holds a step's worker process.
+    confirm_queue: str = "openhub.confirm"
     api_keys: dict[str, str] = field(default_factory=dict)
     auth_failures: int = 20  # wrong keys from one address within auth_window before it gets 429
     auth_window: timedelta = timedelta(seconds=60)
@@ -197,7 +199,7 @@ class Settings:
             confirm_max_fails=_int(env, "OPENHUB_CONFIRM_MAX_FAILS", 3),
             confirm_interval=_seconds(env, "OPENHUB_CONFIRM_INTERVAL", 60),
             confirm_timeout=_seconds(env, "OPENHUB_CONFIRM_TIMEOUT", 30),
-            confirm_queue=_env(env, "OPENHUB_CONFIRM_QUEUE", ""),
+            confirm_queue=_env(env, "OPENHUB_CONFIRM_QUEUE", "openhub.confirm").strip(),
             api_keys=_pairs(env, "OPENHUB_API_KEYS"),
             api_key_pairs=_all_pairs(env, "OPENHUB_API_KEYS"),
             auth_failures=_int(env, "OPENHUB_AUTH_FAILURES", 20),

@@ -15,7 +15,7 @@ import time
 import traceback
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Connection, and_, insert, or_, select, update
 
@@ -33,6 +33,10 @@ from .tracing import failed, message_span
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
+# The claim of a due confirmation the poller handed to an `openhub.confirm` task (OPENHUB_CONFIRM_QUEUE): the
+# task sends it whatever its due time, which the hand-over moved on by a sending lease, so the next ticks do
+# not hand it over again while the task waits in its queue (and do, once that lease is over).
+HANDED_OVER = "handed-over"
 
 
 def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: datetime) -> None:
@@ -54,7 +58,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     # another sender call it again while the first still sends.
     lease = confirmation_lease(settings)
     with transaction() as conn:
-        query = select(C.id).where(_due(conn, now))
+        query = select(C.id).where(_sendable(conn, now))
         if message_id is not None:
             query = query.where(C.message_id == message_id)
         ids = list(conn.execute(query.order_by(C.due_at).limit(limit)).scalars())
@@ -69,7 +73,8 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
         claimed_at = now + timedelta(seconds=time.monotonic() - started)
         claim = str(uuid.uuid4())
         with transaction() as conn:
-            taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id, _due(conn, claimed_at)))
+            taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id,
+                                                                  _sendable(conn, claimed_at)))
                                  .values(state=CS.SENDING, claim=claim, due_at=store_clock(conn, claimed_at) + lease,
                                          updated_at=claimed_at)).rowcount
         if taken:
@@ -88,6 +93,40 @@ def _due(conn: Connection, now: datetime) -> Any:
     """
     return or_(and_(C.state.in_((CS.PENDING, CS.FAILED)), C.due_at <= now),
                and_(C.state == CS.SENDING, C.due_at <= store_clock(conn, now)))
+
+
+def _sendable(conn: Connection, now: datetime) -> Any:
+    """Due (`_due`), or handed over to a task of its own by the poller and not yet sent (`HANDED_OVER`)."""
+    return or_(_due(conn, now), and_(C.state.in_((CS.PENDING, CS.FAILED)), C.claim == HANDED_OVER))
+
+
+def hand_over_due(now: datetime, publish: Callable[[int], bool], limit: int = 100) -> int | None:
+    """Hand the due confirmations (of up to `limit` rows) to `openhub.confirm` tasks, one per message, with
+    `publish` (the publisher's `publish_confirmation`); how many messages' were handed over. None when
+    `publish` has no task to hand them to (LocalHub): the caller sends them itself.
+
+    The poller's tick runs on the step workers' queue: sending there, one slow receiver held a step's
+    worker process for up to OPENHUB_CONFIRM_TIMEOUT each tick. A handed-over row is due again only after
+    a sending lease (its task sends it meanwhile), so a queue of waiting tasks does not grow each tick.
+    """
+    with transaction() as conn:
+        rows = conn.execute(select(C.id, C.message_id).where(_due(conn, now)).order_by(C.due_at).limit(limit)).all()
+    handed: list[int] = []
+    for message_id in dict.fromkeys(r.message_id for r in rows):
+        try:
+            if not publish(message_id):
+                return None
+        except Exception as exc:  # noqa: BLE001 - the broker is away: still due, the next tick tries again
+            log.warning("could not hand the confirmations of message %s to their task: %s", message_id, exc)
+            continue
+        handed.append(message_id)
+    if handed:
+        lease = confirmation_lease(get_settings())
+        with transaction() as conn:  # a row its task claimed meanwhile is no longer due: left as it is
+            conn.execute(update(confirmations).where(and_(
+                C.id.in_([r.id for r in rows if r.message_id in handed]), _due(conn, now)))
+                .values(claim=HANDED_OVER, due_at=now + lease))
+    return len(handed)
 
 
 def _send_one(confirmation_id: int, claim: str) -> int:

@@ -20,8 +20,9 @@ from datetime import datetime
 from sqlalchemy import and_, select
 
 from .config import get_settings
-from .confirm import send_confirmations
+from .confirm import hand_over_due, send_confirmations
 from .db import is_postgres, transaction, utcnow
+from .hub import current
 from .leases import dropped, orphan_chains_due, release_run
 from .lifecycle import FollowUps, Tx, apply_event
 from .limits import release_runs
@@ -56,9 +57,19 @@ def tick(now: datetime | None = None) -> TickReport:
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
-    # A tick sends for at most one poll interval (at least one send): slow receivers wait for the next.
-    confirmed = send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds())
+    confirmed = confirm_due(now)
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
+
+
+def confirm_due(now: datetime) -> int:
+    """Due confirmations (retries, and those whose task was lost) go to `openhub.confirm` tasks on their own
+    queue (OPENHUB_CONFIRM_QUEUE), never sent on the tick's step worker; how many messages' went. Where
+    there is no such task (LocalHub), the tick sends them itself, for at most one poll interval (at least
+    one send): slow receivers wait for the next."""
+    handed = hand_over_due(now, current().publisher.publish_confirmation)
+    if handed is not None:
+        return handed
+    return send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds())
 
 
 def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:

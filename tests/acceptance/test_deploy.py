@@ -48,12 +48,13 @@ PROCESS_TARGETS = {
     "ingress": ("ingress", ("Deployment", "openhub-ingress"), "openhub-ingress.service"),
     "worker": ("worker", ("Deployment", "openhub-worker"), "openhub-worker@.service"),
     "worker-gevent": ("worker-gevent", ("Deployment", "openhub-worker-gevent"), "openhub-worker-gevent@.service"),
+    "confirmer": ("confirmer", ("Deployment", "openhub-confirmer"), "openhub-confirmer.service"),
     "beat": ("beat", ("Deployment", "openhub-beat"), "openhub-beat.service"),
     "flower": ("flower", ("Deployment", "openhub-flower"), "openhub-flower.service"),
     "archive": ("archive", ("CronJob", "openhub-archive"), "openhub-archive.service"),
     "prune": ("prune", ("CronJob", "openhub-exchanges-prune"), "openhub-exchanges-prune.service"),
 }
-LONG_RUNNING = ("ingress", "worker", "beat", "flower")
+LONG_RUNNING = ("ingress", "worker", "confirmer", "beat", "flower")
 HEARTBEAT_MAX_AGE = 120  # seconds; the worker touches its heartbeat file at least every 30 s
 
 
@@ -417,7 +418,7 @@ def test_deploy_kubernetes_resources_set_everywhere():
     containers = [(path.name, c) for path, doc in k8s_manifests()
                   if doc["kind"] in ("Deployment", "Job", "CronJob")
                   for c in pod_spec(doc)["containers"]]
-    assert len(containers) == 9  # 8 processes of the hub and the OpenTelemetry collector
+    assert len(containers) == 10  # 9 processes of the hub and the OpenTelemetry collector
     for where, container in containers:
         for bound in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
@@ -440,7 +441,7 @@ def every_container() -> list[tuple[str, dict, dict]]:
 def test_deploy_kubernetes_containers_drop_every_capability_and_run_as_non_root():
     """Issue 27: no container keeps Linux capabilities, can gain privileges or runs as root."""
     containers = every_container()
-    assert len(containers) == 10  # 8 processes, Flower's login check and the OpenTelemetry collector
+    assert len(containers) == 11  # 9 processes, Flower's login check and the OpenTelemetry collector
     for where, pod, container in containers:
         context = container.get("securityContext", {})
         assert context.get("capabilities", {}).get("drop") == ["ALL"], where
@@ -924,3 +925,23 @@ def test_deploy_ingress_believes_its_proxies_forwarded_addresses():
         networks = [ipaddress.ip_network(part.strip()) for part in value.split(",")]
         assert networks and all(n.is_private and not n.is_loopback for n in networks), (where, value)
     assert "10.0.0.0/8" in configured["k8s"]  # the usual pod networks
+
+
+def test_deploy_confirmations_have_workers_of_their_own():
+    """Issue 34 M5: confirmations ran on the default queue (OPENHUB_CONFIRM_QUEUE was empty in deploy/), so
+    slow receivers held the step workers; now every step worker leaves the confirm queue to the confirmer."""
+    from openhub.config import Settings
+
+    queue = Settings.from_env({}).confirm_queue
+    assert queue == "openhub.confirm"
+    assert k8s_resource("ConfigMap", "openhub-config")["data"]["OPENHUB_CONFIRM_QUEUE"] == queue
+    assert compose_env_defaults(compose()["services"]["worker"]["environment"])["OPENHUB_CONFIRM_QUEUE"] == queue
+    example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
+                   if line.startswith("OPENHUB_CONFIRM_QUEUE="))
+    assert example == {"OPENHUB_CONFIRM_QUEUE": queue}
+    processes = {name: shlex.split(command) for name, command in read_procfile().items()}
+    for name in ("worker", "worker-gevent"):
+        argv = processes[name]
+        assert argv[argv.index("--exclude-queues") + 1] == queue, name
+    confirmer = processes["confirmer"]
+    assert confirmer[confirmer.index("--queues") + 1] == queue
