@@ -9,7 +9,8 @@
             ctx.custom_data["billing_id"] = r.json()["id"]
 
 Every request carries `Idempotency-Key: ctx.idempotency_key`, `X-Correlation-Id` and, when the
-message has one, `X-Process-Id`. Answers become outcomes at this one boundary:
+message has one, `X-Process-Id` (an id with characters outside printable ASCII percent-encoded:
+`header_value`). Answers become outcomes at this one boundary:
 
     timeout, connection error            -> TransientError, code TIMEOUT / CONNECTION (retried)
     5xx, 408, 425                        -> TransientError, code HTTP_<status> (retried)
@@ -35,6 +36,7 @@ import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 
@@ -75,6 +77,19 @@ def step_key_of(ctx: StepContext) -> str:
     rest = ctx.idempotency_key.removeprefix(prefix)
     head, _, tail = rest.rpartition("/")
     return head if head and tail.isdigit() else rest
+
+
+# Printable ASCII but `%`: what an id keeps as it is where it must be percent-encoded.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%")
+
+
+def header_value(text: str) -> str:
+    """`text` (an id a source system gave) as an HTTP header value: as it is when it is printable ASCII,
+    else percent-encoded (RFC 3986: the UTF-8 bytes of each other character, and `%` itself, as `%XX`),
+    so `bestellung-ü-1` goes out as `bestellung-%C3%BC-1` instead of failing the step."""
+    if text.isascii() and text.isprintable():
+        return text
+    return quote(text, safe=_HEADER_SAFE)
 
 
 def retry_after(value: str | None, now: datetime | None = None) -> timedelta | None:
@@ -148,9 +163,9 @@ class HttpCall:
             _check_record(record)
         headers = {**self.headers, **(kwargs.pop("headers", None) or {})}
         headers.setdefault("Idempotency-Key", ctx.idempotency_key)
-        headers.setdefault("X-Correlation-Id", ctx.message.correlation_id)
+        headers.setdefault("X-Correlation-Id", header_value(ctx.message.correlation_id))
         if ctx.message.process_id:
-            headers.setdefault("X-Process-Id", ctx.message.process_id)
+            headers.setdefault("X-Process-Id", header_value(ctx.message.process_id))
         kwargs.setdefault("timeout", self.timeout)
         client = pooled_client()
         req = client.build_request(method, url, headers=headers, **kwargs)

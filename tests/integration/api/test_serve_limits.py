@@ -174,3 +174,19 @@ def test_forwarded_addresses_from_an_untrusted_peer_are_not_believed(served):
                    for n in range(6)]
         assert answers == [401] * 5 + [429]
         assert http.get("/api/v1/messages", headers=_from("203.0.113.99", KEY)).status_code == 200
+
+
+def test_an_id_header_that_is_not_utf8_is_400(served):
+    """Issue 34 L1: header bytes are read as UTF-8 (a client's `ü` is two bytes); bytes that are not are refused."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=served.base, timeout=10) as http:
+        refused = http.post("/api/v1/messages/test/held", content="{}",
+                            headers={**headers, "X-Correlation-Id": b"latin-1-\xfc-not-utf-8"})
+        assert refused.status_code == 400 and refused.json()["detail"] == "X-Correlation-Id is not UTF-8 text"
+        cid = f"bestellung-ü-{uuid.uuid4().hex[:6]}"
+        accepted = http.post("/api/v1/messages/test/held", content="{}",
+                             headers={**headers, "X-Correlation-Id": cid.encode()})
+        assert accepted.status_code == 202 and accepted.json()["correlation_id"] == cid, accepted.text
+    import openhub
+
+    openhub.cancel(accepted.json()["id"])  # test.held's message is not left for later tests' workers
