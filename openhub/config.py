@@ -105,6 +105,21 @@ def _redact_bodies(env: Mapping[str, str]) -> str:
     return mode
 
 
+def _confirm_secrets(env: Mapping[str, str], operators: tuple[bytes, ...]) -> dict[str, tuple[bytes, ...]]:
+    """OPENHUB_CONFIRM_SECRETS `CRM=whsec_…,SHOP=whsec_…` (a system named twice keeps both while its secret
+    rotates). One secret given to two systems, or a system's that is the operators' (OPENHUB_WEBHOOK_SECRET),
+    would let its holder forge the other's notifications: refused."""
+    name = "OPENHUB_CONFIRM_SECRETS"
+    keys: dict[str, tuple[bytes, ...]] = {}
+    holders: dict[bytes, str] = {key: "OPENHUB_WEBHOOK_SECRET" for key in operators}
+    for system, secret in _all_pairs(env, name):
+        for key in secret_keys(secret, f"{name} secret of {system}", strong=True):
+            if holders.setdefault(key, system) != system:
+                raise ConfigurationError(f"{name}: {holders[key]} and {system} have the same secret")
+            keys[system] = (*keys.get(system, ()), key)
+    return keys
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
     value = _env(env, name, default).strip().lower() or default
     if value not in choices:
@@ -165,8 +180,11 @@ class Settings:
     system_rates: dict[str, tuple[int, float]] = field(default_factory=dict)  # system -> (calls, per seconds)
     webhook_url: str | None = None
     webhook_states: frozenset[str] = frozenset({"FAILED"})
-    # The HMAC keys the stock webhook signs with (OPENHUB_WEBHOOK_SECRET; none: unsigned); kept out of repr.
+    # The HMAC keys the operators' state hooks (the stock webhook) sign with (OPENHUB_WEBHOOK_SECRET; none:
+    # unsigned); kept out of repr. Never a confirmation's: a source system holding it could forge the rest.
     webhook_secrets: tuple[bytes, ...] = field(default=(), repr=False)
+    # Per source system, the HMAC keys its confirmations are signed with (OPENHUB_CONFIRM_SECRETS).
+    confirm_secrets: dict[str, tuple[bytes, ...]] = field(default_factory=dict, repr=False)
     breaker_open: timedelta = timedelta(seconds=60)
     # A link to a message's trace (Jaeger, Grafana Tempo...): a URL template with {trace_id} (None: no link).
     trace_url: str | None = None
@@ -229,7 +247,9 @@ class Settings:
             webhook_url=env.get("OPENHUB_WEBHOOK_URL") or None,
             webhook_states=frozenset(s.strip().upper() for s in _env(env, "OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),
-            webhook_secrets=secret_keys(_env(env, "OPENHUB_WEBHOOK_SECRET", ""), "OPENHUB_WEBHOOK_SECRET"),
+            webhook_secrets=(operators := secret_keys(_env(env, "OPENHUB_WEBHOOK_SECRET", ""),
+                                                      "OPENHUB_WEBHOOK_SECRET", strong=True)),
+            confirm_secrets=_confirm_secrets(env, operators),
             trace_url=env.get("OPENHUB_TRACE_URL") or None,
             log_format=_choice(env, "OPENHUB_LOG_FORMAT", "text", ("text", "json")),
         )

@@ -150,7 +150,7 @@ def _send_one(confirmation_id: int, claim: str) -> int:
                           attempt=row.attempts + 1, hook=row.hook) as span:
             try:
                 confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
-                                  delivery_id=row.id))
+                                  delivery_id=row.id, delivery_key=row.delivery_key, hook=row.hook))
             except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
                 error = redact_text(traceback.format_exc())  # a webhook URL's credentials stay out of it
                 log.warning("%s of message %s failed: %s", hook or f"confirmation to {view.source_system}", view.id,

@@ -7,6 +7,7 @@ with the number of OK/FAILED messages kept in the table. Timestamps are naive UT
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 
 from typing import cast
@@ -173,6 +174,9 @@ class Confirmation(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     # None: the confirmation to the source system; else the state hook (@on_state) to call.
     hook: Mapped[str | None] = mapped_column(String(300))
+    # Random, the same on every retry: the notification's id for its receiver (the webhook-id), which no
+    # one can guess ahead of it to take its place in the receiver's dedupe (None: written before 0014).
+    delivery_key: Mapped[str | None] = mapped_column(String(40), default=lambda: secrets.token_urlsafe(18))
 
     __table_args__ = (
         Index("ix_confirmations_message", "message_id"),
