@@ -97,6 +97,11 @@ def _pairs(env: Mapping[str, str], name: str) -> dict[str, str]:
     return result
 
 
+def _names(env: Mapping[str, str], name: str) -> frozenset[str]:
+    """Comma-separated names, lower case."""
+    return frozenset(n.strip().lower() for n in _env(env, name, "").split(",") if n.strip())
+
+
 def _redact_bodies(env: Mapping[str, str]) -> str:
     # Checked at load: a typo here must not silently record bodies in clear (or drop them).
     mode = _env(env, "OPENHUB_REDACT_BODIES", "fields").strip().lower() or "fields"
@@ -174,6 +179,9 @@ class Settings:
     http_record_days: int = 14
     # Header names redacted in recorded exchanges on top of openhub.redact's built-in ones (lower case).
     redact_headers: frozenset[str] = frozenset()
+    # Names of headers, query parameters and fields whose values every text the hub keeps or exports has
+    # redacted, on top of openhub.redact's built-in ones (OPENHUB_REDACT_NAMES and OPENHUB_REDACT_HEADERS).
+    redact_names: frozenset[str] = frozenset()
     redact_bodies: str = "fields"  # fields | all | none: see openhub.redact.redact_body
     breaker_failures: int = 5
     system_limits: dict[str, int] = field(default_factory=dict)  # system -> calls in flight at most
@@ -237,8 +245,8 @@ class Settings:
             metrics_cache=_seconds(env, "OPENHUB_METRICS_CACHE", 5),
             http_record_bytes=_int(env, "OPENHUB_HTTP_RECORD_BYTES", 4096),
             http_record_days=_int(env, "OPENHUB_HTTP_RECORD_DAYS", 14),
-            redact_headers=frozenset(h.strip().lower() for h in _env(env, "OPENHUB_REDACT_HEADERS", "").split(",")
-                                     if h.strip()),
+            redact_headers=(headers := _names(env, "OPENHUB_REDACT_HEADERS")),
+            redact_names=headers | _names(env, "OPENHUB_REDACT_NAMES"),
             redact_bodies=_redact_bodies(env),
             breaker_failures=_int(env, "OPENHUB_BREAKER_FAILURES", 5),
             breaker_open=_seconds(env, "OPENHUB_BREAKER_OPEN", 60),

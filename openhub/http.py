@@ -29,6 +29,7 @@ One pooled `httpx.Client` per process is shared by every HttpCall (a forked work
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import os
 import threading
@@ -36,7 +37,7 @@ import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote
 
 import httpx
 
@@ -45,7 +46,7 @@ from .db import utcnow
 from .errors import ConfigurationError, Postpone, Reject, TransientError
 from .failures import RETRYABLE_4XX, error_code
 from .exchanges import Exchange, record_exchange
-from .redact import redact_text, redact_url
+from .redact import SECRET_VALUE, is_secret_name, redact_text, redact_url, remember
 
 log = logging.getLogger("openhub.http")
 
@@ -169,6 +170,7 @@ class HttpCall:
         kwargs.setdefault("timeout", self.timeout)
         client = pooled_client()
         req = client.build_request(method, url, headers=headers, **kwargs)
+        _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
         at, started = utcnow(), time.perf_counter()
         try:
             response = client.send(req)
@@ -185,7 +187,7 @@ class HttpCall:
         what = f"{response.request.method} {redact_url(str(response.request.url))} answered {status}"
         if status < 400:
             return response
-        text = f"{what}: {_short(response.text)}"
+        text = f"{what}: {_short(redact_text(response.text[:_ECHO_READ]) or '')}"  # redacted before it is cut
         if status == 429:
             delay = retry_after(response.headers.get("Retry-After"))
             if delay is not None:
@@ -215,6 +217,44 @@ class HttpCall:
         except Exception as exc:  # noqa: BLE001 - a lost record must not turn a good call into a failed step
             ctx.log.warning("could not record the HTTP exchange %s %s: %s", request.method,
                             redact_url(str(request.url)), exc)
+
+
+_ECHO_READ = 20_000  # characters of an error answer's body read for its one-line text
+_PARSE_SENT = 65_536  # bytes of a request body read for the secret fields it sends
+
+
+def _remember_sent_fields(content: bytes, content_type: str) -> None:
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/x-www-form-urlencoded":
+        remember(*(v for n, v in parse_qsl(content.decode("latin-1"), keep_blank_values=True) if is_secret_name(n)))
+    elif media.endswith("/json") or media.endswith("+json"):
+        pending = [json.loads(content)]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if is_secret_name(key) and not isinstance(item, (dict, list)):
+                        remember(item)
+                    else:
+                        pending.append(item)
+            elif isinstance(value, list):
+                pending.extend(value)
+
+
+def _remember_secrets(request: httpx.Request) -> None:
+    """Note, for the step's redaction (openhub.redact.remember), the secrets this request carries: secret-named
+    or credential-looking header values, secret-named query values, the URL's password, and a small JSON or
+    form body's secret-named fields. Never raises."""
+    try:
+        remember(*(v for n, v in request.headers.items() if is_secret_name(n) or SECRET_VALUE.search(v)))
+        remember(*(v for n, v in request.url.params.multi_items() if is_secret_name(n)))
+        if request.url.password:
+            remember(request.url.password)
+        content = request.content if isinstance(request.stream, httpx.ByteStream) else b""
+        if content and len(content) <= _PARSE_SENT:
+            _remember_sent_fields(content, request.headers.get("content-type", ""))
+    except Exception:  # noqa: BLE001 - a request we cannot read is sent all the same; the text pass still runs
+        log.debug("could not read the request's secrets for redaction", exc_info=True)
 
 
 def _check_record(record: object) -> None:

@@ -12,6 +12,8 @@ from ..context import aware, error_line
 from ..db import transaction
 from ..exchanges import message_exchanges
 from ..model import route_name
+from ..redact import mask_fields
+from ..registry import get_registry
 from ..schema import confirmations, ext_calls, messages, transitions
 from ..store import message_view
 from ..tracing import trace_url
@@ -24,9 +26,14 @@ def _iso(value: datetime | None) -> str | None:
 
 def message_detail(message_id: int) -> dict[str, Any]:
     """The message as `MessageView.as_dict()` with detailed ext calls, children, confirmation, history and
-    the HTTP exchanges its steps recorded (`http_exchanges`, oldest first)."""
+    the HTTP exchanges its steps recorded (`http_exchanges`, oldest first); the fields its route marks
+    secret (`Route(secret_fields=...)`) are `[redacted]` in its payload."""
     with transaction() as conn:
-        out = message_view(conn, message_id).as_dict()
+        view = message_view(conn, message_id)
+        out = view.as_dict()
+        route = get_registry().find_route_of(view)
+        if route is not None and route.secret_fields:  # shown as [redacted]; the steps read the stored payload
+            out["payload"] = mask_fields(out["payload"], route.secret_fields)
         X = ext_calls.c
         out["ext_calls"] = [
             {"key": c.key, "step": c.step_key, "scope": c.scope, "state": c.state, "attempts": c.attempts,

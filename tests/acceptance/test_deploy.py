@@ -583,13 +583,14 @@ def test_deploy_services_select_their_pods():
 
 def test_deploy_hub_exports_traces_to_the_collector_in_compose_and_kubernetes():
     """Issue 23: the hub's OTLP endpoint is the collector's OTLP/HTTP receiver, and the collector's
-    pipeline receives OTLP and exports it; Kubernetes runs the compose configuration but its exporter."""
+    pipeline receives OTLP and exports it; Kubernetes runs the compose configuration but its exporter.
+    Issue 34 M2/M3: tracing is off until turned on, and propagates no baggage."""
     collector = yaml.safe_load((DEPLOY / "otel" / "collector.yaml").read_text())
     http_port = int(collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rsplit(":", 1)[1])
     assert collector["service"]["pipelines"]["traces"]["receivers"] == ["otlp"]
     services = compose()["services"]
     env = compose_env_defaults(services["worker"]["environment"])
-    assert env["OTEL_TRACES_EXPORTER"] == "otlp" and env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://otel-collector:{http_port}"
     assert "./otel/collector.yaml:/etc/otelcol/config.yaml:ro" in services["otel-collector"]["volumes"]
     (exporter,) = collector["service"]["pipelines"]["traces"]["exporters"]
@@ -604,6 +605,11 @@ def test_deploy_hub_exports_traces_to_the_collector_in_compose_and_kubernetes():
     assert {k: v for k, v in k8s_collector.items() if k != "exporters"} == \
         {k: v for k, v in collector.items() if k != "exporters"}
     assert "{trace_id}" in config["OPENHUB_TRACE_URL"]
+    example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
+                   if line.startswith("OTEL_"))
+    for where, values in (("compose", env), ("k8s", config), (".env.example", example)):
+        assert values["OTEL_TRACES_EXPORTER"] == "none", where
+        assert values["OTEL_PROPAGATORS"] == "tracecontext", where
 
 
 def test_deploy_dashboard_links_to_traces():
