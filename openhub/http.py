@@ -46,7 +46,7 @@ from .db import utcnow
 from .errors import ConfigurationError, Postpone, Reject, TransientError
 from .failures import RETRYABLE_4XX, error_code
 from .exchanges import Exchange, record_exchange
-from .redact import SECRET_VALUE, is_secret_name, redact_text, redact_url, remember
+from .redact import SECRET_VALUE, is_secret_name, redact_text, redact_url, remember, url_secrets
 
 log = logging.getLogger("openhub.http")
 
@@ -243,13 +243,11 @@ def _remember_sent_fields(content: bytes, content_type: str) -> None:
 
 def _remember_secrets(request: httpx.Request) -> None:
     """Note, for the step's redaction (openhub.redact.remember), the secrets this request carries: secret-named
-    or credential-looking header values, secret-named query values, the URL's password, and a small JSON or
-    form body's secret-named fields. Never raises."""
+    or credential-looking header values, the URL's (`url_secrets`: password, secret query values, a webhook
+    path's token), and a small JSON or form body's secret-named fields. Never raises."""
     try:
         remember(*(v for n, v in request.headers.items() if is_secret_name(n) or SECRET_VALUE.search(v)))
-        remember(*(v for n, v in request.url.params.multi_items() if is_secret_name(n)))
-        if request.url.password:
-            remember(request.url.password)
+        remember(*url_secrets(str(request.url)))
         content = request.content if isinstance(request.stream, httpx.ByteStream) else b""
         if content and len(content) <= _PARSE_SENT:
             _remember_sent_fields(content, request.headers.get("content-type", ""))

@@ -237,6 +237,24 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, path, query, fragment))
 
 
+def url_secrets(url: str) -> list[str]:
+    """The parts of `url` that `redact_url` takes out (its password, secret query and fragment values, a
+    webhook path's token and token-shaped segments): what a step sending to it must never see come back."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+    except ValueError:
+        return []
+    prefix = _PATH_SECRETS.match(parts.path)
+    if prefix:
+        found += [s for s in parts.path[prefix.end():].split("/") if s]
+    found += [s.removeprefix("bot") for s in parts.path.split("/") if _redact_segment(s) != s]
+    for query in (parts.query, parts.fragment if "=" in parts.fragment else ""):
+        found += [v for n, v in parse_qsl(query, keep_blank_values=True)
+                  if n.lower() in _SECRET_IN_URL or is_secret_name(n)]
+    return found
+
+
 def _redact_path(path: str) -> str:
     prefix = _PATH_SECRETS.match(path)
     if prefix:
@@ -268,15 +286,17 @@ def _secret_value(value: str) -> bool:
 # `name: value`, `name=value`, `"name": "value"`, `'name': 'value'` (a JSON body, a form, a header line,
 # a Python repr in a traceback); the value quoted (to its closing quote, or the end when it was cut), or
 # bare up to a delimiter.
-_NAME_SEP = re.compile(r"(?P<name>\"[^\"\n]{1,80}\"|'[^'\n]{1,80}'|\b[A-Za-z][A-Za-z0-9_.-]{0,79})(?P<sep>\s*[:=]\s*)")
-_VALUE_AT = re.compile(
-    r"\"(?:[^\"\\\n]|\\.){0,2000}(?:\"|$)|'(?:[^'\\\n]|\\.){0,2000}(?:'|$)|b'(?:[^'\\\n]|\\.){0,2000}'?"
-    r"|(?:(?i:bearer|basic|digest|negotiate|token)\s+)?[^\s,;&\"'<>(){}\[\]]+", re.MULTILINE)
+# A name: quoted (its quote may be escaped, `\\"pwd\\"` in a JSON body quoted inside a JSON text) or bare.
+_NAME_SEP = re.compile(r"(?P<q>\\*[\"'])(?P<quoted>[^\"'\\\n]{1,80})(?P=q)(?P<qsep>\s*[:=]\s*)"
+                       r"|\b(?P<bare>[A-Za-z][A-Za-z0-9_.-]{0,79})(?P<sep>\s*[:=]\s*)")
+_OPENING = re.compile(r"b?(\\*[\"'])")
+_IN_QUOTES = {quote: re.compile(rf"(?:[^\\\n{quote}]|\\.)*") for quote in "\"'"}
+_BARE_VALUE = re.compile(r"(?:(?i:bearer|basic|digest|negotiate|token)\s+)?[^\s,;&\"'<>(){}\[\]\\]+")
 # {"name": "password", "value": "..."} (either order), as forms and settings APIs write them.
 _NAME_VALUE = re.compile(r"\{[^{}]{0,2000}\}")
-_NAMED = re.compile(r"[\"'](?:name|key|field)[\"']\s*:\s*[\"'](?P<name>[^\"']{1,80})[\"']", re.IGNORECASE)
-_VALUE = re.compile(r"(?P<head>[\"']value[\"']\s*:\s*)(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s,}]+)",
+_NAMED = re.compile(r"\\*[\"'](?:name|key|field)\\*[\"']\s*:\s*\\*[\"'](?P<name>[^\"'\\]{1,80})\\*[\"']",
                     re.IGNORECASE)
+_VALUE = re.compile(r"(?P<head>(?P<q>\\*[\"'])value(?P=q)\s*:\s*)")
 
 
 def redact_text(text: str | None) -> str | None:
@@ -310,22 +330,32 @@ def _pairs(text: str) -> str:
     out, done, at = [], 0, 0
     while (named := _NAME_SEP.search(text, at)) is not None:
         at = named.end()
-        if not is_secret_name(named["name"]):
+        if not is_secret_name(named["quoted"] or named["bare"]):
             continue
-        value = _VALUE_AT.match(text, named.end())
-        if value is None or value.group().strip("\"'b") in ("", REDACTED, IN_URL):
+        start, end, quote = _value_at(text, at)
+        if end <= start or text[start:end] in (REDACTED, IN_URL):
             continue
-        out += [text[done:value.start()], _replacement(value.group())]
-        done = at = value.end()
+        out += [text[done:start], REDACTED]
+        done = at = end
     return "".join(out) + text[done:] if out else text
 
 
-def _replacement(value: str) -> str:
-    if value.startswith("b'"):
-        return "b'" + REDACTED + ("'" if len(value) > 2 and value.endswith("'") else "")
-    if value[:1] in "\"'":
-        return value[0] + REDACTED + (value[0] if len(value) > 1 and value.endswith(value[0]) else "")
-    return REDACTED
+def _value_at(text: str, at: int) -> tuple[int, int, str]:
+    """Where the value starting at `at` lies, inside its quotes if it has some (the closing one may be
+    missing: a cut text); and its quote."""
+    opening = _OPENING.match(text, at)
+    if opening is not None:
+        quote = opening[1]
+        start = opening.end()
+        if len(quote) == 1:  # a plain string: `\"` inside it is an escaped quote, not its end
+            end = _IN_QUOTES[quote].match(text, start).end()  # type: ignore[union-attr] - always matches
+        else:  # quoted inside a quoted text: ends at the same escaped quote
+            found = text.find(quote, start)
+            line = text.find("\n", start)
+            end = min(x for x in (found, line, len(text)) if x >= 0)
+        return start, min(end, start + 2000), quote
+    bare = _BARE_VALUE.match(text, at)
+    return at, bare.end() if bare else at, ""
 
 
 def _name_value(match: re.Match[str]) -> str:
@@ -333,7 +363,13 @@ def _name_value(match: re.Match[str]) -> str:
     named = _NAMED.search(obj)
     if named is None or not is_secret_name(named["name"]):
         return obj
-    return _VALUE.sub(lambda v: f'{v["head"]}"{REDACTED}"', obj)
+    out, done = [], 0
+    for value in _VALUE.finditer(obj):
+        start, end, _quote = _value_at(obj, value.end())
+        if end > start:
+            out += [obj[done:start], REDACTED]
+            done = end
+    return "".join(out) + obj[done:]
 
 
 # --- headers and bodies of recorded exchanges ----------------------------------------------------------
