@@ -1,4 +1,5 @@
-"""Routes with accept-time validation, for the API's 400 tests (only refused payloads are sent to them)."""
+"""Routes with accept-time validation, for the API's 400 tests (only refused payloads are sent to them), and
+one whose payload's card fields are secret, for the planted-secret fuzz (its route is paused meanwhile)."""
 
 from pydantic import BaseModel
 
@@ -18,4 +19,5 @@ class Customer(BaseModel):
 
 
 routes = [Route("api.validated", steps=[never_called], validate=lambda p: isinstance(p, dict) and "ok" in p),
-          Route("api.typed", steps=[never_called], validate=Customer)]
+          Route("api.typed", steps=[never_called], validate=Customer),
+          Route("api.carded", steps=[never_called], secret_fields=["card.pin", "card.cvc"])]
