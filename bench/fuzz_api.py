@@ -4,9 +4,9 @@ and look for them everywhere: not a CI test.
     PYTHONPATH=. .venv/bin/python bench/fuzz_api.py [--examples 100] [--workers 2] [--planted-only]
 
 Starts `openhub serve` on a fresh embedded store (a temporary OPENHUB_VAR_DIR) on a free port, with
-the example routes and tests/support/secret_routes.py, a source system's key (CRM) and an admin token,
-a worker with beat, tracing to an OTLP receiver, then runs `st run` over its /openapi.json twice: once
-with the source system's key, once with the admin token. Every check schemathesis has runs (no 5xx,
+the example routes and tests/support/secret_routes.py, source systems' keys (CRM; VAULT for the secret
+routes) and an admin token, a worker with beat, tracing to an OTLP receiver, then runs `st run` over its
+/openapi.json twice: once with CRM's key, once with the admin token. Every check schemathesis has runs (no 5xx,
 responses match the documented schema and status codes, ...). The auth-failure limit is raised for
 the run: schemathesis also sends requests without credentials on purpose.
 
@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SOURCE_KEY = "fuzz-source-key-0123456789abcdef"
 ADMIN_TOKEN = "fuzz-admin-token-0123456789abcdef"
+VAULT_KEY = "fuzz-vault-key-0123456789abcdefgh"  # the source system of tests/support/secret_routes.py
 
 
 def _free_port() -> int:
@@ -61,7 +62,7 @@ def _planted(base: str, worker_log: Path, serve_log: Path, planted: dict[str, st
     from tests.support.planted import leaks, read_back, submit_all
 
     print("== planted secrets: a message per secret route", flush=True)
-    ids = submit_all(base, SOURCE_KEY, planted, f"planted-{int(time.time())}")
+    ids = submit_all(base, VAULT_KEY, planted, f"planted-{int(time.time())}")
     deadline = time.monotonic() + 180
     with httpx.Client(base_url=base, timeout=10, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
         while time.monotonic() < deadline:
@@ -70,7 +71,7 @@ def _planted(base: str, worker_log: Path, serve_log: Path, planted: dict[str, st
                 break
             time.sleep(1)
     print(f"== planted: ended {states}, {len(receiver.posts)} notifications received", flush=True)
-    texts = read_back(base, SOURCE_KEY, ADMIN_TOKEN, ids.values())
+    texts = read_back(base, VAULT_KEY, ADMIN_TOKEN, ids.values())
     time.sleep(2)  # the processes' span exporters send every 0.1 s
     texts.update({f"span {n} {s.name}": s.texts() for n, s in enumerate(traces.spans)})
     texts.update({f"received {n}": json.dumps([p["headers"], p["body"]]) for n, p in enumerate(receiver.posts)})
@@ -98,14 +99,14 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     planted, echo, receiver, traces = plant(), EchoSystem(), Receiver(), TraceReceiver()
     with tempfile.TemporaryDirectory(prefix="openhub-fuzz-") as var:
-        env = {**os.environ, "OPENHUB_VAR_DIR": var, "OPENHUB_API_KEYS": f"CRM={SOURCE_KEY}",
+        env = {**os.environ, "OPENHUB_VAR_DIR": var, "OPENHUB_API_KEYS": f"CRM={SOURCE_KEY},VAULT={VAULT_KEY}",
                "OPENHUB_ADMIN_TOKEN": ADMIN_TOKEN, "OPENHUB_AUTH_FAILURES": "1000000",
                "OPENHUB_ROUTES": "routes,tests.support.secret_routes", "OPENHUB_MAX_FAILS": "2",
                "OPENHUB_RETRY_INTERVAL": "1", "OPENHUB_POLL_INTERVAL": "1", "PYTHONPATH": str(ROOT),
                "OPENHUB_TEST_PLANTED": json.dumps(planted), "OPENHUB_TEST_ECHO_URL": echo.url,
                "OPENHUB_TEST_RECEIVER_URL": receiver.url,
                "OPENHUB_WEBHOOK_URL": f"{receiver.url}/stock?token={planted['receiver_token']}",
-               "OPENHUB_CONFIRM_SECRETS": f"CRM=whsec_{'Q' * 43}=", "OPENHUB_WEBHOOK_SECRET": f"whsec_{'R' * 43}=",
+               "OPENHUB_CONFIRM_SECRETS": f"VAULT=whsec_{'Q' * 43}=", "OPENHUB_WEBHOOK_SECRET": f"whsec_{'R' * 43}=",
                "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
         subprocess.run([BIN / "openhub", "db", "upgrade"], env=env, check=True, cwd=ROOT, capture_output=True)

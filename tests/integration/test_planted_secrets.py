@@ -34,7 +34,7 @@ from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import PROJECT, Worker
 
 OPENHUB = str(Path(sys.executable).with_name("openhub"))
-KEY = "crm-" + secrets.token_hex(20)
+KEY = "vault-" + secrets.token_hex(20)
 ADMIN = "admin-" + secrets.token_hex(20)
 
 
@@ -52,8 +52,8 @@ def test_no_planted_secret_is_in_any_text_the_hub_keeps_shows_logs_exports_or_se
     planted = plant()
     echo, receiver, traces = EchoSystem(), Receiver(), TraceReceiver()
     env = {**store.env, "OPENHUB_TEST_PLANTED": json.dumps(planted), "OPENHUB_TEST_ECHO_URL": echo.url,
-           "OPENHUB_TEST_RECEIVER_URL": receiver.url, "OPENHUB_API_KEYS": f"CRM={KEY}", "OPENHUB_ADMIN_TOKEN": ADMIN,
-           "OPENHUB_CONFIRM_SECRETS": f"CRM=whsec_{'Q' * 43}=", "OPENHUB_WEBHOOK_SECRET": f"whsec_{'R' * 43}=",
+           "OPENHUB_TEST_RECEIVER_URL": receiver.url, "OPENHUB_API_KEYS": f"VAULT={KEY}", "OPENHUB_ADMIN_TOKEN": ADMIN,
+           "OPENHUB_CONFIRM_SECRETS": f"VAULT=whsec_{'Q' * 43}=", "OPENHUB_WEBHOOK_SECRET": f"whsec_{'R' * 43}=",
            "OPENHUB_WEBHOOK_URL": f"{receiver.url}/stock?token={planted['receiver_token']}",
            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}

@@ -3,7 +3,8 @@ bench/fuzz_api.py): in a URL's query, fragment, userinfo and path, in headers th
 in JSON body fields and name/value pairs, in a header value httpx refuses to send, in the payload fields
 a route marks secret. The external system (tests/support/planted.py's EchoSystem) echoes each request
 back in its answer and its errors, so every secret comes back to the hub, as a hostile or careless
-system's answer would. The secrets are read per call from OPENHUB_TEST_PLANTED (JSON: name -> value).
+system's answer would. The secrets are read per call from OPENHUB_TEST_PLANTED (JSON: name -> value); the
+source system is VAULT, whose confirmations go to OPENHUB_TEST_RECEIVER_URL.
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ routes = [
 ]
 
 
-@confirmation("CRM")
-def confirm_crm(outcome: Outcome) -> None:
-    """Confirm to the source system's receiver (its URL carries a planted token), signed with CRM's secret."""
+@confirmation("VAULT")
+def confirm_vault(outcome: Outcome) -> None:
+    """Confirm to the source system's receiver (its URL carries a planted token), signed with VAULT's secret."""
     webhook(f"{os.environ['OPENHUB_TEST_RECEIVER_URL']}/confirm?token={planted()['receiver_token']}", 5)(outcome)
 
 
