@@ -144,13 +144,7 @@ def submit(route: str, source_system: str, correlation_id: str, payload: str | N
     """Submit one message to ROUTE (service.operation)."""
     import openhub
 
-    if (payload is None) == (payload_file is None):
-        raise click.UsageError("give exactly one of --payload and --file")
-    text = payload if payload is not None else payload_file.read_text(encoding="utf-8")  # type: ignore[union-attr]
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload/--file") from None
+    data = _json_given(payload, payload_file)
     _timestamp(msg_timestamp, "--msg-timestamp")
     _timestamp(expires_at, "--expires-at")
     view = openhub.submit(route, data, source_system=source_system, correlation_id=correlation_id,
@@ -163,6 +157,17 @@ def submit(route: str, source_system: str, correlation_id: str, payload: str | N
         click.echo(f"duplicate: message {view.id} already has correlation id {view.correlation_id} ({view.state})")
     else:
         click.echo(f"accepted: message {view.id} ({view.route}, {view.state})")
+
+
+def _json_given(payload: str | None, payload_file: Path | None) -> Any:
+    """The JSON value given as --payload text or in a --file (exactly one of them)."""
+    if (payload is None) == (payload_file is None):
+        raise click.UsageError("give exactly one of --payload and --file")
+    text = payload if payload is not None else payload_file.read_text(encoding="utf-8")  # type: ignore[union-attr]
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload/--file") from None
 
 
 @main.group()
@@ -544,6 +549,29 @@ def messages_cancel(message_id: int | None, as_json: bool, **filters: Any) -> No
     import openhub
 
     _bulk(message_id, filters, openhub.cancel, openhub.cancel_matching, "cancelled", as_json)
+
+
+@messages.command("respond")
+@click.argument("message_id", type=int)
+@click.option("--payload", "-p", help="The answer as JSON text.")
+@click.option("--file", "-f", "payload_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A file holding the JSON answer.")
+@click.option("--token", "-t", help="The wait it answers: the ctx.wait_token its question gave (needed unless "
+                                    "the message waits and no answer was ever taken for it).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def messages_respond(message_id: int, payload: str | None, payload_file: Path | None, token: str | None,
+                     as_json: bool) -> None:
+    """Deliver the answer MESSAGE_ID waits for (openhub.respond)."""
+    import openhub
+
+    data = _json_given(payload, payload_file)
+    view = openhub.respond(message_id, data, token=token, by="operator (CLI)")
+    if as_json:
+        click.echo(json.dumps({"id": view.id, "state": view.state, "duplicate": view.duplicate}))
+    elif view.duplicate:
+        click.echo(f"duplicate: message {view.id}'s wait {token} was answered already; this answer is not kept")
+    else:
+        click.echo(f"answered: message {view.id} ({view.state})")
 
 
 @main.command()

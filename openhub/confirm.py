@@ -6,14 +6,30 @@ every OPENHUB_CONFIRM_INTERVAL up to OPENHUB_CONFIRM_MAX_FAILS, then parked as F
 Sending claims the row first (compare-and-set), so one final state is confirmed once. A state
 hook's notification (@on_state, the stock webhook) is a row of the same table naming its hook,
 sent and retried the same way.
+
+Why no confirmation or hook is sent by two senders at once, however long its confirmer takes (issue 33):
+a claim is a sending lease (the row's `due_at`), and another sender (a poller tick) takes a SENDING row
+over only once that lease has run out. While the confirmer runs, the lease is renewed (`_Sending`, a
+fifth of it at a time), so it runs out only when its sender stopped renewing it: the process died, stalled,
+or lost the store for a whole lease. And a sender starts its confirmer only while its lease, as last
+renewed, has more than a quarter left (`_Sending.held`), so a sender that stalled between its claim and
+the call does not call beside the one that took over. A confirmer that was already calling when its
+process stalled or was cut off past the lease is called again by the next sender, with the same
+delivery id, as a step's call in flight is (README). Where the worker can interrupt a call (the main
+thread of a prefork or solo worker, a greenlet under gevent: the `deadline` tasks/ gives), every
+confirmer also has an overall deadline, OPENHUB_CONFIRM_TIMEOUT: past it, the send counts as failed and
+is tried again later, so a hung confirmer cannot hold a worker (or a poller tick) for good. A thread (a
+LocalHub's, the API's resend) cannot be interrupted: there the renewed lease alone keeps the promise.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 import uuid
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
@@ -24,8 +40,9 @@ from .context import Outcome, error_line
 from .db import store_clock, transaction, utcnow
 from .errors import InputError, NotFound, StateConflict, StoreUnavailable
 from .redact import redact_text
-from .policy import confirmation_lease, confirmation_retry, outage_pause
+from .policy import confirmation_lease, confirmation_renewal, confirmation_retry, outage_pause
 from .registry import Confirmer, get_registry
+from .runs import TimeLimit
 from .schema import confirmations, messages
 from .states import ConfirmationState as CS
 from .store import message_view, refuse_control
@@ -33,6 +50,7 @@ from .tracing import failed, message_span
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
+SENDING_FENCE = 0.75  # of the sending lease: a sender whose last renewal is older starts no confirmer
 # The claim of a due confirmation the poller handed to an `openhub.confirm` task (OPENHUB_CONFIRM_QUEUE): the
 # task sends it whatever its due time, which the hand-over moved on by a sending lease, so the next ticks do
 # not hand it over again while the task waits in its queue (and do, once that lease is over).
@@ -46,11 +64,12 @@ def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: dat
 
 
 def send_confirmations(message_id: int | None = None, now: datetime | None = None, limit: int = 100,
-                       budget: float | None = None) -> int:
+                       budget: float | None = None, deadline: TimeLimit | None = None) -> int:
     """Send due confirmations (of one message, or all due ones); returns how many were sent OK.
 
     With `budget` (seconds), no further one is claimed once that much time is spent: the rest stay
     due for the next call, so a few slow receivers cannot stretch one poller tick without end.
+    `deadline`: how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (None: it cannot).
     """
     now = now or utcnow()
     settings = get_settings()
@@ -70,16 +89,62 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
         # Each one is claimed just before it is sent, its lease starting then: a lease covering a whole
         # batch ran out under a slow confirmer while the batch's tail still waited, and a second sender
         # sent that tail too. A crashed sender's SENDING row becomes due again when its lease ends.
-        claimed_at = now + timedelta(seconds=time.monotonic() - started)
-        claim = str(uuid.uuid4())
+        sending = _Sending(confirmation_id, lease, now + timedelta(seconds=time.monotonic() - started))
         with transaction() as conn:
             taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id,
-                                                                  _sendable(conn, claimed_at)))
-                                 .values(state=CS.SENDING, claim=claim, due_at=store_clock(conn, claimed_at) + lease,
-                                         updated_at=claimed_at)).rowcount
+                                                                  _sendable(conn, sending.claimed_at)))
+                                 .values(state=CS.SENDING, claim=sending.claim, updated_at=sending.claimed_at,
+                                         due_at=store_clock(conn, sending.claimed_at) + lease)).rowcount
         if taken:
-            sent += _send_one(confirmation_id, claim)
+            with sending:
+                sent += _send_one(confirmation_id, sending, deadline)
     return sent
+
+
+class _Sending:
+    """A claimed confirmation's sending lease, renewed while its confirmer runs (module doc).
+
+    Renewed from a thread of its own (a greenlet under gevent), by a compare-and-set on the claim, on the
+    clock the claim was written with (the database's on PostgreSQL). `held` is what a sender asks before
+    it calls: whether the lease, as last renewed, still has more than a quarter of it left.
+    """
+
+    def __init__(self, confirmation_id: int, lease: timedelta, claimed_at: datetime) -> None:
+        self.confirmation_id, self.lease, self.claimed_at = confirmation_id, lease, claimed_at
+        self.claim = str(uuid.uuid4())
+        self._claimed = self._renewed = time.monotonic()  # each renewal's statement begins after this
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="openhub-confirmation-lease")
+
+    def __enter__(self) -> _Sending:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        # A renewal still under way is harmless once the outcome is written (it renews only a SENDING row).
+        self._thread.join(timeout=5)
+
+    def held(self) -> bool:
+        """Whether the sending lease surely still holds (no other sender can have taken the row over)."""
+        return time.monotonic() - self._renewed < SENDING_FENCE * self.lease.total_seconds()
+
+    def _renew(self) -> None:
+        interval = confirmation_renewal(self.lease)
+        while not self._stop.wait(interval):
+            began = time.monotonic()
+            now = self.claimed_at + timedelta(seconds=began - self._claimed)  # the claim's clock, moved on
+            try:
+                with transaction() as conn:
+                    held = conn.execute(update(confirmations).where(and_(
+                        C.id == self.confirmation_id, C.claim == self.claim, C.state == CS.SENDING))
+                        .values(due_at=store_clock(conn, now) + self.lease)).rowcount
+            except Exception as exc:  # noqa: BLE001 - the store away: tried again; the fence stops a late start
+                log.warning("confirmation %s: renewing its sending lease failed (%s)", self.confirmation_id, exc)
+                continue
+            if not held:  # sent and recorded meanwhile, or (the lease ran out) taken over
+                return
+            self._renewed = began
 
 
 def _due(conn: Connection, now: datetime) -> Any:
@@ -129,8 +194,9 @@ def hand_over_due(now: datetime, publish: Callable[[int], bool], limit: int = 10
     return len(handed)
 
 
-def _send_one(confirmation_id: int, claim: str) -> int:
+def _send_one(confirmation_id: int, sending: _Sending, deadline: TimeLimit | None) -> int:
     settings = get_settings()
+    claim = sending.claim
     with transaction() as conn:
         row = conn.execute(select(confirmations).where(C.id == confirmation_id)).one()
         view = message_view(conn, row.message_id)
@@ -140,22 +206,31 @@ def _send_one(confirmation_id: int, claim: str) -> int:
     else:
         confirmer = get_registry().confirmers.get(view.source_system)
     error = None
+    hook = f"hook {row.hook}" if row.hook else None  # a hook's span and log say which; a confirmation's, to whom
     if confirmer is None:
         log.info("message %s (%s) ended %s; no confirmer for source system %s", view.id, view.correlation_id,
                  row.outcome, view.source_system)
+    elif not sending.held():  # stalled since the claim: another sender may have it now; left to the next one
+        log.warning("%s of message %s not sent: its sending lease may have run out (this process stalled, or the "
+                    "store was away); the next sender sends it", hook or f"confirmation to {view.source_system}",
+                    view.id)
+        return 0
     else:
-        hook = f"hook {row.hook}" if row.hook else None  # a hook's span and log say which; a confirmation's, to whom
         # In the message's trace (openhub.tracing): the confirmer's HTTP call is a child of this span.
         with message_span(hook or f"confirm {view.source_system}", view, view.traceparent, outcome=row.outcome,
                           attempt=row.attempts + 1, hook=row.hook) as span:
+            returned = False
             try:
-                confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
-                                  delivery_id=row.id, delivery_key=row.delivery_key, hook=row.hook))
+                with deadline(settings.confirm_timeout.total_seconds()) if deadline else nullcontext():
+                    confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
+                                      delivery_id=row.id, delivery_key=row.delivery_key, hook=row.hook))
+                    returned = True  # a deadline arriving after this is too late to undo the send
             except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
-                error = redact_text(traceback.format_exc())  # a webhook URL's credentials stay out of it
-                log.warning("%s of message %s failed: %s", hook or f"confirmation to {view.source_system}", view.id,
-                            error_line(error))
-                failed(span, error_line(error))
+                if not returned:
+                    error = redact_text(traceback.format_exc())  # a webhook URL's credentials stay out of it
+                    log.warning("%s of message %s failed: %s", hook or f"confirmation to {view.source_system}",
+                                view.id, error_line(error))
+                    failed(span, error_line(error))
     now = utcnow()
     attempts = row.attempts + 1
     retry = None if error is None else confirmation_retry(attempts, now, settings)

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import urlencode
 
 from .errors import StepOutcome
 from .model import route_name
@@ -106,7 +107,8 @@ class StepContext:
     """Everything a step needs: the payload, the message, its idempotency key and outcome calls."""
 
     def __init__(self, *, payload: Any, message: MessageInfo, idempotency_key: str, attempt: int,
-                 redelivered: bool, custom_data: dict[str, Any], response: Any = None) -> None:
+                 redelivered: bool, custom_data: dict[str, Any], response: Any = None,
+                 wait_token: str | None = None) -> None:
         self.payload = payload
         self.message = message
         self.idempotency_key = idempotency_key
@@ -114,6 +116,9 @@ class StepContext:
         self.redelivered = redelivered
         self.custom_data = custom_data
         self.response = response
+        # This run's ask: a step that waits hands it to the responder, who sends it back with the answer
+        # (openhub.respond(..., token=), `?token=` over HTTP); new for every run of the step.
+        self.wait_token = wait_token
         self.business_errors: list[dict[str, str]] = []
         self.log = logging.LoggerAdapter(log, {"correlation_id": message.correlation_id, "message_id": message.id})
 
@@ -125,8 +130,15 @@ class StepContext:
         """Stop here and try the message again later without counting a failure."""
         raise NoEffect("no effect")
 
+    def response_url(self, base_url: str) -> str:
+        """Where the responder POSTs the answer to this step's question: the hub's API at `base_url`
+        (e.g. `https://hub.example.com`), this message's response endpoint, this run's `wait_token`."""
+        query = urlencode({"token": self.wait_token})
+        return f"{base_url.rstrip('/')}/api/v1/messages/{self.message.id}/response?{query}"
+
     def wait_for_response(self, timeout: timedelta | float) -> None:
-        """Stop here (this step counts as done) until `openhub.respond()` delivers a response."""
+        """Stop here (this step counts as done) until `openhub.respond()` delivers a response for this
+        run's `wait_token` (or, without a token, as README says where that is enough)."""
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
         raise WaitForResponse(timeout)

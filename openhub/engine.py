@@ -21,9 +21,7 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any, Callable, TypeVar
 
-from sqlalchemy import Connection, and_, select
-
-from . import admission, leases
+from . import admission, leases, waits
 from .admission import Refusal
 from .context import NoEffect, StepContext, WaitForResponse, error_line
 from .db import transaction
@@ -37,9 +35,8 @@ from .model import Split
 from .policy import outage_pause, retry_policy, step_timeout, verdict_due
 from .redrive import carry_out
 from .runs import Entered, StepRun, TimeLimit
-from .schema import transitions
 from .split import prepare_children, write_children
-from .states import Event, Note, State
+from .states import Event, State
 from .store import dumps, loads, lock_message
 from .tracing import step_span
 from .verdicts import StepReport, Verdict, call_key, idempotency_key, message_info
@@ -291,27 +288,16 @@ def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
     admission.call_ended(tx.conn, item, entered.run_id, verdict, tx.now)
     if verdict.event is None and not run.last:
         return True
-    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and (
-        kept.response != row.response or _answered_early(tx.conn, row.id))
+    # The ask is written under the lease's compare-and-set (the row lock an answer's `respond` takes too):
+    # an answer bound to this run's token came before it, or comes after it and finds the wait open.
+    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and waits.asked(tx.conn, row.id, entered.run_id,
+                                                                              item.key, tx.now)
     row = _with(row, **common)
     _finish(tx, row, run, verdict if verdict.event else Verdict(Event.COMPLETED))
-    if answered_meanwhile:  # the response came while the step ran: no need to wait for it
+    if answered_meanwhile:  # its answer came while the step ran: no need to wait for it
         leases.answered(tx.conn, entered, tx.now)
         redispatch(tx.conn, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED, tx.now, tx.follow)
     return False
-
-
-def _answered_early(conn: Connection, message_id: int) -> bool:
-    """Whether a response came while an earlier step ran and no wait has taken it since.
-
-    `openhub.respond` keeps such a response (history event response_early); the wait it was meant
-    for is the next one, so that wait must not park.
-    """
-    last = conn.execute(select(transitions.c.event).where(and_(
-        transitions.c.message_id == message_id,
-        transitions.c.event.in_((Note.RESPONSE_EARLY.value, Event.WAIT_RESPONSE.value, Event.RESPONDED.value))))
-        .order_by(transitions.c.id.desc()).limit(1)).scalar()
-    return bool(last == Note.RESPONSE_EARLY)
 
 
 def _finish(tx: Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> None:
@@ -387,7 +373,7 @@ def _prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = Fal
     item, conn = run.item, tx.conn
     ctx = StepContext(payload=loads(row.payload), message=message_info(row), idempotency_key=idempotency_key(row, item),
                       attempt=1, redelivered=run.redelivered, custom_data=loads(row.custom_data, {}),
-                      response=loads(row.response))
+                      response=loads(row.response), wait_token=run_id)
     try:
         key = call_key(row, item, ctx)
     except Exception as exc:  # a custom key that cannot be computed is the message's fault

@@ -7,6 +7,8 @@
     │   └── PayloadTooLarge     payload over OPENHUB_MAX_PAYLOAD_BYTES
     ├── NotFound                no message with that id
     ├── StateConflict           an operator action the message's state does not allow
+    │   ├── StaleResponse       an answer for a wait that has ended (or never was): not taken
+    │   └── ResponseTokenNeeded an answer without its wait's token where it could be taken for another
     ├── StoreUnavailable        the database cannot be reached (nothing was stored)
     ├── Draining                the hub is draining: it takes no new messages (nothing was stored)
     └── WebhookSignatureError   a received webhook's signature is missing, stale or wrong (for receivers)
@@ -63,6 +65,16 @@ class NotFound(OpenHubError, LookupError):
 
 class StateConflict(OpenHubError):
     """The requested operator action is not allowed in the message's current state."""
+
+
+class StaleResponse(StateConflict):
+    """An answer whose token names no open wait of the message: that ask timed out, the message was
+    cancelled or restarted, or no step ever gave that token. The answer is not taken (noted in the history)."""
+
+
+class ResponseTokenNeeded(StateConflict):
+    """An answer without a token where it could be taken for the wrong wait: the question is still being
+    asked, or an earlier wait of the message was answered. Send it with its wait's token (`ctx.wait_token`)."""
 
 
 class StoreUnavailable(OpenHubError):

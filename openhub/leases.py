@@ -170,7 +170,7 @@ def first_step_not_done(conn: Connection, row: Any, route: Route, item: RouteSte
 # Compare-and-set of a step's outcome: written only while the step's lease is still this run's.
 _HELD = and_(M.id == bindparam("mid"), M.attempt_id == bindparam("token"), M.step_run == bindparam("run"),
              M.state == State.PROCESSING.value)
-_KEEP = update(messages).where(_HELD).returning(M.id, M.response)
+_KEEP = update(messages).where(_HELD).returning(M.id)
 # The same, handing the lease to the next step's run (a fused task): the updated row is returned.
 _HAND_OVER = update(messages).where(_HELD).returning(*messages.c)
 # Its parameters are named after no column: in a statement with data-modifying CTEs SQLAlchemy would
@@ -220,8 +220,8 @@ def write_outcome(conn: Connection, run: StepRun, entered: Entered, verdict: Ver
     lease is still ours (no cancel, no repair). Where it held, what the step's external call did is
     written to its record, and a succeeded step to the history; `hand_over`: `values` take the next
     step's lease, and that step's first call record may be inserted too. Returns the row written (None,
-    with nothing written, where the lease was lost), all of it when handed over (else its id and
-    response), and whether that record was. On PostgreSQL all of it is one statement."""
+    with nothing written, where the lease was lost), all of it when handed over (else its id), and
+    whether that record was. On PostgreSQL all of it is one statement."""
     keep = _HAND_OVER if hand_over else _KEEP
     done, entry = _closing(run, entered, verdict, now)
     cas = {"mid": run.message_id, "token": run.token, "run": entered.run_id}
@@ -259,7 +259,7 @@ def let_go_lost(conn: Connection, entered: Entered, verdict: Verdict, now: datet
     return released is not None and released.funnel is not None
 
 
-# --- an operator's writes: a total restart, a response ---------------------------------------------------
+# --- an operator's writes: a total restart, a response's call record ---------------------------------------------
 
 def forget_calls(conn: Connection, row: Any) -> None:
     """A total restart: the message's own call records go, so every call is made again; one it took over
@@ -268,11 +268,6 @@ def forget_calls(conn: Connection, row: Any) -> None:
     conn.execute(delete(ext_calls).where(and_(X.message_id == row.id, or_(X.ok_message_id.is_(None),
                                                                           X.ok_message_id == row.id))))
     conn.execute(update(ext_calls).where(X.ok_message_id == row.id).values(ok_message_id=None, ok_msg_timestamp=None))
-
-
-def keep_response(conn: Connection, message_id: int, text: str) -> None:
-    """The response a waiting step's message was sent (the step reads it as ctx.response)."""
-    update_message(conn, message_id, response=text)
 
 
 def responded(conn: Connection, row: Any, now: datetime) -> None:

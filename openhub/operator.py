@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from sqlalchemy import and_, delete, func, not_, select, update
 
-from . import leases
+from . import leases, waits
 from .context import MessageView
 from .db import transaction, utcnow
 from .errors import InputError, NotFound, StateConflict
@@ -18,9 +18,8 @@ from .producer import get_message, shallow
 from .redrive import carry_out, redrive_due_messages
 from .registry import get_registry
 from .schema import messages, route_pauses
-from .states import FINAL, NON_FINAL, Event, Note, State, allowed
-from .store import (DRAIN, drain_reason, dumps, filtered, lock_message, message_view, pause_route, paused_routes,
-                    record_transition)
+from .states import FINAL, NON_FINAL, Event, State
+from .store import DRAIN, drain_reason, dumps, filtered, lock_message, pause_route, paused_routes
 
 M = messages.c
 RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
@@ -122,40 +121,36 @@ def _bulk(act: Callable[[int], Any], states: frozenset[State], limit: int, filte
     return result
 
 
-def respond(message_id: int, payload: Any, *, by: str | None = None) -> MessageView:
-    """Deliver the response a WAITING_FOR_RES message waits for; its route resumes with ctx.response.
+def respond(message_id: int, payload: Any, *, token: str | None = None, by: str | None = None) -> MessageView:
+    """Deliver the response a message waits for; its route resumes with ctx.response.
 
-    A response that arrives while the step that will wait for it is still running is kept too,
-    unless it is the answer the route already goes on with (a duplicate: noted, not kept).
-    `by` names who answered (the responding source system, or the operators) in the history.
+    `token` names the wait it answers (`ctx.wait_token` of the step that asked): the answer is taken for
+    that wait only, also when it comes while the asking step still runs; a second answer with the same
+    token is a duplicate (noted, not kept; the view returned says `duplicate`); one for a wait that has
+    ended raises StaleResponse. Without a token the answer is taken only while the message waits and no
+    answer was ever taken for it; anywhere else ResponseTokenNeeded (openhub.waits). `by` names who
+    answered (the responding source system, or the operators) in the history.
     """
-    detail = f"answered by {by}" if by else None
     shallow(payload, "response")
     try:
         text = dumps(payload)
     except (TypeError, ValueError) as exc:
         raise InputError(f"response is not JSON-serialisable: {exc}") from None
+    if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 64 or not token.isprintable()):
+        raise InputError("a wait token is the text ctx.wait_token gave, up to 64 printable characters")
+    follow = FollowUps()
     with transaction() as conn:
         row = _locked(conn, message_id)
-        if row.state == State.PROCESSING and row.step_run is not None and row.response == text:
-            # The answer the route already goes on with, sent again (a responder's retry after a lost
-            # reply): if kept, it would answer the next wait, which asks another question.
-            record_transition(conn, row.id, Note.RESPONSE_DUPLICATE.value, row.state, row.state, detail=detail)
-            return message_view(conn, row.id)
-        if row.state == State.PROCESSING and row.step_run is not None:
-            # Faster than the step that asked for it: kept, and the step resumes when it records its wait.
-            leases.keep_response(conn, row.id, text)
-            record_transition(conn, row.id, Note.RESPONSE_EARLY.value, row.state, row.state, detail=detail)
-            return message_view(conn, row.id)
-        if not allowed(State(row.state), Event.RESPONDED):
-            raise StateConflict(f"message {message_id} is {row.state}, not waiting for a response")
-        leases.keep_response(conn, row.id, text)
-        leases.responded(conn, row, utcnow())
         now = utcnow()
-        follow = FollowUps()
-        redispatch(conn, row, Event.RESPONDED, now, follow, detail=detail)
+        received, detail = waits.receive(conn, row, token, text, now, by)
+        if received is waits.Received.TAKEN:
+            leases.responded(conn, row, now)
+            redispatch(conn, row, Event.RESPONDED, now, follow, detail=detail)
+    refusal = received.refusal(detail)
+    if refusal is not None:  # raised once its note in the history is committed
+        raise refusal
     carry_out(follow, now)
-    return get_message(message_id)
+    return replace(get_message(message_id), duplicate=received is waits.Received.DUPLICATE)
 
 
 def pause(route: str, reason: str = "paused by an operator") -> None:

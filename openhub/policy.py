@@ -91,9 +91,16 @@ def outage_pause(attempt: int) -> float:
 
 
 def confirmation_lease(settings: Settings) -> timedelta:
-    """How long a confirmation's sender holds it: longer than a send may take (OPENHUB_CONFIRM_TIMEOUT,
-    twice), so a slow send is never claimed and sent a second time meanwhile."""
+    """How long a confirmation's sender holds it without renewing it: longer than a send may take
+    (OPENHUB_CONFIRM_TIMEOUT, twice). It is renewed while the confirmer runs (openhub.confirm), so a slow
+    send is never claimed and sent a second time meanwhile; a dead sender's is taken over after it."""
     return max(settings.confirm_interval, settings.step_timeout, 2 * settings.confirm_timeout)
+
+
+def confirmation_renewal(lease: timedelta) -> float:
+    """Seconds between two renewals of a confirmation's sending lease while its confirmer runs: a fifth
+    of the lease, so a renewal or two may fail (a slow store) before the lease is near its end."""
+    return max(lease.total_seconds() / 5, 0.05)
 
 
 def confirmation_retry(attempts: int, now: datetime, settings: Settings) -> datetime | None:

@@ -28,6 +28,7 @@ from .lifecycle import FollowUps, Tx, apply_event
 from .limits import release_runs
 from .redrive import BATCH, carry_out, redrive_due_messages
 from .registry import get_registry
+from .runs import TimeLimit
 from .schema import messages
 from .states import Event, State
 from .store import is_paused, paused_routes
@@ -49,27 +50,28 @@ class TickReport:
     dead_workers: frozenset[str] = frozenset()  # worker processes witnessed dead (their deliveries go back)
 
 
-def tick(now: datetime | None = None) -> TickReport:
-    """One round of the poller at time `now` (naive UTC; default: the current time)."""
+def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = None) -> TickReport:
+    """One round of the poller at time `now` (naive UTC; default: the current time); `confirm_deadline`:
+    how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (openhub.confirm)."""
     started = time.perf_counter()
     now = now or utcnow()
     lost, dead = repair_lost_runs(now)
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
-    confirmed = confirm_due(now)
+    confirmed = confirm_due(now, confirm_deadline)
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
 
 
-def confirm_due(now: datetime) -> int:
+def confirm_due(now: datetime, deadline: TimeLimit | None = None) -> int:
     """Due confirmations (retries, and those whose task was lost) go to `openhub.confirm` tasks on their own
     queue (OPENHUB_CONFIRM_QUEUE), never sent on the tick's step worker; how many messages' went. Where
     there is no such task (LocalHub), the tick sends them itself, for at most one poll interval (at least
-    one send): slow receivers wait for the next."""
+    one send): slow receivers wait for the next; `deadline` interrupts a confirmer there (openhub.confirm)."""
     handed = hand_over_due(now, current().publisher.publish_confirmation)
     if handed is not None:
         return handed
-    return send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds())
+    return send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds(), deadline=deadline)
 
 
 def repair_lost_runs(now: datetime) -> tuple[int, set[str]]:

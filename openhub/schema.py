@@ -186,6 +186,28 @@ class Transition(Base):
     __table_args__ = (Index("ix_transitions_message", "message_id"),)
 
 
+class Wait(Base):
+    """One ask of a step that waits for a response (`ctx.wait_for_response`), and the answer bound to it.
+
+    Its token is the asking step run's id (`ctx.wait_token`): the responder sends it back with the answer,
+    which is taken for this ask and no other. A row is written when the step records its wait, or
+    earlier when an answer comes while the step still runs; answers that came again are not kept.
+    """
+
+    __tablename__ = "waits"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)  # the order of the asks
+    token: Mapped[str] = mapped_column(String(36), unique=True)
+    message_id: Mapped[int] = mapped_column(Id, ForeignKey("messages.id"))
+    step_key: Mapped[str | None] = mapped_column(String(100))  # None until the step records its wait
+    asked_at: Mapped[datetime | None] = mapped_column(DateTime)  # the wait recorded; None: answered first
+    answer: Mapped[str | None] = mapped_column(Text)  # JSON text
+    answered_at: Mapped[datetime | None] = mapped_column(DateTime)
+    answered_by: Mapped[str | None] = mapped_column(String(100))
+
+    __table_args__ = (Index("ix_waits_message", "message_id"),)
+
+
 class Confirmation(Base):
     """The confirmation of a final message to its source system, retried until it succeeds."""
 
@@ -204,7 +226,7 @@ class Confirmation(Base):
     # None: the confirmation to the source system; else the state hook (@on_state) to call.
     hook: Mapped[str | None] = mapped_column(String(300))
     # Random, the same on every retry: the notification's id for its receiver (the webhook-id), which no
-    # one can guess ahead of it to take its place in the receiver's dedupe (None: written before 0014).
+    # one can guess ahead of it to take its place in the receiver's dedupe (None: written before 0015).
     delivery_key: Mapped[str | None] = mapped_column(String(40), default=lambda: secrets.token_urlsafe(18))
 
     __table_args__ = (
@@ -307,6 +329,7 @@ def _table(model: type[Base]) -> Table:
 messages = _table(Message)
 ext_calls = _table(ExtCall)
 transitions = _table(Transition)
+waits = _table(Wait)
 confirmations = _table(Confirmation)
 route_pauses = _table(RoutePause)
 breakers = _table(Breaker)

@@ -65,7 +65,8 @@ class Note(StrEnum):
     ACCEPTED = "accepted"              # the message was stored (NEW)
     STEP_OK = "step_ok"                # a step's call succeeded (or was sent, for a wait)
     RESPONSE_EARLY = "response_early"  # a response came while the step that waits for it still ran
-    RESPONSE_DUPLICATE = "response_duplicate"  # the answer already taken, sent again: not kept
+    RESPONSE_DUPLICATE = "response_duplicate"  # a second answer for an answered wait (same token): not kept
+    RESPONSE_REFUSED = "response_refused"  # an answer for no open wait, or without the token it needed
     TASK_CRASHED = "task_crashed"      # a task carrying the message crashed outside its step
 
 

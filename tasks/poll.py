@@ -11,6 +11,8 @@ from openhub.hub import current
 from openhub.store import record_crash
 from openhub.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app
 
+from .steps import confirmer_deadline
+
 log = logging.getLogger("openhub.tasks")
 app = celery_app()
 
@@ -49,7 +51,7 @@ for _name, _keep_first in (("celery.beat", True), ("celery.worker.strategy", Fal
 def poll() -> dict:
     """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
     workers.start_heartbeat()  # a poller's process is a witness of the others' heartbeats
-    report = poller.tick()
+    report = poller.tick(confirm_deadline=confirmer_deadline())
     try:
         # What dead workers had taken and not started: back on the queue now, not after the visibility
         # timeout (the hub's lease grace would repair those messages later still).
@@ -69,7 +71,7 @@ def poll() -> dict:
 def confirm(message_id: int) -> int:
     """Send a message's due confirmations and hook notifications (published after its final state);
     how many went out OK. A failed one is retried by the poller."""
-    return send_confirmations(message_id)
+    return send_confirmations(message_id, deadline=confirmer_deadline())
 
 
 @app.task(name=CHAIN_FAILED_TASK)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable, ContextManager, Iterator, TypeVar
 
 from celery import Celery, Task
@@ -27,8 +28,9 @@ T = TypeVar("T")
 
 
 @contextmanager
-def step_alarm(seconds: float) -> Iterator[None]:
-    """One step's soft time limit inside a fused task, whose Celery limit covers all its steps.
+def step_alarm(seconds: float, what: str = "the step") -> Iterator[None]:
+    """One step's soft time limit inside a fused task, whose Celery limit covers all its steps (or the
+    deadline of `what` else runs inside a task: a confirmer's).
 
     Raises what Celery's own soft limit raises, so an overrunning step ends as it does in chain mode.
     A signal needs the process's main thread (prefork and solo pools); elsewhere the task's limit only.
@@ -38,7 +40,7 @@ def step_alarm(seconds: float) -> Iterator[None]:
         return
 
     def expired(signum: int, frame: object) -> None:
-        raise SoftTimeLimitExceeded(f"the step ran over its timeout of {seconds:g} s")
+        raise SoftTimeLimitExceeded(f"{what} ran over its timeout of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -50,12 +52,20 @@ def step_alarm(seconds: float) -> Iterator[None]:
 
 
 @contextmanager
-def step_greenlet_limit(seconds: float) -> Iterator[None]:
+def step_greenlet_limit(seconds: float, what: str = "the step") -> Iterator[None]:
     """One step's soft time limit in the gevent pool, which keeps only Celery's hard limit: a
     gevent.Timeout in the step's own greenlet, raising what Celery's soft limit raises elsewhere."""
     with concurrency.step_time_limit(seconds, SoftTimeLimitExceeded,
-                                     f"the step ran over its timeout of {seconds:g} s"):
+                                     f"{what} ran over its timeout of {seconds:g} s"):
         yield
+
+
+def confirmer_deadline() -> Callable[[float], ContextManager[None]]:
+    """How a task keeps a confirmer's overall deadline (OPENHUB_CONFIRM_TIMEOUT, openhub.confirm): a
+    greenlet timeout under gevent, else SIGALRM where the task runs on the main thread (prefork, solo);
+    on another thread nothing can interrupt it, and its renewed sending lease alone keeps it sent once."""
+    limit = step_greenlet_limit if concurrency.green() else step_alarm
+    return partial(limit, what="the confirmer")
 
 
 def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:

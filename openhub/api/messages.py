@@ -337,9 +337,18 @@ def cancel_matching(matching: Matching, _: Annotated[Caller, Depends(admin)]) ->
              responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 413, 415, 503)},
              summary="Deliver the response a WAITING_FOR_RES message waits for")
 async def respond_message(request: Request, message_id: MessageId,
-                          caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+                          caller: Annotated[Caller, Depends(reader)],
+                          token: Annotated[str | None, Query(
+                              min_length=1, max_length=64, json_schema_extra=NO_CONTROL,
+                              description="The wait this answers: the `ctx.wait_token` of the step that asked "
+                                          "(`ctx.response_url(...)` carries it).")] = None) -> dict[str, Any]:
     """Resume a message parked by `ctx.wait_for_response`: the admin token, the route's `responders`, or where it
-    names none the message's own source system."""
+    names none the message's own source system.
+
+    With `token`, the answer is taken for that wait only (also while its question is still being asked); the
+    same token again answers 200 with `"duplicate": true` and is not kept; a token of a wait that has ended
+    answers 409. Without one, the answer is taken only while the message waits and none was ever taken for
+    it (otherwise 409: a token is needed)."""
     request.state.message_id = message_id
     mime, charset = body.media_type(request)
     data = await body.read_limited(request, served(request).settings.max_payload_bytes)
@@ -355,7 +364,7 @@ async def respond_message(request: Request, message_id: MessageId,
             whom = ", ".join(route.responders)
             raise ApiError(403, f"{caller.source_system} may not answer {route.name}'s callbacks; "
                                 f"its responders are {whom}")
-        return operator.respond(message_id, payload, by=caller.source_system or "admin").as_dict()
+        return operator.respond(message_id, payload, token=token, by=caller.source_system or "admin").as_dict()
 
     return await run_in_threadpool(deliver)
 

@@ -29,6 +29,8 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.SourceNotAllowed: 403,
     errors.InputError: 400,
     errors.NotFound: 404,
+    errors.StaleResponse: 409,  # an answer for a wait that has ended: the responder must not retry it
+    errors.ResponseTokenNeeded: 409,  # an answer that could be taken for the wrong wait without its token
     errors.StateConflict: 409,
     errors.StoreUnavailable: 503,
     errors.Draining: 503,

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import OpenHubError
 
-ARCHIVED_TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges")
+ARCHIVED_TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges", "waits")
 DEPENDANT_TABLES = ARCHIVED_TABLES[1:]
 
 
@@ -45,13 +45,13 @@ class Manifest:
     cutoff: str
     # [id, root id, depth in its family, updated_at ISO, state] per archived message.
     messages: list[list[Any]]
-    # table -> [[row id, message id], ...] for ext_calls, transitions, confirmations.
+    # table -> [[row id, message id], ...] for each of DEPENDANT_TABLES.
     rows: dict[str, list[list[int]]]
     withdrawn: list[int] = field(default_factory=list)
     settled: bool = False
 
     def __post_init__(self) -> None:
-        # A batch written before a table was archived (http_exchanges) simply holds none of its rows.
+        # A batch written before a table was archived (http_exchanges, waits) simply holds none of its rows.
         for table in DEPENDANT_TABLES:
             self.rows.setdefault(table, [])
 

@@ -36,6 +36,7 @@ TABLES: dict[str, Table] = {
     "transitions": schema.transitions,
     "confirmations": schema.confirmations,
     "http_exchanges": schema.http_exchanges,
+    "waits": schema.waits,
 }
 # Rows a PostgreSQL read partition should hold at least: below this, another JDBC connection
 # and task cost more than they save.

@@ -40,7 +40,7 @@ STEPS = {
     "billing.invoice": ("issue_invoice", "send_pdf"),
 }
 ERROR_CODES = ("E410", "E422", "E500", "W100")
-TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges")
+TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges", "waits")
 
 
 @pytest.fixture(scope="session", name="spark")
@@ -152,6 +152,10 @@ class _Builder:
         self.rows["messages"].append(row)
         self._calls(row, route)
         self._history(row)
+        if mid % 5 == 0:  # a question asked and answered (chosen by id: the rest of the store is unchanged)
+            self.rows["waits"].append({
+                "id": self.next_id("waits"), "token": f"{mid}.{mid:024x}", "message_id": mid, "step_key": "ask",
+                "asked_at": received, "answer": '{"approved": true}', "answered_at": received, "answered_by": "BANK"})
         return row
 
     def _calls(self, row: dict[str, Any], route: str) -> None:

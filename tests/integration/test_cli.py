@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ import openhub
 from openhub.cli import main
 from openhub.testing import ExternalSystem
 from tests.support import backends
-from tests.support.waiting import wait_final, wait_for
+from tests.support.waiting import wait_final, wait_for, wait_state
 from tests.support.workers import PROJECT, Worker
 
 OPENHUB = str(Path(sys.executable).with_name("openhub"))
@@ -115,6 +116,21 @@ def test_messages_list_show_cancel_restart(cli, prefix, held):
     assert json.loads(cancelled.output)["state"] == "CANCEL"
     restarted = cli("messages", "restart", str(view.id), "--total")
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
+
+
+def test_messages_respond_takes_the_waits_token(cli, hub, prefix, external):
+    m = openhub.submit("test.wait", {"prefix": prefix, "wait": 60}, source_system="CRM",
+                       correlation_id=uuid.uuid4().hex)
+    wait_state(m.id, "WAITING_FOR_RES")
+    (url,) = [c.body["url"] for c in external.calls if c.path == f"{prefix}/callback"]
+    token = parse_qs(urlsplit(url).query)["token"][0]  # the question gave it to its responder
+    answered = cli("messages", "respond", str(m.id), "--payload", '{"approved": true}', "--token", token, "--json")
+    assert json.loads(answered.output)["duplicate"] is False, answered.output
+    again = cli("messages", "respond", str(m.id), "--payload", '{"approved": false}', "--token", token)
+    assert again.exit_code == 0 and "duplicate" in again.output, again.output
+    assert wait_final(m.id).custom_data["answer"] == {"approved": True}
+    stale = CliRunner().invoke(main, ["messages", "respond", str(m.id), "--payload", "{}", "--token", "1.nothing"])
+    assert stale.exit_code == 1 and "no open wait" in stale.output, stale.output
 
 
 def test_show_names_the_messages_trace_and_links_it(cli, prefix, held, monkeypatch):

@@ -158,12 +158,13 @@ def test_a_responders_duplicate_answer_does_not_answer_the_next_wait(hub: LocalH
     hub.run()
     assert hub.get(view.id).state == "WAITING_FOR_RES"
     # The responder sends its answer again (an HTTP retry after a lost reply) while the next step runs.
-    routes.HOOKS["second"] = lambda ctx: openhub.respond(ctx.message.id, {"answer": 1})
-    openhub.respond(view.id, {"answer": 1})
+    first = routes.token(view.id, "waits")
+    routes.HOOKS["second"] = lambda ctx: openhub.respond(ctx.message.id, {"answer": 1}, token=first)
+    openhub.respond(view.id, {"answer": 1}, token=first)
     hub.run()
     assert hub.get(view.id).state == "WAITING_FOR_RES", "the second wait took the first answer's duplicate"
     routes.HOOKS.pop("second")
-    openhub.respond(view.id, {"answer": 2})
+    openhub.respond(view.id, {"answer": 2}, token=routes.token(view.id, "waits_again"))
     hub.run()
     assert hub.get(view.id).state == "OK" and routes.ANSWERS == [{"answer": 2}]
 

@@ -506,8 +506,9 @@ def test_a_parent_with_the_longest_id_can_split(hub: LocalHub) -> None:
 
 # --- minor: a response that comes while an earlier step still runs -------------------------------------
 
-def test_a_response_that_came_during_an_earlier_step_is_not_waited_for(hub: LocalHub) -> None:
-    routes.HOOKS["first"] = lambda ctx: openhub.respond(ctx.message.id, {"answer": 42})
+def test_a_response_that_came_while_its_question_was_asked_is_not_waited_for(hub: LocalHub) -> None:
+    # The responder answers with the token the question gave, before the question's step has ended.
+    routes.HOOKS["waits"] = lambda ctx: openhub.respond(ctx.message.id, {"answer": 42}, token=ctx.wait_token)
     view = hub.submit("p.answered", {})
     hub.run()  # no tick: nothing may wait for the hour-long response timeout
     assert hub.get(view.id).state == "OK", _history(view.id)

@@ -19,6 +19,7 @@ from openhub.notify import post_within
 from openhub.testing import LocalHub
 from tests.support import backends
 from tests.support import promise_routes as routes
+from tests.support.pools import POOL_OPTIONS, POOLS
 from tests.support.workers import PROJECT
 
 
@@ -161,3 +162,126 @@ def test_a_slow_confirmer_does_not_hold_the_step_workers(own_backend, slow: Drib
         steps.stop()
         if confirmer is not None:
             confirmer.kill()  # its send dribbles on for OPENHUB_CONFIRM_TIMEOUT: a warm shutdown would wait
+
+
+# A confirmation's sending lease of 2 s (policy.confirmation_lease): short enough for a test to outlast it,
+# long enough that a loaded machine's scheduling never holds its renewals (every 0.4 s) back that long.
+SHORT_LEASE = {"OPENHUB_CONFIRM_TIMEOUT": "1", "OPENHUB_STEP_TIMEOUT": "2", "OPENHUB_CONFIRM_INTERVAL": "2"}
+
+
+@pytest.mark.parametrize("hook", ["confirm", "alert"], ids=["confirmer", "state-hook"])
+def test_a_confirmer_that_outlasts_its_lease_is_called_once_while_ticks_go_on(local_store_env: dict[str, str],
+                                                                               hook: str) -> None:
+    """A custom confirmer (or @on_state hook) that blocks three times its sending lease, while poller ticks
+    go on beside it: the lease is renewed while it runs, so no tick takes the confirmation over and calls
+    it a second time (on main every tick after the lease's end did, with the same delivery id)."""
+    from tests.support.waiting import wait_for
+
+    lease = 2.0  # SHORT_LEASE: max(confirm interval, step timeout, 2 x confirm timeout)
+    calls: list[tuple[int | None, str]] = []
+    ticks: list[int] = []
+    release = threading.Event()
+
+    def blocks_first_time(outcome) -> None:  # noqa: ANN001
+        calls.append((outcome.delivery_id, outcome.state))
+        if len(calls) == 1:
+            release.wait(60)  # the confirmer's own slowness, ended by the test
+
+    with routes.local_hub(**SHORT_LEASE, **local_store_env) as hub:
+        routes.HOOKS[hook] = blocks_first_time
+        view = hub.submit("p.reserve", {"raise": "out_of_stock"})  # FAILED at once: confirmed, and the hook told
+        sender = threading.Thread(target=hub.run, name="sender")  # sends both right after the final state
+        sender.start()
+        try:
+            wait_for(lambda: calls, 30, "the confirmer to be called")
+            until = time.monotonic() + 3 * lease
+
+            def ticked_past_the_lease() -> bool:
+                # The poller beside the blocked send, at wait_for's pace (20 ticks a second). A tight loop of
+                # ticks would hold SQLite's one write lock nearly all the time, and the renewal, like any
+                # other writer of the store, would wait its turn longer than this test's 2 s lease.
+                hub.tick()
+                ticks.append(1)
+                return time.monotonic() >= until and len(ticks) >= 3
+
+            wait_for(ticked_past_the_lease, 30, "ticks beside the blocked send for three of its leases")
+        finally:
+            release.set()
+            sender.join(30)
+        hub.tick()
+        assert len(calls) == 1, f"called again while it still ran (after {len(ticks)} ticks): {calls}"
+        rows = openhub.list_confirmations(message_id=view.id)  # the confirmation and the hook's notification
+        assert [(r["state"], r["attempts"]) for r in rows] == [("OK", 1), ("OK", 1)], rows
+        assert (view.id, "FAILED") in (routes.CONFIRMED if hook == "confirm" else routes.NOTIFIED)
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_confirmer_past_its_deadline_is_cut_off_and_sent_again_later(own_backend: backends.Backend,  # noqa: ANN001
+                                                                        pool: str, tmp_path, prefix: str,
+                                                                        external) -> None:
+    """In a worker (SIGALRM in a prefork task's process, a gevent.Timeout in a greenlet) a custom confirmer
+    whose receiver takes longer than OPENHUB_CONFIRM_TIMEOUT is interrupted there: the send failed, and is
+    tried again later with the same delivery id, never beside the one cut off."""
+    from tests.support.waiting import wait_final, wait_for
+    from tests.support.workers import Worker
+
+    env = dict(own_backend.env, OPENHUB_CONFIRM_TIMEOUT="1", OPENHUB_CONFIRM_INTERVAL="1")
+    own_backend.activate()
+    worker = Worker(env, tmp_path, **POOL_OPTIONS[pool]).start()
+    try:
+        external.delay(f"{prefix}/confirm", 4)  # answers after 4 s, within the confirmer's own 10 s read timeout
+        m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CONFIRMED", correlation_id=uuid.uuid4().hex)
+        assert wait_final(m.id).state == "OK"
+
+        def first_attempt_failed() -> list:
+            return [r for r in openhub.list_confirmations(message_id=m.id) if r["attempts"] >= 1]
+
+        (row,) = wait_for(first_attempt_failed, 30, f"the first send to end; worker log: {worker.log()[-3000:]}")
+        assert row["state"] == "FAILED" and "the confirmer ran over its timeout of 1 s" in row["last_error"], row
+        external.delay(f"{prefix}/confirm", 0)
+        wait_for(lambda: [r for r in openhub.list_confirmations(message_id=m.id) if r["state"] == "OK"], 30,
+                 "the confirmation to be sent again")
+        sends = sorted((c.started, c.ended) for c in external.calls if c.path == f"{prefix}/confirm")
+        assert all(later[0] >= earlier[0] + 1 for earlier, later in zip(sends, sends[1:])), sends
+    finally:
+        external.delay(f"{prefix}/confirm", 0)
+        worker.stop()
+
+
+def test_a_sender_that_stalled_after_its_claim_does_not_call_beside_the_one_that_took_over(
+        local_store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender stalls (its renewals with it, as a SIGSTOPped process's) between its claim and its call,
+    longer than the lease: a tick takes the confirmation over and sends it. The stalled sender, resumed,
+    must not call as well: its lease, as last renewed, has run out (`_Sending.held`)."""
+    from openhub import confirm
+    from tests.support.waiting import wait_for
+
+    stalled, resume = threading.Event(), threading.Event()
+    registry = confirm.get_registry
+
+    def stalls_once_in_the_sender():  # noqa: ANN202 - read between the claim and the call
+        if threading.current_thread().name == "sender" and not stalled.is_set():
+            stalled.set()
+            resume.wait(60)
+        return registry()
+
+    monkeypatch.setattr(confirm, "get_registry", stalls_once_in_the_sender)
+    monkeypatch.setattr(confirm._Sending, "_renew", lambda self: None)  # stalled: no renewal either
+
+    def both_sent() -> bool:
+        hub.tick()
+        return [r["state"] for r in openhub.list_confirmations(message_id=view.id)] == ["OK", "OK"]
+
+    with routes.local_hub(**SHORT_LEASE, **local_store_env) as hub:
+        view = hub.submit("p.reserve", {"raise": "out_of_stock"})  # FAILED at once: confirmed, and the hook told
+        sender = threading.Thread(target=hub.run, name="sender")
+        sender.start()
+        try:
+            wait_for(stalled.is_set, 30, "the sender to stall")
+            wait_for(both_sent, 30, "a tick to take the stalled confirmation over once its lease ran out")
+        finally:
+            resume.set()
+            sender.join(30)
+        hub.tick()
+        assert routes.CONFIRMED == [(view.id, "FAILED")] and routes.NOTIFIED == [(view.id, "FAILED")], \
+            (routes.CONFIRMED, routes.NOTIFIED)

@@ -135,8 +135,11 @@ class PromiseMachine(RuleBasedStateMachine):
             elif action == "total_restart":
                 operator.restart(target, total=True)
             elif action in ("respond", "respond_twice"):
+                # The responder of the message's latest question, with the token it was given (an answer to
+                # a question that ended, or twice, or before any was asked, is refused or a duplicate).
+                asked = [token for message, _step, token in routes.ASKS if message == target]
                 for _ in range(2 if action == "respond_twice" else 1):
-                    operator.respond(target, {"answer": target})
+                    operator.respond(target, {"answer": target}, token=asked[-1] if asked else None)
             elif action == "drain_undrain":
                 operator.drain("model")
                 operator.undrain()

@@ -22,12 +22,13 @@ IN_FLIGHT: dict[str, int] = {}  # idempotency key -> calls in flight now
 OVERLAPS: list[str] = []  # keys that had two calls in flight at once
 FAMILY: dict[int, int] = {}  # split parent -> its children's calls in flight now
 FAMILY_MOST: dict[int, int] = {}  # split parent -> most of its children's calls in flight at once
+ASKS: list[tuple[int, str, str]] = []  # (message, asking step, its wait token) of each question asked
 
 
 def reset() -> None:
     """Forget every call, hook and confirmation."""
     for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS, IN_FLIGHT, OVERLAPS, FAMILY,
-                     FAMILY_MOST):
+                     FAMILY_MOST, ASKS):
         registry.clear()
 
 
@@ -50,6 +51,12 @@ def local_hub(**env: str) -> Iterator[Any]:
             yield hub
     finally:
         reset()
+
+
+def token(message_id: int, step: str, ask: int = -1) -> str:
+    """The wait token the `ask`-th question of `step` ("waits" or "waits_again") gave for the message
+    (the last by default), as its responder got it."""
+    return [t for m, s, t in ASKS if m == message_id and s == step][ask]
 
 
 def calls(name: str, key: str | None = None) -> int:
@@ -87,7 +94,6 @@ def external(name: str) -> Callable[[StepContext], None]:
 first, second = step(external("first")), step(external("second"))
 bill = step(key="bill", system="billing")(external("bill"))
 sync = step(key="sync", scope="entity")(external("sync"))
-waits = external("waits")
 
 
 @step
@@ -97,10 +103,16 @@ def stamp(ctx: StepContext) -> None:
     ctx.custom_data["when"] = datetime(2026, 11, 23)
 
 
+def ask(ctx: StepContext, name: str) -> None:
+    """The question's call: the responder is given the wait's token (before the test's hook runs in it)."""
+    ASKS.append((ctx.message.id, name, str(ctx.wait_token)))
+    external(name)(ctx)
+
+
 @step
 def wait_reply(ctx: StepContext) -> None:
     """A call whose answer comes back later through openhub.respond()."""
-    waits(ctx)
+    ask(ctx, "waits")
     ctx.wait_for_response(timedelta(hours=1))
 
 
@@ -117,7 +129,7 @@ ANSWERS: list[Any] = []  # the responses the step after a second wait was given
 @step(key="wait_again")
 def wait_again(ctx: StepContext) -> None:
     """A second question, answered later through openhub.respond()."""
-    external("waits_again")(ctx)
+    ask(ctx, "waits_again")
     ctx.wait_for_response(timedelta(hours=1))
 
 

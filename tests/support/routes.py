@@ -22,13 +22,14 @@ def external_url() -> str:
     return os.environ.get("OPENHUB_TEST_EXTERNAL_URL", "http://127.0.0.1:9")
 
 
-def call(ctx: StepContext, name: str) -> dict:
-    """POST the payload to the test's path for this step, with the step's idempotency key."""
+def call(ctx: StepContext, name: str, body: dict | None = None) -> dict:
+    """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key."""
     headers = {"Idempotency-Key": ctx.idempotency_key}
     funnel = ctx.payload.get("funnel_header")
     if funnel:
         headers["X-Funnel"] = funnel
-    r = httpx.post(f"{external_url()}{ctx.payload['prefix']}/{name}", json=ctx.payload, headers=headers, timeout=30)
+    r = httpx.post(f"{external_url()}{ctx.payload['prefix']}/{name}", json=ctx.payload if body is None else body,
+                   headers=headers, timeout=30)
     r.raise_for_status()
     return r.json() or {}
 
@@ -103,7 +104,9 @@ def pooled(ctx: StepContext) -> None:
 
 @step
 def wait_answer(ctx: StepContext) -> None:
-    """Send a request and park until the answer is posted back."""
+    """Give the responder the URL its answer goes to (it carries this ask's token), send the request and
+    park until the answer is posted back. The URL is the API's as the tests' client reaches it."""
+    call(ctx, "callback", {"url": ctx.response_url("http://testserver")})
     call(ctx, "request")
     ctx.wait_for_response(timedelta(seconds=float(ctx.payload.get("wait", 30))))
 

@@ -426,22 +426,34 @@ def test_access_log_has_ids_and_no_keys(client, cid, flow_payload, caplog):
         assert secret not in text
 
 
-def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix):
+def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix, external):
     from tests.support.waiting import wait_final, wait_state
 
     r = post(client, cid, {"prefix": prefix, "wait": 60}, route="test/wait")
     message_id = r.json()["id"]
     wait_state(message_id, "WAITING_FOR_RES")
+    # The question gave its responder the URL to answer (ctx.response_url): it carries the wait's token.
+    (url,) = [c.body["url"] for c in external.calls if c.path == f"{prefix}/callback"]
+    assert url.startswith(f"http://testserver/api/v1/messages/{message_id}/response?token="), url
     # test.wait declares responders=["SHOP"]: the third party answers, not the system that asked (issue 27)
-    refused = client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True}, headers=CRM)
+    refused = client.post(url, json={"approved": True}, headers=CRM)
     assert refused.status_code == 403 and "SHOP" in refused.json()["detail"], refused.text
-    answer = client.post(f"/api/v1/messages/{message_id}/response", json={"approved": True}, headers=SHOP)
-    assert answer.status_code == 200, answer.text
+    answer = client.post(url, json={"approved": True}, headers=SHOP)
+    assert answer.status_code == 200 and answer.json()["duplicate"] is False, answer.text
+    # The same answer again (a retry after a lost reply), whatever it says: 200, a duplicate, not kept.
+    again = client.post(url, json={"approved": False}, headers=SHOP)
+    assert again.status_code == 200 and again.json()["duplicate"] is True, again.text
     done = wait_final(message_id)
     assert done.state == "OK" and done.custom_data["answer"] == {"approved": True}
     history = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()["history"]
     assert any(h["event"] == "responded" and "SHOP" in (h["detail"] or "") for h in history), history
+    assert any(h["event"] == "response_duplicate" for h in history), history
     assert client.post(f"/api/v1/messages/{message_id}/response", json={}, headers=ADMIN).status_code == 409
+    stale = client.post(f"/api/v1/messages/{message_id}/response", params={"token": "1.nothing-gave-this"},
+                        json={}, headers=SHOP)
+    assert stale.status_code == 409 and "no open wait" in stale.json()["detail"], stale.text
+    bad = client.post(f"/api/v1/messages/{message_id}/response", params={"token": "x" * 65}, json={}, headers=SHOP)
+    assert bad.status_code == 400, bad.text
 
 
 def test_a_source_system_sees_its_message_without_the_hubs_internals(api_env, cid, flow_payload):

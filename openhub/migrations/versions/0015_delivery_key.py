@@ -1,15 +1,15 @@
 """confirmations.delivery_key: a notification's random id for its receiver (the webhook-id), the same on every retry
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-11-26
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0014'
-down_revision = '0013'
+revision = '0015'
+down_revision = '0014'
 branch_labels = None
 depends_on = None
 
