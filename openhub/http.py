@@ -31,6 +31,7 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
+import re
 import os
 import threading
 import time
@@ -46,7 +47,7 @@ from .db import utcnow
 from .errors import ConfigurationError, Postpone, Reject, TransientError
 from .failures import RETRYABLE_4XX, error_code
 from .exchanges import Exchange, record_exchange
-from .redact import SECRET_VALUE, is_secret_name, redact_text, redact_url, remember, url_secrets
+from .redact import SECRET_VALUE, configured_names, is_secret_name, redact_text, redact_url, remember, url_secrets
 
 log = logging.getLogger("openhub.http")
 
@@ -221,6 +222,9 @@ class HttpCall:
 
 _ECHO_READ = 20_000  # characters of an error answer's body read for its one-line text
 _PARSE_SENT = 65_536  # bytes of a request body read for the secret fields it sends
+# A body holding none of these holds no secret name (openhub.redact.is_secret_name): not parsed at all.
+_SECRET_MARKS = re.compile(rb"(?i)token|secret|pass|pwd|pin|otp|jwt|key|session|sig|subscription|credential|auth"
+                           rb"|cookie")
 
 
 def _remember_sent_fields(content: bytes, content_type: str) -> None:
@@ -249,7 +253,7 @@ def _remember_secrets(request: httpx.Request) -> None:
         remember(*(v for n, v in request.headers.items() if is_secret_name(n) or SECRET_VALUE.search(v)))
         remember(*url_secrets(str(request.url)))
         content = request.content if isinstance(request.stream, httpx.ByteStream) else b""
-        if content and len(content) <= _PARSE_SENT:
+        if content and len(content) <= _PARSE_SENT and (_SECRET_MARKS.search(content) or configured_names()):
             _remember_sent_fields(content, request.headers.get("content-type", ""))
     except Exception:  # noqa: BLE001 - a request we cannot read is sent all the same; the text pass still runs
         log.debug("could not read the request's secrets for redaction", exc_info=True)

@@ -47,8 +47,11 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
+
+from .config import get_settings
 
 REDACTED = "[redacted]"
 IN_URL = "***"  # what stands for a secret in a URL (brackets would make it an IPv6 host)
@@ -66,21 +69,24 @@ _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
     """Whether a header, query parameter or field called `name` holds a credential (module docstring)."""
     lower = name.strip().strip("\"'").lower()
+    if extra and lower in {e.lower() for e in extra}:
+        return True
+    return _is_secret_name(name, lower, configured_names())
+
+
+@lru_cache(maxsize=4096)
+def _is_secret_name(name: str, lower: str, configured: frozenset[str]) -> bool:
     if not lower or lower in _NOT_SECRET:
         return False
-    if lower in _SECRET_WHOLE or lower in _configured_names() or lower in {e.lower() for e in extra}:
-        return True
-    if _SECRET_PARTS.search(lower):
+    if lower in _SECRET_WHOLE or lower in configured or _SECRET_PARTS.search(lower):
         return True
     words = [w.lower() for w in _WORDS.findall(name)]
     return bool(words) and (words[-1] == "key" or any(w in _SECRET_WORDS for w in words))
 
 
-def _configured_names() -> frozenset[str]:
+def configured_names() -> frozenset[str]:
     """OPENHUB_REDACT_NAMES and OPENHUB_REDACT_HEADERS (lower case); none when the settings cannot be read."""
     try:
-        from .config import get_settings
-
         return get_settings().redact_names
     except Exception:  # noqa: BLE001 - redaction never raises: the built-in names still apply
         return frozenset()
@@ -187,10 +193,21 @@ SECRET_VALUE = re.compile(r"^\s*(?:bearer|basic|digest|negotiate)\s+\S|eyJ[A-Za-
 _PREFIXED = (r"eyJ[A-Za-z0-9_-]*\.eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*"
              r"|\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abprse]-[A-Za-z0-9-]{10,}"
              r"|\bAKIA[0-9A-Z]{16}\b|\bwhsec_[A-Za-z0-9+/=]{8,}|\bAIza[A-Za-z0-9_-]{30,}")
-_SHAPES = re.compile(
-    r"(?P<scheme>\b(?i:Bearer|Basic|Digest|Negotiate)\s+)(?P<credentials>[A-Za-z0-9._~+/=-]{8,})"
-    rf"|{_PREFIXED}|(?P<run>[A-Za-z0-9+=_-]{{24,}})")
 _PREFIXED_WHOLE = re.compile(_PREFIXED)
+# What a text must hold for a pattern to be worth running (most texts hold none: the passes stay cheap).
+_PREFIX_MARKS = ("eyJ", "_live_", "_test_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "xox", "AKIA", "whsec_", "AIza")
+_SCHEME_MARKS = ("bearer", "basic", "digest", "negotiate")
+_SCHEMES = re.compile(r"(?P<scheme>\b(?i:Bearer|Basic|Digest|Negotiate)\s+)[A-Za-z0-9._~+/=-]{8,}")
+_RUN = re.compile(r"(?<![A-Za-z0-9+=_-])[A-Za-z0-9+=_-]{24,}+")  # a run from its start, taken whole
+
+
+def _shapes(text: str) -> str:
+    lower = text.lower()
+    if any(mark in lower for mark in _SCHEME_MARKS):
+        text = _SCHEMES.sub(lambda m: m["scheme"] + REDACTED, text)
+    if any(mark in text for mark in _PREFIX_MARKS):
+        text = _PREFIXED_WHOLE.sub(REDACTED, text)
+    return _RUN.sub(lambda m: REDACTED if looks_like_a_token(m.group()) else m.group(), text)
 
 
 def looks_like_a_token(text: str) -> bool:
@@ -202,14 +219,6 @@ def looks_like_a_token(text: str) -> bool:
     counts = Counter(text)
     entropy = -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
     return entropy >= 3.5
-
-
-def _shape(match: re.Match[str]) -> str:
-    if match["scheme"]:
-        return match["scheme"] + REDACTED
-    if match["run"] is not None:
-        return REDACTED if looks_like_a_token(match["run"]) else match["run"]
-    return REDACTED
 
 
 # --- URLs ---------------------------------------------------------------------------------------------------
@@ -288,7 +297,7 @@ def _secret_value(value: str) -> bool:
 # bare up to a delimiter.
 # A name: quoted (its quote may be escaped, `\\"pwd\\"` in a JSON body quoted inside a JSON text) or bare.
 _NAME_SEP = re.compile(r"(?P<q>\\*[\"'])(?P<quoted>[^\"'\\\n]{1,80})(?P=q)(?P<qsep>\s*[:=]\s*)"
-                       r"|\b(?P<bare>[A-Za-z][A-Za-z0-9_.-]{0,79})(?P<sep>\s*[:=]\s*)")
+                       r"|(?<![A-Za-z0-9_.-])(?P<bare>[A-Za-z][A-Za-z0-9_.-]{0,79}+)(?P<sep>\s*[:=]\s*)")
 _OPENING = re.compile(r"b?(\\*[\"'])")
 _IN_QUOTES = {quote: re.compile(rf"(?:[^\\\n{quote}]|\\.)*") for quote in "\"'"}
 _BARE_VALUE = re.compile(r"(?:(?i:bearer|basic|digest|negotiate|token)\s+)?[^\s,;&\"'<>(){}\[\]\\]+")
@@ -317,7 +326,7 @@ def _redact(text: str) -> str:
     text = _pairs(text)
     if "value" in text.lower():
         text = _NAME_VALUE.sub(_name_value, text)
-    text = _SHAPES.sub(_shape, text)
+    text = _shapes(text)
     for value in sorted(_known.get() or (), key=len, reverse=True):  # longest first: a part within another
         if value in text:
             text = text.replace(value, REDACTED)
