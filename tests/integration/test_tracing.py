@@ -359,3 +359,21 @@ def test_tracing_is_off_unless_an_exporter_is_named(tmp_path: Path) -> None:
     ("garbage", None), ("", None), (None, None)])
 def test_trace_id_of_a_traceparent(value, expected) -> None:
     assert tracing.trace_id(value) == expected
+
+
+def test_only_the_trace_context_is_propagated_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 M3: the SDK's default propagators (tracecontext,baggage) carried a source system's baggage
+    into every Celery task and HTTP call; the hub's default is tracecontext alone, OTEL_PROPAGATORS may say more."""
+    from opentelemetry.propagate import get_global_textmap, set_global_textmap
+
+    before = get_global_textmap()
+    try:
+        monkeypatch.delenv("OTEL_PROPAGATORS", raising=False)
+        tracing._propagate_trace_context_only()
+        assert get_global_textmap().fields == {"traceparent", "tracestate"}
+        set_global_textmap(before)
+        monkeypatch.setenv("OTEL_PROPAGATORS", "tracecontext,baggage")
+        tracing._propagate_trace_context_only()
+        assert get_global_textmap() is before  # the deployment's own choice is left alone
+    finally:
+        set_global_textmap(before)
