@@ -29,6 +29,11 @@ B = breakers.c
 
 # Answers that say the system itself is failing or overloaded (RFC 9110: 408, 425, 429 and 5xx).
 _SYSTEM_STATUSES = frozenset({408, 425, 429})
+# Transport errors of this process's own making, raised before the request reached the system: a header
+# value with a newline (h11 refuses to send it), a URL scheme httpx cannot speak, no free connection in
+# the client's own pool. A message whose payload makes one must not open a breaker every route shares.
+LOCAL_FAULTS: tuple[type[BaseException], ...] = (httpx.LocalProtocolError, httpx.UnsupportedProtocol,
+                                                 httpx.PoolTimeout)
 
 
 def counts_against_system(exc: BaseException) -> bool:
@@ -36,21 +41,24 @@ def counts_against_system(exc: BaseException) -> bool:
 
     Counted: transport errors and timeouts (httpx's TransportError, the built-in ConnectionError and
     TimeoutError), an HTTPStatusError with 5xx/408/425/429, and TransientError (what HttpCall raises
-    for those, and what a step raises to say its system is down). Anything else, such as a KeyError
+    for those, and what a step raises to say its system is down). Not counted, wherever it is in the
+    chain of causes: a transport error of this process's own (`LOCAL_FAULTS`: the request never left
+    it), so a TransientError raised from one does not count either. Anything else, such as a KeyError
     in the step's own code before any call, is the message's fault, not the system's.
     """
-    seen: set[int] = set()
+    chain: list[BaseException] = []
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen:  # an error raised from the system's fault counts
-        seen.add(id(current))
-        if isinstance(current, httpx.HTTPStatusError):
-            status = current.response.status_code
-            return status >= 500 or status in _SYSTEM_STATUSES
-        if isinstance(current, (httpx.TransportError, ConnectionError, TimeoutError)):
-            return True
-        if isinstance(current, TransientError):
-            return True
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
         current = current.__cause__
+    if any(isinstance(error, LOCAL_FAULTS) for error in chain):
+        return False
+    for error in chain:  # an error raised from the system's fault counts
+        if isinstance(error, httpx.HTTPStatusError):
+            status = error.response.status_code
+            return status >= 500 or status in _SYSTEM_STATUSES
+        if isinstance(error, (httpx.TransportError, ConnectionError, TimeoutError, TransientError)):
+            return True
     return False
 
 

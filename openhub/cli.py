@@ -119,9 +119,12 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     log_config = json.loads(json.dumps(LOGGING_CONFIG))
     log_config["loggers"]["openhub"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
-    # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/logs.py).
-    log_config["filters"] = {"message_fields": {"()": "openhub.logs.MessageFields"}}
-    log_config["handlers"]["default"]["filters"] = ["message_fields"]
+    # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/logs.py); every line
+    # is redacted (openhub/redact.py).
+    log_config["filters"] = {"message_fields": {"()": "openhub.logs.MessageFields"},
+                             "redacting": {"()": "openhub.logs.RedactingFilter"}}
+    log_config["handlers"]["default"]["filters"] = ["message_fields", "redacting"]
+    log_config["handlers"]["access"]["filters"] = ["redacting"]
     if get_settings().log_format == "json":
         log_config["formatters"]["default"] = {"()": "openhub.logs.JsonFormatter"}
     else:

@@ -97,12 +97,32 @@ def _pairs(env: Mapping[str, str], name: str) -> dict[str, str]:
     return result
 
 
+def _names(env: Mapping[str, str], name: str) -> frozenset[str]:
+    """Comma-separated names, lower case."""
+    return frozenset(n.strip().lower() for n in _env(env, name, "").split(",") if n.strip())
+
+
 def _redact_bodies(env: Mapping[str, str]) -> str:
     # Checked at load: a typo here must not silently record bodies in clear (or drop them).
     mode = _env(env, "OPENHUB_REDACT_BODIES", "fields").strip().lower() or "fields"
     if mode not in ("fields", "all", "none"):
         raise ConfigurationError(f"OPENHUB_REDACT_BODIES must be fields, all or none, got {mode!r}")
     return mode
+
+
+def _confirm_secrets(env: Mapping[str, str], operators: tuple[bytes, ...]) -> dict[str, tuple[bytes, ...]]:
+    """OPENHUB_CONFIRM_SECRETS `CRM=whsec_…,SHOP=whsec_…` (a system named twice keeps both while its secret
+    rotates). One secret given to two systems, or a system's that is the operators' (OPENHUB_WEBHOOK_SECRET),
+    would let its holder forge the other's notifications: refused."""
+    name = "OPENHUB_CONFIRM_SECRETS"
+    keys: dict[str, tuple[bytes, ...]] = {}
+    holders: dict[bytes, str] = {key: "OPENHUB_WEBHOOK_SECRET" for key in operators}
+    for system, secret in _all_pairs(env, name):
+        for key in secret_keys(secret, f"{name} secret of {system}", strong=True):
+            if holders.setdefault(key, system) != system:
+                raise ConfigurationError(f"{name}: {holders[key]} and {system} have the same secret")
+            keys[system] = (*keys.get(system, ()), key)
+    return keys
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -130,10 +150,15 @@ class Settings:
     confirm_interval: timedelta
     # The overall deadline of one webhook POST (openhub.notify.post_within), whatever the receiver does.
     confirm_timeout: timedelta = timedelta(seconds=30)
-    confirm_queue: str = ""  # the queue of the openhub.confirm task (empty: the default queue)
+    # The queue of the openhub.confirm task, which sends confirmations and hooks' notifications: a queue of
+    # its own, served by its own workers, so a slow receiver never holds a step's worker process.
+    confirm_queue: str = "openhub.confirm"
     api_keys: dict[str, str] = field(default_factory=dict)
     auth_failures: int = 20  # wrong keys from one address within auth_window before it gets 429
     auth_window: timedelta = timedelta(seconds=60)
+    # Proxies whose X-Forwarded-For/-Proto the ingress believes (addresses or networks, comma-separated;
+    # uvicorn's forwarded_allow_ips). Empty: uvicorn's own default, 127.0.0.1 or FORWARDED_ALLOW_IPS.
+    trusted_proxies: str = ""
     # Every (system, key) of OPENHUB_API_KEYS, a system named twice keeping both (a key rotation).
     api_key_pairs: tuple[tuple[str, str], ...] = ()
     admin_token: str | None = None
@@ -157,14 +182,20 @@ class Settings:
     http_record_days: int = 14
     # Header names redacted in recorded exchanges on top of openhub.redact's built-in ones (lower case).
     redact_headers: frozenset[str] = frozenset()
+    # Names of headers, query parameters and fields whose values every text the hub keeps or exports has
+    # redacted, on top of openhub.redact's built-in ones (OPENHUB_REDACT_NAMES and OPENHUB_REDACT_HEADERS).
+    redact_names: frozenset[str] = frozenset()
     redact_bodies: str = "fields"  # fields | all | none: see openhub.redact.redact_body
     breaker_failures: int = 5
     system_limits: dict[str, int] = field(default_factory=dict)  # system -> calls in flight at most
     system_rates: dict[str, tuple[int, float]] = field(default_factory=dict)  # system -> (calls, per seconds)
     webhook_url: str | None = None
     webhook_states: frozenset[str] = frozenset({"FAILED"})
-    # The HMAC keys the stock webhook signs with (OPENHUB_WEBHOOK_SECRET; none: unsigned); kept out of repr.
+    # The HMAC keys the operators' state hooks (the stock webhook) sign with (OPENHUB_WEBHOOK_SECRET; none:
+    # unsigned); kept out of repr. Never a confirmation's: a source system holding it could forge the rest.
     webhook_secrets: tuple[bytes, ...] = field(default=(), repr=False)
+    # Per source system, the HMAC keys its confirmations are signed with (OPENHUB_CONFIRM_SECRETS).
+    confirm_secrets: dict[str, tuple[bytes, ...]] = field(default_factory=dict, repr=False)
     breaker_open: timedelta = timedelta(seconds=60)
     # A link to a message's trace (Jaeger, Grafana Tempo...): a URL template with {trace_id} (None: no link).
     trace_url: str | None = None
@@ -197,11 +228,13 @@ class Settings:
             confirm_max_fails=_int(env, "OPENHUB_CONFIRM_MAX_FAILS", 3),
             confirm_interval=_seconds(env, "OPENHUB_CONFIRM_INTERVAL", 60),
             confirm_timeout=_seconds(env, "OPENHUB_CONFIRM_TIMEOUT", 30),
-            confirm_queue=_env(env, "OPENHUB_CONFIRM_QUEUE", ""),
+            confirm_queue=_env(env, "OPENHUB_CONFIRM_QUEUE", "openhub.confirm").strip(),
             api_keys=_pairs(env, "OPENHUB_API_KEYS"),
             api_key_pairs=_all_pairs(env, "OPENHUB_API_KEYS"),
             auth_failures=_int(env, "OPENHUB_AUTH_FAILURES", 20),
             auth_window=_seconds(env, "OPENHUB_AUTH_WINDOW", 60),
+            trusted_proxies=",".join(p.strip() for p in _env(env, "OPENHUB_TRUSTED_PROXIES", "").split(",")
+                                     if p.strip()),
             admin_token=env.get("OPENHUB_ADMIN_TOKEN") or None,
             metrics_token=env.get("OPENHUB_METRICS_TOKEN") or None,
             max_payload_bytes=_int(env, "OPENHUB_MAX_PAYLOAD_BYTES", 1_048_576),
@@ -216,8 +249,8 @@ class Settings:
             metrics_cache=_seconds(env, "OPENHUB_METRICS_CACHE", 5),
             http_record_bytes=_int(env, "OPENHUB_HTTP_RECORD_BYTES", 4096),
             http_record_days=_int(env, "OPENHUB_HTTP_RECORD_DAYS", 14),
-            redact_headers=frozenset(h.strip().lower() for h in _env(env, "OPENHUB_REDACT_HEADERS", "").split(",")
-                                     if h.strip()),
+            redact_headers=(headers := _names(env, "OPENHUB_REDACT_HEADERS")),
+            redact_names=headers | _names(env, "OPENHUB_REDACT_NAMES"),
             redact_bodies=_redact_bodies(env),
             breaker_failures=_int(env, "OPENHUB_BREAKER_FAILURES", 5),
             breaker_open=_seconds(env, "OPENHUB_BREAKER_OPEN", 60),
@@ -226,7 +259,9 @@ class Settings:
             webhook_url=env.get("OPENHUB_WEBHOOK_URL") or None,
             webhook_states=frozenset(s.strip().upper() for s in _env(env, "OPENHUB_WEBHOOK_STATES", "FAILED").split(",")
                                      if s.strip()),
-            webhook_secrets=secret_keys(_env(env, "OPENHUB_WEBHOOK_SECRET", ""), "OPENHUB_WEBHOOK_SECRET"),
+            webhook_secrets=(operators := secret_keys(_env(env, "OPENHUB_WEBHOOK_SECRET", ""),
+                                                      "OPENHUB_WEBHOOK_SECRET", strong=True)),
+            confirm_secrets=_confirm_secrets(env, operators),
             trace_url=env.get("OPENHUB_TRACE_URL") or None,
             log_format=_choice(env, "OPENHUB_LOG_FORMAT", "text", ("text", "json")),
         )

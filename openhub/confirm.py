@@ -31,7 +31,7 @@ import traceback
 import uuid
 from contextlib import nullcontext
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Connection, and_, insert, or_, select, update
 
@@ -51,6 +51,10 @@ from .tracing import failed, message_span
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
 SENDING_FENCE = 0.75  # of the sending lease: a sender whose last renewal is older starts no confirmer
+# The claim of a due confirmation the poller handed to an `openhub.confirm` task (OPENHUB_CONFIRM_QUEUE): the
+# task sends it whatever its due time, which the hand-over moved on by a sending lease, so the next ticks do
+# not hand it over again while the task waits in its queue (and do, once that lease is over).
+HANDED_OVER = "handed-over"
 
 
 def queue_confirmation(conn: Connection, message_id: int, outcome: str, now: datetime) -> None:
@@ -73,7 +77,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
     # another sender call it again while the first still sends.
     lease = confirmation_lease(settings)
     with transaction() as conn:
-        query = select(C.id).where(_due(conn, now))
+        query = select(C.id).where(_sendable(conn, now))
         if message_id is not None:
             query = query.where(C.message_id == message_id)
         ids = list(conn.execute(query.order_by(C.due_at).limit(limit)).scalars())
@@ -88,7 +92,7 @@ def send_confirmations(message_id: int | None = None, now: datetime | None = Non
         sending = _Sending(confirmation_id, lease, now + timedelta(seconds=time.monotonic() - started))
         with transaction() as conn:
             taken = conn.execute(update(confirmations).where(and_(C.id == confirmation_id,
-                                                                  _due(conn, sending.claimed_at)))
+                                                                  _sendable(conn, sending.claimed_at)))
                                  .values(state=CS.SENDING, claim=sending.claim, updated_at=sending.claimed_at,
                                          due_at=store_clock(conn, sending.claimed_at) + lease)).rowcount
         if taken:
@@ -156,6 +160,40 @@ def _due(conn: Connection, now: datetime) -> Any:
                and_(C.state == CS.SENDING, C.due_at <= store_clock(conn, now)))
 
 
+def _sendable(conn: Connection, now: datetime) -> Any:
+    """Due (`_due`), or handed over to a task of its own by the poller and not yet sent (`HANDED_OVER`)."""
+    return or_(_due(conn, now), and_(C.state.in_((CS.PENDING, CS.FAILED)), C.claim == HANDED_OVER))
+
+
+def hand_over_due(now: datetime, publish: Callable[[int], bool], limit: int = 100) -> int | None:
+    """Hand the due confirmations (of up to `limit` rows) to `openhub.confirm` tasks, one per message, with
+    `publish` (the publisher's `publish_confirmation`); how many messages' were handed over. None when
+    `publish` has no task to hand them to (LocalHub): the caller sends them itself.
+
+    The poller's tick runs on the step workers' queue: sending there, one slow receiver held a step's
+    worker process for up to OPENHUB_CONFIRM_TIMEOUT each tick. A handed-over row is due again only after
+    a sending lease (its task sends it meanwhile), so a queue of waiting tasks does not grow each tick.
+    """
+    with transaction() as conn:
+        rows = conn.execute(select(C.id, C.message_id).where(_due(conn, now)).order_by(C.due_at).limit(limit)).all()
+    handed: list[int] = []
+    for message_id in dict.fromkeys(r.message_id for r in rows):
+        try:
+            if not publish(message_id):
+                return None
+        except Exception as exc:  # noqa: BLE001 - the broker is away: still due, the next tick tries again
+            log.warning("could not hand the confirmations of message %s to their task: %s", message_id, exc)
+            continue
+        handed.append(message_id)
+    if handed:
+        lease = confirmation_lease(get_settings())
+        with transaction() as conn:  # a row its task claimed meanwhile is no longer due: left as it is
+            conn.execute(update(confirmations).where(and_(
+                C.id.in_([r.id for r in rows if r.message_id in handed]), _due(conn, now)))
+                .values(claim=HANDED_OVER, due_at=now + lease))
+    return len(handed)
+
+
 def _send_one(confirmation_id: int, sending: _Sending, deadline: TimeLimit | None) -> int:
     settings = get_settings()
     claim = sending.claim
@@ -185,7 +223,7 @@ def _send_one(confirmation_id: int, sending: _Sending, deadline: TimeLimit | Non
             try:
                 with deadline(settings.confirm_timeout.total_seconds()) if deadline else nullcontext():
                     confirmer(Outcome(message=view, state=row.outcome, business_errors=view.business_errors,
-                                      delivery_id=row.id))
+                                      delivery_id=row.id, delivery_key=row.delivery_key, hook=row.hook))
                     returned = True  # a deadline arriving after this is too late to undo the send
             except Exception:  # noqa: BLE001 - any failure of the confirmer is retried
                 if not returned:

@@ -154,6 +154,18 @@ class Outcome:
     # This notification of this transition: the same on every retry of it, another for the next
     # transition of the message (a restarted message failing again), so a receiver can dedup by it.
     delivery_id: int | None = None
+    # The same, random: what the stock webhook sends as `webhook-id` (nobody can guess it ahead).
+    delivery_key: str | None = None
+    # The state hook this notification is for; None: the confirmation to the message's source system.
+    hook: str | None = None
+
+    @property
+    def webhook_id(self) -> str:
+        """The notification's id for its receiver (`webhook-id`, `Idempotency-Key`): the same on every
+        retry, unguessable (`delivery_key`); a row from before it had one keeps the old counted form."""
+        if self.delivery_key:
+            return f"openhub_{self.delivery_key}"
+        return f"openhub:{self.message.id}:{self.state}:{self.delivery_id}"
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict for sending to the source system."""

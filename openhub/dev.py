@@ -7,6 +7,7 @@ when the HTTP face is installed, the ingress on http://127.0.0.1:8000.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from . import logs
 from .testing import ExternalSystem
 
 EXAMPLE_PORT = 8765
@@ -122,6 +124,8 @@ def _start_ingress(host: str, port: int, announce: Any) -> Any:
     # The same header bound, protocol and concurrency limit as `openhub serve`: dev may listen beyond loopback.
     config = uvicorn.Config(create_app(dev=True, announce=announce), host=host, port=port, log_level="info",
                             **uvicorn_options())
+    # Its lines redacted and about their message as `openhub serve`'s are (openhub.logs; the worker's own).
+    logs.install([h for name in ("uvicorn", "uvicorn.access") for h in logging.getLogger(name).handlers])
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     threading.Thread(target=server.run, name="ingress", daemon=True).start()

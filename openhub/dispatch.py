@@ -299,8 +299,8 @@ class CeleryPublisher:
         return {message_id for _route, message_id, _token, _start, _trace in chains}
 
     def publish_confirmation(self, message_id: int) -> bool:
-        """`openhub.confirm` on OPENHUB_CONFIRM_QUEUE (default: the default queue); a refused publish
-        raises, and the poller sends the confirmation when it is due."""
+        """`openhub.confirm` on OPENHUB_CONFIRM_QUEUE (`openhub.confirm`; empty: the default queue); a
+        refused publish raises, and the poller hands the confirmation over again when it is due."""
         app = celery_app()
         queue = self.settings.confirm_queue or app.conf.task_default_queue
         app.send_task(CONFIRM_TASK, args=[message_id], queue=queue, routing_key=queue)

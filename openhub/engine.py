@@ -29,6 +29,7 @@ from .errors import Holdback, Interrupted, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
 from .hub import Hub, current
 from .breaker import counts_against_system
+from .redact import secret_values, secrets_scope
 from .lifecycle import FollowUps, Tx, apply_event, redispatch, resume_split
 from .model import Split
 from .policy import outage_pause, postpone_until, retry_policy, step_timeout, verdict_due
@@ -161,7 +162,11 @@ def outcome(run: StepRun, entered: Entered) -> Verdict:
     """Run the step (outside any transaction) and tell how it ended."""
     item = run.item
     called = time.monotonic()  # a batch's member waits its turn and the others' ends: the call's own time
-    with step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
+    # What the step sends as secrets (HttpCall notes them) and its route's secret fields are redacted from
+    # every text made meanwhile: its error, its log lines, its spans (openhub.redact).
+    secrets = secret_values(entered.ctx.payload, run.route.secret_fields) if run.route.secret_fields else ()
+    with secrets_scope(secrets), \
+            step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
         verdict = _run(run, entered.ctx)
         entered.call_ms = int((time.monotonic() - called) * 1000)
         traced.ended(verdict.event and verdict.event.value, verdict.code, error_line(verdict.error))

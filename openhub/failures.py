@@ -39,6 +39,8 @@ def error_code(exc: BaseException) -> str:
         return f"HTTP_{exc.response.status_code}"
     if isinstance(exc, pydantic.ValidationError):
         return "VALIDATION"
+    if isinstance(exc, (httpx.LocalProtocolError, httpx.UnsupportedProtocol)):
+        return "INVALID_REQUEST"  # refused by httpx before sending (a newline in a header): not the system's fault
     if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
         return "TIMEOUT"
     if isinstance(exc, (httpx.TransportError, ConnectionError)):

@@ -9,7 +9,8 @@
             ctx.custom_data["billing_id"] = r.json()["id"]
 
 Every request carries `Idempotency-Key: ctx.idempotency_key`, `X-Correlation-Id` and, when the
-message has one, `X-Process-Id`. Answers become outcomes at this one boundary:
+message has one, `X-Process-Id` (an id with characters outside printable ASCII percent-encoded:
+`header_value`). Answers become outcomes at this one boundary:
 
     timeout, connection error            -> TransientError, code TIMEOUT / CONNECTION (retried)
     5xx, 408, 425                        -> TransientError, code HTTP_<status> (retried)
@@ -28,13 +29,16 @@ One pooled `httpx.Client` per process is shared by every HttpCall (a forked work
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
+import re
 import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
+from urllib.parse import parse_qsl, quote
 
 import httpx
 
@@ -43,7 +47,7 @@ from .db import store_now
 from .errors import ConfigurationError, Postpone, Reject, TransientError
 from .failures import RETRYABLE_4XX, error_code
 from .exchanges import Exchange, record_exchange
-from .redact import redact_text, redact_url
+from .redact import SECRET_VALUE, configured_names, is_secret_name, redact_text, redact_url, remember, url_secrets
 
 log = logging.getLogger("openhub.http")
 
@@ -75,6 +79,19 @@ def step_key_of(ctx: StepContext) -> str:
     rest = ctx.idempotency_key.removeprefix(prefix)
     head, _, tail = rest.rpartition("/")
     return head if head and tail.isdigit() else rest
+
+
+# Printable ASCII but `%`: what an id keeps as it is where it must be percent-encoded.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%")
+
+
+def header_value(text: str) -> str:
+    """`text` (an id a source system gave) as an HTTP header value: as it is when it is printable ASCII,
+    else percent-encoded (RFC 3986: the UTF-8 bytes of each other character, and `%` itself, as `%XX`),
+    so `bestellung-ü-1` goes out as `bestellung-%C3%BC-1` instead of failing the step."""
+    if text.isascii() and text.isprintable():
+        return text
+    return quote(text, safe=_HEADER_SAFE)
 
 
 def retry_after(value: str | None, now: datetime | None = None) -> timedelta | None:
@@ -148,12 +165,13 @@ class HttpCall:
             _check_record(record)
         headers = {**self.headers, **(kwargs.pop("headers", None) or {})}
         headers.setdefault("Idempotency-Key", ctx.idempotency_key)
-        headers.setdefault("X-Correlation-Id", ctx.message.correlation_id)
+        headers.setdefault("X-Correlation-Id", header_value(ctx.message.correlation_id))
         if ctx.message.process_id:
-            headers.setdefault("X-Process-Id", ctx.message.process_id)
+            headers.setdefault("X-Process-Id", header_value(ctx.message.process_id))
         kwargs.setdefault("timeout", self.timeout)
         client = pooled_client()
         req = client.build_request(method, url, headers=headers, **kwargs)
+        _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
         at, started = store_now(), time.perf_counter()
         try:
             response = client.send(req)
@@ -170,7 +188,7 @@ class HttpCall:
         what = f"{response.request.method} {redact_url(str(response.request.url))} answered {status}"
         if status < 400:
             return response
-        text = f"{what}: {_short(response.text)}"
+        text = f"{what}: {_short(redact_text(response.text[:_ECHO_READ]) or '')}"  # redacted before it is cut
         if status == 429:
             delay = retry_after(response.headers.get("Retry-After"))
             if delay is not None:
@@ -200,6 +218,45 @@ class HttpCall:
         except Exception as exc:  # noqa: BLE001 - a lost record must not turn a good call into a failed step
             ctx.log.warning("could not record the HTTP exchange %s %s: %s", request.method,
                             redact_url(str(request.url)), exc)
+
+
+_ECHO_READ = 20_000  # characters of an error answer's body read for its one-line text
+_PARSE_SENT = 65_536  # bytes of a request body read for the secret fields it sends
+# A body holding none of these holds no secret name (openhub.redact.is_secret_name): not parsed at all.
+_SECRET_MARKS = re.compile(rb"(?i)token|secret|pass|pwd|pin|otp|jwt|key|session|sig|subscription|credential|auth"
+                           rb"|cookie")
+
+
+def _remember_sent_fields(content: bytes, content_type: str) -> None:
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/x-www-form-urlencoded":
+        remember(*(v for n, v in parse_qsl(content.decode("latin-1"), keep_blank_values=True) if is_secret_name(n)))
+    elif media.endswith("/json") or media.endswith("+json"):
+        pending = [json.loads(content)]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if is_secret_name(key) and not isinstance(item, (dict, list)):
+                        remember(item)
+                    else:
+                        pending.append(item)
+            elif isinstance(value, list):
+                pending.extend(value)
+
+
+def _remember_secrets(request: httpx.Request) -> None:
+    """Note, for the step's redaction (openhub.redact.remember), the secrets this request carries: secret-named
+    or credential-looking header values, the URL's (`url_secrets`: password, secret query values, a webhook
+    path's token), and a small JSON or form body's secret-named fields. Never raises."""
+    try:
+        remember(*(v for n, v in request.headers.items() if is_secret_name(n) or SECRET_VALUE.search(v)))
+        remember(*url_secrets(str(request.url)))
+        content = request.content if isinstance(request.stream, httpx.ByteStream) else b""
+        if content and len(content) <= _PARSE_SENT and (_SECRET_MARKS.search(content) or configured_names()):
+            _remember_sent_fields(content, request.headers.get("content-type", ""))
+    except Exception:  # noqa: BLE001 - a request we cannot read is sent all the same; the text pass still runs
+        log.debug("could not read the request's secrets for redaction", exc_info=True)
 
 
 def _check_record(record: object) -> None:

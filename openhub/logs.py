@@ -3,20 +3,26 @@
 While a step or a confirmation of a message runs, every log record made in that context (the hub's,
 the step's own, a library's) carries `message_id`, `correlation_id` and `trace_id` (the id of the
 message's trace, openhub.tracing; None when it has none). The text format appends them to the line
-(`[message 12 c-1 trace 4bf9…]`); the JSON format writes one object per line with them as fields,
-for a log pipeline (Loki, Elasticsearch) to join the lines to the trace.
+(`[message 12 c-1 trace 4bf9…]`; a correlation id with anything but letters, digits and `._:@#/-` in it is
+written quoted, as logfmt does, `[message 12 "x] [message 1 y" trace 4bf9…]`, so no id can end the suffix
+early and forge another); the JSON format writes one object per line with them as fields, for a log
+pipeline (Loki, Elasticsearch) to join the lines to the trace.
 
-`install()` sets both up for a process's handlers (the Celery worker's after its logging is set
-up, `openhub serve` through uvicorn's log configuration).
+Every record's text and traceback pass `openhub.redact.redact_text` first (`RedactingFilter`): no line
+carries the hub's secrets. `install()` sets all of it up for a process's handlers (the Celery worker's
+after its logging is set up, `openhub serve` through uvicorn's log configuration).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Any
+
+from .redact import redact_text
 
 FIELDS = ("message_id", "correlation_id", "trace_id")
 about: ContextVar[tuple[int, str, str | None] | None] = ContextVar("openhub_message", default=None)
@@ -54,6 +60,31 @@ class MessageFields(logging.Filter):
         return True
 
 
+class RedactingFilter(logging.Filter):
+    """A handler's filter that redacts every record's text, its traceback included (openhub.redact): a
+    library's line (httpx logs each request's URL) or a step's own is written without the hub's secrets.
+    It lets every record pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+            clean = redact_text(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+            if record.exc_info and not record.exc_text:
+                record.exc_text = _FORMATTER.formatException(record.exc_info)
+            if record.exc_text:
+                record.exc_text = redact_text(record.exc_text)
+            if record.stack_info:
+                record.stack_info = redact_text(record.stack_info)
+        except Exception:  # noqa: BLE001 - a record that cannot be read is the formatter's to report
+            pass
+        return True
+
+
+_FORMATTER = logging.Formatter()
+
+
 class TextFormatter(logging.Formatter):
     """The handler's own format, with `[message <id> <correlation id> trace <trace id>]` appended to
     lines about a message."""
@@ -68,8 +99,20 @@ class TextFormatter(logging.Formatter):
         if message_id is None:
             return line
         trace = getattr(record, "trace_id", None)
-        return f"{line} [message {message_id} {getattr(record, 'correlation_id', '')}" + \
+        return f"{line} [message {message_id} {quoted(str(getattr(record, 'correlation_id', '')))}" + \
             (f" trace {trace}]" if trace else "]")
+
+
+_BARE = re.compile(r"[\w.:@#/-]+", re.ASCII)
+
+
+def quoted(value: str) -> str:
+    """`value` as it may stand in a log line's suffix: bare when it holds only letters, digits and
+    `._:@#/-`, else a JSON string (quotes, backslashes and unprintable characters escaped), so a
+    correlation id such as `x] [message 1 y` cannot close the suffix and start a forged one."""
+    if _BARE.fullmatch(value):
+        return value
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in json.dumps(value, ensure_ascii=False))
 
 
 class JsonFormatter(logging.Formatter):
@@ -83,8 +126,8 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value is not None:
                 out[name] = value
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:  # as RedactingFilter left it
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
@@ -99,4 +142,5 @@ def install(handlers: list[logging.Handler] | None = None, log_format: str | Non
         if isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
             continue
         handler.addFilter(MessageFields())
+        handler.addFilter(RedactingFilter())
         handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(handler.formatter))

@@ -200,7 +200,7 @@ def _check_batch(name: str, steps: tuple[RouteStep, ...], options: dict[str, Any
 
 _ROUTE_OPTIONS = {"object_id", "entity_type", "funnel", "guaranteed_order", "exclude_failed", "validate",
                   "retry", "priority", "queue", "order_timeout", "fatal", "fused", "batch", "expires_after",
-                  "sources", "responders"}
+                  "sources", "responders", "secret_fields"}
 
 
 def route_name(service: str, operation: str) -> str:
@@ -234,6 +234,10 @@ class Route:
     # The source systems whose keys may POST the response its waits expect (the admin token always may;
     # empty: the admin token or the message's own source system), e.g. the bank answering a payment the shop submitted.
     responders: tuple[str, ...] = ()
+    # Dotted paths of payload fields that hold secrets (`card.pin`; through lists: `lines.pin`): their values
+    # are redacted from every text the hub keeps or exports, and shown as `[redacted]` in the payload readers
+    # see (the stored payload keeps them for the steps).
+    secret_fields: tuple[str, ...] = ()
 
     def __init__(self, name: str, steps: list[RouteStep] | tuple[RouteStep, ...] = (), **options: Any) -> None:
         unknown = set(options) - _ROUTE_OPTIONS
@@ -276,6 +280,10 @@ class Route:
             if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
                 raise ConfigurationError(f"route {name!r}: {opt} must be a list of source system names")
             options[opt] = tuple(names)
+        fields = options.get("secret_fields", ())
+        if isinstance(fields, str) or not all(isinstance(f, str) and f and "" not in f.split(".") for f in fields):
+            raise ConfigurationError(f"route {name!r}: secret_fields must be a list of dotted field paths (card.pin)")
+        options["secret_fields"] = tuple(fields)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "steps", steps)
         for opt in _ROUTE_OPTIONS:

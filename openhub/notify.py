@@ -7,9 +7,12 @@ read, so a receiver sending one byte every few seconds held a worker for minutes
 enforces it at the socket (each connect, read and write may take only what is left of the
 deadline); confirmers may use it for their own POSTs.
 
-With OPENHUB_WEBHOOK_SECRET set, every POST of the stock webhook is signed the Standard Webhooks way
-(openhub.signing): `verify_signature` is what a receiver checks it with; `post_json` signs a
-confirmer's own POST the same way.
+Every POST of the stock webhook is signed the Standard Webhooks way (openhub.signing) with the secret of
+whom it is for: a state hook's (the operators') with OPENHUB_WEBHOOK_SECRET, a confirmation's with its
+source system's own, OPENHUB_CONFIRM_SECRETS (never the operators': a source system holding it could
+forge every other system's confirmations and the operators' alerts), a hook given `secret=` with that.
+Its `webhook-id` is the notification's random `delivery_key`, the same on every retry. `verify_signature`
+is what a receiver checks it with; `send_outcome` and `post_json` sign a confirmer's own POST the same way.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import httpx
 from .config import get_settings
 from .context import Outcome
 from .redact import redact_url
-from .signing import secret_keys, signature_headers, verify_signature
+from .errors import ConfigurationError
+from .signing import ReplayCache, secret_keys, signature_headers, verify_signature
 
-__all__ = ["post_json", "post_within", "verify_signature", "webhook"]
+__all__ = ["ReplayCache", "post_json", "post_within", "send_outcome", "verify_signature", "webhook"]
 
 
 class _DeadlineStream(httpcore.NetworkStream):
@@ -100,10 +104,15 @@ def post_within(url: str, seconds: float, **kwargs: Any) -> httpx.Response:
 
 def post_json(url: str, seconds: float, payload: Any, webhook_id: str, secret: str | None = None) -> httpx.Response:
     """POST `payload` as JSON to `url` within `seconds` (as `post_within`), with `webhook_id` as its
-    Idempotency-Key and, under OPENHUB_WEBHOOK_SECRET (or `secret`: space-separated secrets, "" for
-    none), the Standard Webhooks headers signing the exact bytes sent. Give one id per event, the
-    same on every retry of it (`outcome.delivery_id` makes one)."""
-    keys = get_settings().webhook_secrets if secret is None else secret_keys(secret)
+    Idempotency-Key and the Standard Webhooks headers signing the exact bytes sent with `secret`
+    (space-separated secrets, "" for none) or, without it, OPENHUB_WEBHOOK_SECRET: the operators' hooks'
+    secret. A confirmation goes with `send_outcome`, signed with its source system's own. Give one id per
+    event, the same on every retry of it (`outcome.webhook_id` is one)."""
+    keys = get_settings().webhook_secrets if secret is None else secret_keys(secret, strong=True)
+    return _post_signed(url, seconds, payload, webhook_id, keys)
+
+
+def _post_signed(url: str, seconds: float, payload: Any, webhook_id: str, keys: tuple[bytes, ...]) -> httpx.Response:
     # Serialised once: the signature covers these bytes, which is what the receiver reads.
     body = json.dumps(payload, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "Idempotency-Key": webhook_id,
@@ -111,16 +120,42 @@ def post_json(url: str, seconds: float, payload: Any, webhook_id: str, secret: s
     return post_within(url, seconds, content=body, headers=headers)
 
 
+def signing_keys(outcome: Outcome) -> tuple[bytes, ...]:
+    """The keys a notification is signed with: a state hook's, the operators' (OPENHUB_WEBHOOK_SECRET); a
+    confirmation's, its source system's (OPENHUB_CONFIRM_SECRETS). A source system without its own while the
+    operators' is set is a ConfigurationError (the send fails, visibly): unsigned, it would look signed to
+    nobody, and the operators' secret must never reach a source system."""
+    settings = get_settings()
+    if outcome.hook is not None:
+        return settings.webhook_secrets
+    system = outcome.message.source_system
+    keys = settings.confirm_secrets.get(system, ())
+    if not keys and settings.webhook_secrets:
+        raise ConfigurationError(f"no OPENHUB_CONFIRM_SECRETS secret for source system {system}: a confirmation is "
+                                 "signed with its source system's own secret, never with OPENHUB_WEBHOOK_SECRET "
+                                 "(the operators' hooks'), which would let one system forge the others'")
+    return keys
+
+
+def send_outcome(url: str, outcome: Outcome, seconds: float | None = None, secret: str | None = None) -> httpx.Response:
+    """POST `outcome.as_dict()` to `url` within `seconds` (default OPENHUB_CONFIRM_TIMEOUT), its
+    `webhook-id` and Idempotency-Key `outcome.webhook_id`, signed with `secret` if given ("" for none),
+    else as `signing_keys` says: what the stock webhook does, for a confirmer's own POST."""
+    keys = signing_keys(outcome) if secret is None else secret_keys(secret, strong=True)
+    if seconds is None:
+        seconds = get_settings().confirm_timeout.total_seconds()
+    return _post_signed(url, seconds, outcome.as_dict(), outcome.webhook_id, keys)
+
+
 def webhook(url: str, seconds: float = 30.0, secret: str | None = None) -> Callable[[Outcome], None]:
     """A state hook (or confirmer) that POSTs `outcome.as_dict()` to `url` within `seconds`
-    (OPENHUB_CONFIRM_TIMEOUT), signed with OPENHUB_WEBHOOK_SECRET or this hook's own `secret`
-    ("" for unsigned); anything but a 2xx answer in time is a failure."""
-    if secret:
-        secret_keys(secret, f"the secret of the webhook to {redact_url(url)}")  # a malformed one fails when declared
+    (OPENHUB_CONFIRM_TIMEOUT), signed as `send_outcome` says (the operators' secret for a hook, the
+    source system's for a confirmation) or with this hook's own `secret` ("" for unsigned); anything
+    but a 2xx answer in time is a failure."""
+    if secret:  # a malformed or weak one fails when declared
+        secret_keys(secret, f"the secret of the webhook to {redact_url(url)}", strong=True)
 
     def notify(outcome: Outcome) -> None:
-        # One key per transition, kept across retries: a message FAILED twice (restarted between) is two events.
-        key = f"openhub:{outcome.message.id}:{outcome.state}:{outcome.delivery_id}"
-        post_json(url, seconds, outcome.as_dict(), key, secret)
+        send_outcome(url, outcome, seconds, secret)
     notify.__qualname__ = notify.__name__ = "webhook"
     return notify

@@ -22,7 +22,7 @@ from datetime import datetime
 from sqlalchemy import and_, or_, select
 
 from .config import get_settings
-from .confirm import send_confirmations
+from .confirm import hand_over_due, send_confirmations
 from .db import is_postgres, store_now, transaction
 from .hub import current
 from .leases import chains_in_broker_due, orphan_chains_due, release_run
@@ -63,10 +63,19 @@ def tick(now: datetime | None = None, *, confirm_deadline: TimeLimit | None = No
     redriven, repaired = redrive_due_messages(now)
     repaired += lost
     expired = expire_guaranteed_order(now)
-    # A tick sends for at most one poll interval (at least one send): slow receivers wait for the next.
-    confirmed = send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds(),
-                                   deadline=confirm_deadline)
+    confirmed = confirm_due(now, confirm_deadline)
     return TickReport(redriven, repaired, confirmed, expired, time.perf_counter() - started, frozenset(dead))
+
+
+def confirm_due(now: datetime, deadline: TimeLimit | None = None) -> int:
+    """Due confirmations (retries, and those whose task was lost) go to `openhub.confirm` tasks on their own
+    queue (OPENHUB_CONFIRM_QUEUE), never sent on the tick's step worker; how many messages' went. Where
+    there is no such task (LocalHub), the tick sends them itself, for at most one poll interval (at least
+    one send): slow receivers wait for the next; `deadline` interrupts a confirmer there (openhub.confirm)."""
+    handed = hand_over_due(now, current().publisher.publish_confirmation)
+    if handed is not None:
+        return handed
+    return send_confirmations(now=now, budget=get_settings().poll_interval.total_seconds(), deadline=deadline)
 
 
 def repair_lost_runs(now: datetime, budget: float | None = None) -> tuple[int, set[str]]:

@@ -1,5 +1,8 @@
 """SQLAlchemy 2.0 models of the message store.
 
+Text the hub writes about messages (errors, history details, recorded exchanges, business errors) is of
+the column types `Redacted` and `RedactedJson`: stored with secrets redacted whoever writes it.
+
 Indexes are chosen so the poller's queries touch only live rows: `ix_messages_due` is a partial
 index over rows with a due time, which every final state clears, so its cost does not grow
 with the number of OK/FAILED messages kept in the table. Timestamps are naive UTC.
@@ -7,12 +10,17 @@ with the number of OK/FAILED messages kept in the table. Timestamps are naive UT
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 
 from typing import cast
 
 from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Table, Text, text
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from .redact import redact_json_text, redact_text
 
 
 # Rows not in a final state (states.FINAL, spelled out: this module imports no domain code).
@@ -20,6 +28,28 @@ LIVE_PREDICATE = "state NOT IN ('CANCEL', 'FAILED', 'OK', 'SKIPPED')"
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Redacted(TypeDecorator[str]):
+    """Text the hub writes about a message (an error, a history detail, a recorded body): whatever module
+    writes it, it is stored with secrets redacted (`openhub.redact.redact_text`), so no writer can forget."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return redact_text(value) if isinstance(value, str) else value
+
+
+class RedactedJson(TypeDecorator[str]):
+    """JSON text (recorded headers, business errors) stored with every string in it redacted
+    (`openhub.redact.redact_json_text`)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return redact_json_text(value) if isinstance(value, str) else value
 
 
 class Base(DeclarativeBase):
@@ -64,10 +94,10 @@ class Message(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     generation: Mapped[int] = mapped_column(Integer, default=0)
     custom_data: Mapped[str | None] = mapped_column(Text)
-    business_errors: Mapped[str | None] = mapped_column(Text)
+    business_errors: Mapped[str | None] = mapped_column(RedactedJson)
     response: Mapped[str | None] = mapped_column(Text)
     failed_step: Mapped[str | None] = mapped_column(String(100))
-    failed_error: Mapped[str | None] = mapped_column(Text)
+    failed_error: Mapped[str | None] = mapped_column(Redacted)
     error_code: Mapped[str | None] = mapped_column(String(100))  # of the last failure (openhub.failures)
     # Past this, the message is no longer started (a retry, a postponed or queued message): FAILED, EXPIRED.
     expires_at: Mapped[datetime | None] = mapped_column(DateTime)
@@ -125,7 +155,7 @@ class ExtCall(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
     duration_ms: Mapped[int | None] = mapped_column(Integer)
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(Redacted)
     worker: Mapped[str | None] = mapped_column(String(255))  # host:pid of the process of the last attempt
     # The last message whose call succeeded, kept when another message takes the record over (entity and
     # custom scopes): that message must never call again, whatever the newer message's call did.
@@ -151,7 +181,7 @@ class Transition(Base):
     from_state: Mapped[str | None] = mapped_column(String(20))
     to_state: Mapped[str] = mapped_column(String(20))
     step_key: Mapped[str | None] = mapped_column(String(100))
-    detail: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(Redacted)
 
     __table_args__ = (Index("ix_transitions_message", "message_id"),)
 
@@ -192,9 +222,12 @@ class Confirmation(Base):
     due_at: Mapped[datetime | None] = mapped_column(DateTime)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(Redacted)
     # None: the confirmation to the source system; else the state hook (@on_state) to call.
     hook: Mapped[str | None] = mapped_column(String(300))
+    # Random, the same on every retry: the notification's id for its receiver (the webhook-id), which no
+    # one can guess ahead of it to take its place in the receiver's dedupe (None: written before 0015).
+    delivery_key: Mapped[str | None] = mapped_column(String(40), default=lambda: secrets.token_urlsafe(18))
 
     __table_args__ = (
         Index("ix_confirmations_message", "message_id"),
@@ -223,7 +256,7 @@ class RoutePause(Base):
 
     route: Mapped[str] = mapped_column(String(201), primary_key=True)
     paused_at: Mapped[datetime] = mapped_column(DateTime)
-    reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Redacted)
 
 
 class Breaker(Base):
@@ -272,13 +305,13 @@ class HttpExchange(Base):
     step_key: Mapped[str] = mapped_column(String(100))
     attempt: Mapped[int] = mapped_column(Integer)
     method: Mapped[str] = mapped_column(String(10))
-    url: Mapped[str] = mapped_column(Text)
+    url: Mapped[str] = mapped_column(Redacted)
     status: Mapped[int | None] = mapped_column(Integer)  # None: no response (timeout, connection error)
-    error: Mapped[str | None] = mapped_column(Text)
-    request_headers: Mapped[str | None] = mapped_column(Text)  # JSON object
-    request_body: Mapped[str | None] = mapped_column(Text)
-    response_headers: Mapped[str | None] = mapped_column(Text)  # JSON object
-    response_body: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Redacted)
+    request_headers: Mapped[str | None] = mapped_column(RedactedJson)  # JSON object
+    request_body: Mapped[str | None] = mapped_column(Redacted)
+    response_headers: Mapped[str | None] = mapped_column(RedactedJson)  # JSON object
+    response_body: Mapped[str | None] = mapped_column(Redacted)
     duration_ms: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(DateTime)
 

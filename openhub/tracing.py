@@ -9,12 +9,19 @@ returns at once and nothing of OpenTelemetry is imported. On, the standard varia
 `OTEL_BSP_*`, `OTEL_PROPAGATORS`.
 
 The trace context is stored with the message (`messages.traceparent`, W3C): the span of its submit,
-a child of the request that brought it (whose incoming `traceparent` header the FastAPI
-instrumentation honours) or of `openhub.submit(..., traceparent=)`, or a new trace. Every later span
-about the message continues it, whoever runs it and however late: each step's attempt, the
-confirmation, the chains the poller re-drives (published under the stored context, so the Celery
-instrumentation's publish and run spans join it too). HTTP calls are spans of the httpx
-instrumentation, which sends `traceparent` to the external system.
+the root of a trace of its own, linked (a span link) to the request that brought it (whose incoming
+`traceparent` the FastAPI instrumentation honours for the request's own span) or to
+`openhub.submit(..., traceparent=)`. Every later span about the message continues it, whoever runs it
+and however late: each step's attempt, the confirmation, the chains the poller re-drives (published
+under the stored context, so the Celery instrumentation's publish and run spans join it too). HTTP
+calls are spans of the httpx instrumentation, which sends `traceparent` to the external system.
+
+What a caller sent stays with the caller: a new trace per message means no source system chooses the
+trace another's message is in, nor leaves it unsampled (a `traceparent` flagged `00`); the message's
+spans start from the stored context alone, so no caller's baggage or tracestate reaches an external
+system, nor, in a batch task, another message's calls; and only `traceparent` is propagated unless
+OTEL_PROPAGATORS says otherwise (the SDK's default adds baggage). Every span is redacted
+(`openhub.redact`: attributes, events, status) before its exporter sees it.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ TRACER = "openhub"
 # The OpenTelemetry variables a deployment sets for the hub (README.md, "Tracing"); the SDK reads the rest.
 STANDARD_VARIABLES = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                       "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME",
-                      "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SDK_DISABLED")
+                      "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SDK_DISABLED",
+                      "OTEL_PROPAGATORS")
 POLL_TICKS = frozenset({"apply_async/openhub.poll", "run/openhub.poll"})  # one a second: never sampled
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
@@ -100,14 +108,70 @@ def setup(role: str = "openhub") -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    _propagate_trace_context_only()
     if not _provider_set(trace.get_tracer_provider()):
         name = os.environ.get("OTEL_SERVICE_NAME") or role
         provider = TracerProvider(resource=Resource.create({"service.name": name}), sampler=_sampler())
         for exporter in _exporters():
-            provider.add_span_processor(BatchSpanProcessor(exporter))
+            provider.add_span_processor(redacting(BatchSpanProcessor(exporter)))
         trace.set_tracer_provider(provider)
     _instrument_libraries()
     return True
+
+
+def _propagate_trace_context_only() -> None:
+    """Unless OTEL_PROPAGATORS names its own, what the hub propagates (into Celery tasks, to external
+    systems) is `traceparent` alone: the SDK's default adds W3C baggage, and a source system's
+    `baggage: user.id=…,tenant=…` went on to every external system its message called."""
+    if os.environ.get("OTEL_PROPAGATORS", "").strip():
+        return
+    from opentelemetry.propagate import set_global_textmap
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    set_global_textmap(TraceContextTextMapPropagator())
+
+
+# Attributes the hub sets itself, identifiers it shows anyway: not passed through the redaction's shape test.
+KEPT_ATTRIBUTES = ("openhub.message.id", "openhub.correlation_id", "openhub.source_system", "openhub.route",
+                   "openhub.step", "openhub.attempt", "openhub.outcome", "openhub.error_code", "openhub.hook")
+
+
+def redacting(processor: Any) -> Any:
+    """`processor` (a span processor) given each ended span with its attributes, events' attributes, links'
+    attributes and status description redacted (`openhub.redact`): a client span's `http.url` with an
+    `?api_key=`, an exception event's echoed body, a status with a token. Runs where the span ends (in the
+    step, where the values it sent as secrets are known)."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+    from opentelemetry.trace import Link, Status
+
+    from .redact import redact_mapping, redact_text
+
+    def clean(span: ReadableSpan) -> ReadableSpan:
+        status = span.status
+        if status.description:
+            status = Status(status.status_code, redact_text(status.description))
+        return ReadableSpan(
+            name=span.name, context=span.context, parent=span.parent, resource=span.resource,
+            attributes=redact_mapping(span.attributes or {}, KEPT_ATTRIBUTES),
+            events=[Event(e.name, redact_mapping(e.attributes or {}), e.timestamp) for e in span.events],
+            links=[Link(link.context, redact_mapping(link.attributes or {})) for link in span.links],
+            kind=span.kind, status=status, start_time=span.start_time, end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope)
+
+    class Redacting(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            processor.on_start(span, parent_context)
+
+        def on_end(self, span: ReadableSpan) -> None:
+            processor.on_end(clean(span))
+
+        def shutdown(self) -> None:
+            processor.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(processor.force_flush(timeout_millis))
+
+    return Redacting()
 
 
 def _provider_set(provider: Any) -> bool:
@@ -198,18 +262,21 @@ def _tracer() -> Any:
 
 
 def _context_of(traceparent: str | None) -> Any:
-    """The context to start a span about a message in: the current one when it is already in the
-    message's trace (a task of its chain), else the stored one (a poller tick, an operator's request)."""
+    """The context to start a span about a message in: the current span when it is already in the
+    message's trace (a task of its chain), else the stored one (a poller tick, an operator's request).
+    Always a context of that span alone: whatever else the current context holds (a caller's baggage, the
+    context a batch task was published in, another message's) does not go on into the message's spans."""
+    from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+    empty = otel_context.Context()
+    current = trace.get_current_span()
     stored = valid(traceparent)
-    if stored is None:
-        return None
-    current = trace.get_current_span().get_span_context()
-    if current.is_valid and f"{current.trace_id:032x}" == stored[3:35]:
-        return None
-    return TraceContextTextMapPropagator().extract({"traceparent": stored})
+    span = current.get_span_context()
+    if stored is None or (span.is_valid and f"{span.trace_id:032x}" == stored[3:35]):
+        return trace.set_span_in_context(current, empty)
+    return TraceContextTextMapPropagator().extract({"traceparent": stored}, context=empty)
 
 
 def current_traceparent() -> str | None:
@@ -242,16 +309,22 @@ def submitting(rows: list[dict[str, Any]]) -> ContextManager[Callable[[list[int 
 
 @contextmanager
 def _submitting(rows: list[dict[str, Any]]) -> Iterator[Callable[[list[int | None]], None]]:
+    from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     tracer = _tracer()
     spans = []
     for row in rows:
+        # A trace of the message's own, linked to its caller's: the caller neither chooses the trace (nor
+        # joins another system's) nor decides by its sampled flag whether the message is traced.
         caller = valid(row.get("traceparent"))
-        parent = TraceContextTextMapPropagator().extract({"traceparent": caller}) if caller else None
+        links = []
+        if caller:
+            remote = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": caller}))
+            links.append(trace.Link(remote.get_span_context(), {"openhub.link": "caller"}))
         route = route_name(row["service"], row["operation"])
-        span = tracer.start_span(f"submit {route}", context=parent,
+        span = tracer.start_span(f"submit {route}", context=otel_context.Context(), links=links,
                                  kind=trace.SpanKind.PRODUCER, attributes={
                                      "openhub.route": route,
                                      "openhub.correlation_id": row["correlation_id"],
@@ -290,7 +363,7 @@ _NOT_TRACED: ContextManager[None] = nullcontext()
 
 def continuing(traceparent: str | None) -> ContextManager[Any]:
     """Run the block in the message's trace (publishing its chain: the Celery instrumentation's
-    spans then join it, wherever the publish happens)."""
+    spans then join it, wherever the publish happens), and in nothing else of the current context."""
     if not ON:
         return _NOT_TRACED
     return _attached(_context_of(traceparent))
@@ -349,9 +422,11 @@ def step_span(route: str, step: str, ctx: StepContext, traceparent: str | None) 
 def _step_span(route: str, step: str, ctx: StepContext, traceparent: str | None) -> Iterator[StepSpan]:
     attributes = {**message_attributes(ctx.message), "openhub.step": step, "openhub.attempt": ctx.attempt,
                   "openhub.message.failed_count": ctx.message.failed_count, "openhub.redelivered": ctx.redelivered}
-    with _about_message(ctx.message, traceparent, None), \
-            _tracer().start_as_current_span(f"step {route}/{step}", context=_context_of(traceparent),
-                                            attributes=attributes, record_exception=True) as span:
+    # Attached, not only given as the parent: what runs in the span (an HTTP call injecting its context)
+    # sees the message's context alone, not the one the task was published in (openhub.tracing docstring).
+    with _about_message(ctx.message, traceparent, None), _attached(_context_of(traceparent)), \
+            _tracer().start_as_current_span(f"step {route}/{step}", attributes=attributes,
+                                            record_exception=True) as span:
         yield StepSpan(span)
 
 
@@ -366,8 +441,8 @@ def message_span(name: str, message: Any, traceparent: str | None, **attributes:
 @contextmanager
 def _message_span(name: str, message: Any, traceparent: str | None, attributes: dict[str, Any]) -> Iterator[Any]:
     attrs = {**message_attributes(message), **{f"openhub.{k}": v for k, v in attributes.items() if v is not None}}
-    with _about_message(message, traceparent, None), \
-            _tracer().start_as_current_span(name, context=_context_of(traceparent), attributes=attrs) as span:
+    with _about_message(message, traceparent, None), _attached(_context_of(traceparent)), \
+            _tracer().start_as_current_span(name, attributes=attrs) as span:
         yield span
 
 

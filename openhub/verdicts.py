@@ -115,15 +115,17 @@ def idempotency_key(row: Any, item: RouteStep) -> str:
     A split child's correlation id is its parent's with `#<generation>.<n>` added, which a source
     system may send as its own id too: so `%`, `#` and `/` in a correlation id are escaped, and a
     child's id is followed by `#<its message id>`. Keys of ids without those characters are unchanged.
+    Characters outside printable ASCII are percent-encoded too (their UTF-8 bytes, RFC 3986), so the
+    key is always a valid HTTP header value: `bestellung-ü-1` is `bestellung-%C3%BC-1`.
     """
-    name = _ESCAPES.sub(lambda m: f"%{ord(m.group()):02X}", row.correlation_id)
+    name = _ESCAPES.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), row.correlation_id)
     if row.parent_id is not None:
         name = f"{name}#{row.id}"
     key = f"{row.source_system}/{name}/{item.key}"
     return f"{key}/{row.generation}" if row.generation else key
 
 
-_ESCAPES = re.compile(r"[%#/]")
+_ESCAPES = re.compile(r"[%#/]|[^\x20-\x7e]")
 
 
 def call_key(row: Any, item: RouteStep, ctx: StepContext) -> str:

@@ -15,9 +15,9 @@ import math
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -26,39 +26,63 @@ from prometheus_client import Counter
 from .problems import ApiError
 
 AUTH_FAILURES = Counter("openhub_auth_failures", "Requests refused for their credentials: refused (401), "
-                        "limited (429: too many failures from the address).", ["outcome"])
+                        "limited (429: too many refused from the address, or of the secret).", ["outcome"])
 for _outcome in ("refused", "limited"):  # exported at 0 from the start (in multiprocess mode too), so the
     AUTH_FAILURES.labels(outcome=_outcome)  # alert's rate() has a series before the first failure
 
 
 class FailureLimit:
-    """Per client address, at most `failures` refused credentials within `window` seconds; then
-    the address gets 429 (Retry-After: until its oldest failure leaves the window). In memory, per
-    ingress process: it slows guessing down; a proxy or WAF in front is still the place to block."""
+    """Refused credentials counted per subject, a client address or a presented secret's digest: after
+    `failures` within `window` seconds the subject gets 429 (Retry-After: until its oldest counted
+    failure leaves the window). In memory, per ingress process: it slows guessing down and says who is
+    failing; a proxy or WAF in front is still the place to block.
 
-    def __init__(self, failures: int, window: float) -> None:
-        self.failures, self.window = failures, window
-        self._seen: dict[str, deque[float]] = {}
+    Only refused credentials are ever counted or limited: a valid key or the admin token is matched
+    first and let in whatever failed from its address (behind a proxy every caller may share one), so
+    wrong keys cannot lock a source system or the operators out. At most `capacity` subjects are
+    tracked: past it the least recently failing one is forgotten (never every one at once, which a
+    flood of addresses could otherwise trigger to reset everyone's count), and a subject whose last
+    failure left the window is dropped when met.
+    """
+
+    def __init__(self, failures: int, window: float, capacity: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.failures, self.window, self.capacity, self.clock = max(1, failures), window, capacity, clock
+        # subject -> times of its last `failures` refusals, least recently failing first
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def retry_after(self, address: str) -> int | None:
-        """Seconds until the address may try again (None: it may now)."""
-        now = time.monotonic()
+    def retry_after(self, *subjects: str) -> int | None:
+        """Seconds until every one of the subjects may try again (None: they may now)."""
+        now = self.clock()
+        waits = []
         with self._lock:
-            seen = self._seen.get(address)
-            while seen and seen[0] <= now - self.window:
-                seen.popleft()
-            if not seen:
-                self._seen.pop(address, None)
-                return None
-            return max(1, math.ceil(seen[0] + self.window - now)) if len(seen) >= self.failures else None
+            for subject in subjects:
+                seen = self._seen.get(subject)
+                if seen is None:
+                    continue
+                if seen[-1] <= now - self.window:  # nothing of it within the window: forgotten
+                    del self._seen[subject]
+                elif len(seen) >= self.failures and seen[0] > now - self.window:
+                    waits.append(max(1, math.ceil(seen[0] + self.window - now)))
+        return max(waits) if waits else None
 
-    def failed(self, address: str) -> None:
-        """Note one refused request from the address."""
+    def failed(self, *subjects: str) -> None:
+        """Note one refused request of each subject."""
+        now = self.clock()
         with self._lock:
-            if len(self._seen) > 100_000:  # a flood of addresses must not exhaust memory: start again
-                self._seen.clear()
-            self._seen.setdefault(address, deque()).append(time.monotonic())
+            for subject in subjects:
+                seen = self._seen.get(subject)
+                if seen is None:
+                    seen = self._seen[subject] = deque(maxlen=self.failures)
+                else:
+                    self._seen.move_to_end(subject)
+                seen.append(now)
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 bearer = HTTPBearer(auto_error=False, description="A source system's API key, or the admin token.")
@@ -165,26 +189,31 @@ def _match(secret: str, credentials: Credentials) -> Caller | None:
 
 
 async def authenticate(request: Request) -> Caller:
-    """The caller behind the request's Bearer token; 401 without a valid one."""
-    limit: FailureLimit | None = getattr(request.app.state, "auth_failures", None)
-    address = request.client.host if request.client else "?"
-    wait = limit.retry_after(address) if limit is not None else None
-    if wait is not None:
-        AUTH_FAILURES.labels(outcome="limited").inc()
-        raise ApiError(429, f"too many refused credentials from {address}; retry in {wait} s",
-                       {"Retry-After": str(wait)})
+    """The caller behind the request's Bearer token; 401 without a valid one, 429 when the refused
+    credentials of its address or of the very secret it presents passed OPENHUB_AUTH_FAILURES within
+    OPENHUB_AUTH_WINDOW. The secret is matched first: a valid one is never limited."""
     creds: HTTPAuthorizationCredentials | None = await bearer(request)
-    caller = _match(creds.credentials, request.app.state.credentials) if creds and creds.credentials else None
     if creds is None or not creds.credentials:  # no guess: not counted (a page before its token is pasted)
         raise ApiError(401, "missing credentials: send Authorization: Bearer <API key or admin token>",
                        {"WWW-Authenticate": "Bearer"})
-    if caller is None:
-        AUTH_FAILURES.labels(outcome="refused").inc()
-        if limit is not None:
-            limit.failed(address)
-        raise ApiError(401, "invalid API key or admin token", {"WWW-Authenticate": "Bearer"})
-    request.state.caller = caller
-    return caller
+    caller = _match(creds.credentials, request.app.state.credentials)
+    if caller is not None:
+        request.state.caller = caller
+        return caller
+    limit: FailureLimit | None = getattr(request.app.state, "auth_failures", None)
+    # The address is the client's as the trusted proxies (OPENHUB_TRUSTED_PROXIES) forward it; the secret is
+    # counted by its digest, so one wrong key is limited wherever it comes from and is never kept itself.
+    address = request.client.host if request.client else "?"
+    subjects = (f"address {address}", "secret " + hashlib.sha256(creds.credentials.encode()).hexdigest())
+    wait = limit.retry_after(*subjects) if limit is not None else None
+    if wait is not None:
+        AUTH_FAILURES.labels(outcome="limited").inc()
+        raise ApiError(429, f"too many refused credentials from {address} or with this secret; retry in {wait} s",
+                       {"Retry-After": str(wait)})
+    AUTH_FAILURES.labels(outcome="refused").inc()
+    if limit is not None:
+        limit.failed(*subjects)
+    raise ApiError(401, "invalid API key or admin token", {"WWW-Authenticate": "Bearer"})
 
 
 async def source_system(request: Request) -> str:

@@ -12,6 +12,8 @@ from ..context import aware, error_line
 from ..db import transaction
 from ..exchanges import message_exchanges
 from ..model import route_name
+from ..redact import mask_fields
+from ..registry import get_registry
 from ..schema import confirmations, ext_calls, messages, transitions
 from ..store import message_view
 from ..tracing import trace_url
@@ -24,11 +26,16 @@ def _iso(value: datetime | None) -> str | None:
 
 def message_detail(message_id: int) -> dict[str, Any]:
     """The message as `MessageView.as_dict()` (with `failed_error_line`, the one line shown of `failed_error`) with
-    detailed ext calls, children, confirmation, history and
-    the HTTP exchanges its steps recorded (`http_exchanges`, oldest first)."""
+    detailed ext calls, children, confirmation, history and the HTTP exchanges its steps recorded
+    (`http_exchanges`, oldest first); the fields its route marks secret (`Route(secret_fields=...)`) are
+    `[redacted]` in its payload."""
     with transaction() as conn:
-        out = message_view(conn, message_id).as_dict()
+        view = message_view(conn, message_id)
+        out = view.as_dict()
         out["failed_error_line"] = error_line(out["failed_error"])
+        route = get_registry().find_route_of(view)
+        if route is not None and route.secret_fields:  # shown as [redacted]; the steps read the stored payload
+            out["payload"] = mask_fields(out["payload"], route.secret_fields)
         X = ext_calls.c
         out["ext_calls"] = [
             {"key": c.key, "step": c.step_key, "scope": c.scope, "state": c.state, "attempts": c.attempts,
@@ -56,14 +63,23 @@ def message_detail(message_id: int) -> dict[str, Any]:
     return out
 
 
+# What only operators see of a message: the hub's exchanges with external systems, what its steps keep for
+# one another (custom_data: a token one step leaves for the next), and the link to its trace (the tracing
+# back end's host, internal).
+_OPERATORS_ONLY = frozenset({"http_exchanges", "custom_data", "trace_url"})
+
+
 def source_view(detail: dict[str, Any]) -> dict[str, Any]:
     """What a source system is shown of its own message (`message_detail` is the operators'): no
-    recorded exchanges, tracebacks, worker names or state hooks' notifications, and each error as one
-    line. The hub's exchanges with external systems and its internals are not the source's business."""
-    out = {k: v for k, v in detail.items() if k != "http_exchanges"}
+    recorded exchanges, custom data, trace link, tracebacks, worker names, history details or state
+    hooks' notifications, and each error as one line. The hub's exchanges with external systems and
+    its internals are not the source's business."""
+    out = {k: v for k, v in detail.items() if k not in _OPERATORS_ONLY}
     out["failed_error"] = detail.get("failed_error_line")
     out["ext_calls"] = [{k: v for k, v in c.items() if k not in ("last_error", "worker")}
                         for c in detail.get("ext_calls", [])]
     out["confirmation"] = [{k: v for k, v in c.items() if k not in ("last_error", "hook")}
                            for c in detail.get("confirmation", []) if c.get("hook") is None]
+    # A history detail names who answered, which message held a route back, what an operator did.
+    out["history"] = [{k: v for k, v in h.items() if k != "detail"} for h in detail.get("history", [])]
     return out

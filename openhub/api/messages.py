@@ -407,6 +407,17 @@ def may_respond(route: Route, owner: str, caller: Caller) -> int | None:
     return 403 if caller.source_system == owner else 404
 
 
+def _utf8(value: str, name: str) -> str:
+    """An id header's text: HTTP carries its bytes, which Starlette reads as Latin-1, and clients send
+    UTF-8 (`bestellung-ü-1` was stored as `bestellung-Ã¼-1`). Bytes that are not UTF-8 are a 400."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise ApiError(400, f"{name} is not UTF-8 text") from None
+
+
 # Registered after the old /messages/{id}/restart|cancel|response paths, which its pattern would swallow (theirs
 # take digits only, which no service name is).
 @router.post("/messages/{service}/{operation}", status_code=202, response_model=Accepted, openapi_extra=_PAYLOAD_BODY,
@@ -427,6 +438,8 @@ async def submit_message(
                                                            "FAILED with error code EXPIRED.")] = None,
 ) -> JSONResponse:
     """Accept one message for route `service.operation`; it is stored before the answer leaves."""
+    x_correlation_id = _utf8(x_correlation_id, "X-Correlation-Id")
+    x_process_id = None if x_process_id is None else _utf8(x_process_id, "X-Process-Id")
     request.state.correlation_id = x_correlation_id
     if x_source_system is not None and x_source_system != system:
         raise ApiError(403, f"this API key belongs to {system}, not {x_source_system}")

@@ -37,9 +37,15 @@ def uvicorn_options() -> dict[str, Any]:
     """The connection-level options of every uvicorn the hub starts (`serve` and `dev` alike)."""
     from ..config import get_settings
 
+    settings = get_settings()
     # Over OPENHUB_MAX_CONCURRENCY connections or requests (per worker) uvicorn answers 503 at once,
     # instead of taking in work until the process runs out of memory.
-    return {"http": PROTOCOL, "limit_concurrency": get_settings().max_concurrency, "proxy_headers": True}
+    options: dict[str, Any] = {"http": PROTOCOL, "limit_concurrency": settings.max_concurrency, "proxy_headers": True}
+    # The client address counts refused credentials (openhub.api.auth): behind a proxy it is the address the
+    # proxy forwards, from the proxies OPENHUB_TRUSTED_PROXIES names (else every client would be the proxy).
+    if settings.trusted_proxies:
+        options["forwarded_allow_ips"] = settings.trusted_proxies
+    return options
 
 
 class LingeringTransport:

@@ -48,12 +48,13 @@ PROCESS_TARGETS = {
     "ingress": ("ingress", ("Deployment", "openhub-ingress"), "openhub-ingress.service"),
     "worker": ("worker", ("Deployment", "openhub-worker"), "openhub-worker@.service"),
     "worker-gevent": ("worker-gevent", ("Deployment", "openhub-worker-gevent"), "openhub-worker-gevent@.service"),
+    "confirmer": ("confirmer", ("Deployment", "openhub-confirmer"), "openhub-confirmer.service"),
     "beat": ("beat", ("Deployment", "openhub-beat"), "openhub-beat.service"),
     "flower": ("flower", ("Deployment", "openhub-flower"), "openhub-flower.service"),
     "archive": ("archive", ("CronJob", "openhub-archive"), "openhub-archive.service"),
     "prune": ("prune", ("CronJob", "openhub-exchanges-prune"), "openhub-exchanges-prune.service"),
 }
-LONG_RUNNING = ("ingress", "worker", "beat", "flower")
+LONG_RUNNING = ("ingress", "worker", "confirmer", "beat", "flower")
 HEARTBEAT_MAX_AGE = 120  # seconds; the worker touches its heartbeat file at least every 30 s
 
 
@@ -188,7 +189,8 @@ def test_deploy_runs_no_command_outside_the_procfile():
         for exec_start in systemd_unit(unit.name).get("Service.ExecStart", []):
             found.append((unit.name, shlex.split(exec_start)))
     assert found
-    strays = [(where, argv) for where, argv in found if tuple(normalise_argv(argv)) not in known]
+    strays = [(where, argv) for where, argv in found
+              if argv and Path(argv[0]).name in ("openhub", "celery") and tuple(normalise_argv(argv)) not in known]
     assert not strays, f"commands not in deploy/Procfile: {strays}"
 
 
@@ -416,7 +418,7 @@ def test_deploy_kubernetes_resources_set_everywhere():
     containers = [(path.name, c) for path, doc in k8s_manifests()
                   if doc["kind"] in ("Deployment", "Job", "CronJob")
                   for c in pod_spec(doc)["containers"]]
-    assert len(containers) == 9  # 8 processes of the hub and the OpenTelemetry collector
+    assert len(containers) == 10  # 9 processes of the hub and the OpenTelemetry collector
     for where, container in containers:
         for bound in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(container["resources"].get(bound, {})), f"{where}: {bound}"
@@ -439,7 +441,7 @@ def every_container() -> list[tuple[str, dict, dict]]:
 def test_deploy_kubernetes_containers_drop_every_capability_and_run_as_non_root():
     """Issue 27: no container keeps Linux capabilities, can gain privileges or runs as root."""
     containers = every_container()
-    assert len(containers) == 10  # 8 processes, Flower's login check and the OpenTelemetry collector
+    assert len(containers) == 11  # 9 processes, Flower's login check and the OpenTelemetry collector
     for where, pod, container in containers:
         context = container.get("securityContext", {})
         assert context.get("capabilities", {}).get("drop") == ["ALL"], where
@@ -581,13 +583,14 @@ def test_deploy_services_select_their_pods():
 
 def test_deploy_hub_exports_traces_to_the_collector_in_compose_and_kubernetes():
     """Issue 23: the hub's OTLP endpoint is the collector's OTLP/HTTP receiver, and the collector's
-    pipeline receives OTLP and exports it; Kubernetes runs the compose configuration but its exporter."""
+    pipeline receives OTLP and exports it; Kubernetes runs the compose configuration but its exporter.
+    Issue 34 M2/M3: tracing is off until turned on, and propagates no baggage."""
     collector = yaml.safe_load((DEPLOY / "otel" / "collector.yaml").read_text())
     http_port = int(collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rsplit(":", 1)[1])
     assert collector["service"]["pipelines"]["traces"]["receivers"] == ["otlp"]
     services = compose()["services"]
     env = compose_env_defaults(services["worker"]["environment"])
-    assert env["OTEL_TRACES_EXPORTER"] == "otlp" and env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://otel-collector:{http_port}"
     assert "./otel/collector.yaml:/etc/otelcol/config.yaml:ro" in services["otel-collector"]["volumes"]
     (exporter,) = collector["service"]["pipelines"]["traces"]["exporters"]
@@ -602,6 +605,11 @@ def test_deploy_hub_exports_traces_to_the_collector_in_compose_and_kubernetes():
     assert {k: v for k, v in k8s_collector.items() if k != "exporters"} == \
         {k: v for k, v in collector.items() if k != "exporters"}
     assert "{trace_id}" in config["OPENHUB_TRACE_URL"]
+    example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
+                   if line.startswith("OTEL_"))
+    for where, values in (("compose", env), ("k8s", config), (".env.example", example)):
+        assert values["OTEL_TRACES_EXPORTER"] == "none", where
+        assert values["OTEL_PROPAGATORS"] == "tracecontext", where
 
 
 def test_deploy_dashboard_links_to_traces():
@@ -887,21 +895,59 @@ def flower_login_checks() -> dict[str, list[str]]:
     """The command systemd runs before Flower and the one Kubernetes runs in Flower's init container."""
     (pre,) = systemd_unit("openhub-flower.service")["Service.ExecStartPre"]
     (init,) = pod_spec(k8s_resource("Deployment", "openhub-flower"))["initContainers"]
-    return {"systemd": shlex.split(pre.replace("$$", "$")), "k8s": init["command"]}  # $$: systemd's literal $
+    services = compose()["services"]
+    assert services["flower"]["depends_on"]["flower-login"]["condition"] == "service_completed_successfully"
+    # $$: systemd's and compose's literal $
+    return {"systemd": shlex.split(pre.replace("$$", "$")), "k8s": init["command"],
+            "compose": [arg.replace("$$", "$") for arg in services["flower-login"]["command"]]}
 
 
 @pytest.mark.parametrize("value, starts", [
     (None, False), ("", False), ("admin:change-me-flower", False), ("admin", False), ("admin:", False),
     (":secret", False), ("ops:" + "s" * 32, True), ("ops:a:b,other:c", True)])
 def test_deploy_flower_refuses_a_missing_or_placeholder_login(value, starts):
-    """Issue 27: nothing refused a missing or placeholder FLOWER_BASIC_AUTH."""
+    """Issue 27: nothing refused a missing or placeholder FLOWER_BASIC_AUTH (issue 34 L6: compose neither)."""
     placeholder = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
                        if line.startswith("FLOWER_BASIC_AUTH="))["FLOWER_BASIC_AUTH"]
     assert placeholder == k8s_secret_example()["FLOWER_BASIC_AUTH"] == "admin:change-me-flower"
     env = {"PATH": "/usr/bin:/bin", **({} if value is None else {"FLOWER_BASIC_AUTH": value})}
     checks = flower_login_checks()
-    assert checks["systemd"][1:] == checks["k8s"][1:]
+    assert checks["systemd"][1:] == checks["k8s"][1:] == checks["compose"][1:]
     for where, argv in checks.items():
         result = subprocess.run(["sh", *argv[1:]], env=env, capture_output=True, text=True, timeout=30)
         assert (result.returncode == 0) == starts, (where, value, result.stderr)
         assert starts or "refusing to start Flower: FLOWER_BASIC_AUTH" in result.stderr
+
+
+def test_deploy_ingress_believes_its_proxies_forwarded_addresses():
+    """Issue 34 H1: behind the Kubernetes Ingress controller every caller had the controller's address,
+    so one caller's refused keys counted against everyone; deploy/ set no trusted proxies."""
+    import ipaddress
+
+    configured = {"k8s": k8s_resource("ConfigMap", "openhub-config")["data"]["OPENHUB_TRUSTED_PROXIES"],
+                  "compose": compose_env_defaults(compose()["services"]["ingress"]["environment"])[
+                      "OPENHUB_TRUSTED_PROXIES"]}
+    for where, value in configured.items():
+        networks = [ipaddress.ip_network(part.strip()) for part in value.split(",")]
+        assert networks and all(n.is_private and not n.is_loopback for n in networks), (where, value)
+    assert "10.0.0.0/8" in configured["k8s"]  # the usual pod networks
+
+
+def test_deploy_confirmations_have_workers_of_their_own():
+    """Issue 34 M5: confirmations ran on the default queue (OPENHUB_CONFIRM_QUEUE was empty in deploy/), so
+    slow receivers held the step workers; now every step worker leaves the confirm queue to the confirmer."""
+    from openhub.config import Settings
+
+    queue = Settings.from_env({}).confirm_queue
+    assert queue == "openhub.confirm"
+    assert k8s_resource("ConfigMap", "openhub-config")["data"]["OPENHUB_CONFIRM_QUEUE"] == queue
+    assert compose_env_defaults(compose()["services"]["worker"]["environment"])["OPENHUB_CONFIRM_QUEUE"] == queue
+    example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
+                   if line.startswith("OPENHUB_CONFIRM_QUEUE="))
+    assert example == {"OPENHUB_CONFIRM_QUEUE": queue}
+    processes = {name: shlex.split(command) for name, command in read_procfile().items()}
+    for name in ("worker", "worker-gevent"):
+        argv = processes[name]
+        assert argv[argv.index("--exclude-queues") + 1] == queue, name
+    confirmer = processes["confirmer"]
+    assert confirmer[confirmer.index("--queues") + 1] == queue

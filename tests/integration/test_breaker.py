@@ -10,6 +10,7 @@ import pytest
 
 import openhub
 from openhub.db import transaction
+from openhub.http import HttpCall
 from openhub.schema import breakers
 from openhub.overview import overview
 from openhub.testing import LocalHub
@@ -79,3 +80,25 @@ def test_an_error_before_any_call_does_not_count_against_the_system(hub: LocalHu
     assert overview()["open_breakers"] == []  # ...and billing's breaker stayed closed
     with transaction() as conn:
         assert conn.execute(breakers.select()).all() == []
+
+
+def test_a_request_the_hub_cannot_send_does_not_count_against_the_system(local_store_env, external) -> None:  # noqa: ANN001
+    """Issue 34 M4: a newline in a payload field a step puts into a header makes httpx refuse the request
+    before sending it (LocalProtocolError); five such messages opened billing's breaker for everyone."""
+    billing = HttpCall()
+
+    def header_from_payload(ctx):  # noqa: ANN001, ANN202
+        billing.post(ctx, f"{external.url}/billing", headers={"X-Customer": ctx.payload["name"]})
+
+    with routes.local_hub(**local_store_env, OPENHUB_BREAKER_FAILURES="3", OPENHUB_BREAKER_OPEN="60",
+                          OPENHUB_RETRY_INTERVAL="10") as hub:
+        routes.HOOKS["bill"] = header_from_payload
+        bad = [hub.submit("p.billing", {"name": "Ada\nX-Injected: 1"}).id for _ in range(5)]
+        hub.run()
+        assert [(hub.get(i).state, hub.get(i).error_code) for i in bad] == [("PARTLY_FAILED", "INVALID_REQUEST")] * 5
+        good = hub.submit("p.billing", {"name": "Grace"}).id
+        hub.run()
+        assert hub.get(good).state == "OK"  # not POSTPONED behind a breaker others' payloads opened
+        assert overview()["open_breakers"] == []
+        with transaction() as conn:
+            assert [r.failures for r in conn.execute(breakers.select())] in ([], [0])

@@ -263,3 +263,21 @@ def test_confirmation_sent_once(svc, prefix, external) -> None:
     wait_for(lambda: external.count(f"{prefix}/confirm") == 1, 30, "the confirmation")
     body = external.calls[[c.path for c in external.calls].index(f"{prefix}/confirm")].body
     assert body["state"] == "OK" and body["correlation_id"] == m.correlation_id
+
+
+@pytest.mark.parametrize("base", ["bestellung-ü-1", "注文-2"])
+def test_a_non_ascii_correlation_id_is_carried_to_the_external_system(prefix, external, base) -> None:
+    """Issue 34 L1: such an id was accepted, then every HttpCall step failed with UnicodeEncodeError and the
+    message ended FAILED. Its headers go out percent-encoded (UTF-8), as its idempotency key does."""
+    from urllib.parse import unquote
+
+    cid = f"{base}/{uuid.uuid4().hex[:6]}"
+    m = openhub.submit("test.pooled", {"prefix": prefix}, source_system="CRM", correlation_id=cid,
+                       process_id="prozess-ß")
+    done = wait_final(m.id)
+    assert done.state == "OK" and done.correlation_id == cid, done.failed_error
+    [call] = [c for c in external.calls if c.path == f"{prefix}/pooled"]
+    assert call.headers["x-correlation-id"].isascii() and unquote(call.headers["x-correlation-id"]) == cid
+    assert unquote(call.headers["x-process-id"]) == "prozess-ß"
+    assert call.key.isascii() and call.key == f"CRM/{unquote(cid).replace('/', '%2F')}/pooled".replace(
+        base, "".join(c if c.isascii() else "".join(f"%{b:02X}" for b in c.encode()) for c in base))

@@ -278,6 +278,17 @@ def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server,
     assert "api_key=***" in (view.failed_error or "")
 
 
+def test_an_echoed_secret_is_redacted_before_the_error_text_is_cut(hub, server) -> None:  # noqa: ANN001
+    """Issue 34 M1: the error kept 300 characters of the answer's body unredacted; redacted after the cut, a
+    secret the cut splits would leave its head (`s3c…`) where no whole value can be recognised any more."""
+    body = "x" * 296 + "s3cret and more"  # the step's own Authorization: Bearer s3cret, across the 300th character
+    server.answer("/echoed", 503, body=body.encode())
+    view = run(hub, {"path": "/echoed"})
+    assert view.state == "PARTLY_FAILED"
+    line = view.failed_error.splitlines()[-1]
+    assert "s3c" not in line and "[re" in line, line
+
+
 def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, server) -> None:  # noqa: ANN001
     import json
 

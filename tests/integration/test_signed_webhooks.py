@@ -24,7 +24,7 @@ from tests.support import promise_routes as routes
 
 KEY = b"the hub's first signing key"
 SECRET = "whsec_" + base64.b64encode(KEY).decode()
-PLAIN = "a-plain-second-secret"
+PLAIN = "a-plain-second-secret-of-32-chars-and-more"
 
 
 @dataclass
@@ -111,7 +111,7 @@ def test_two_secrets_give_two_signatures_and_either_verifies(receiver: Receiver)
     Webhook(SECRET).verify(post.body, post.headers)
     Webhook(PLAIN.encode()).verify(post.body, post.headers)  # a plain secret's key is its UTF-8 bytes
     with pytest.raises(WebhookSignatureError):
-        verify_signature("a-third-secret", post.headers, post.body)
+        verify_signature("a-third-secret-also-32-characters-long", post.headers, post.body)
 
 
 def test_without_a_secret_no_signature_headers_are_sent(receiver: Receiver) -> None:
@@ -170,3 +170,74 @@ def test_a_hooks_own_secret_overrides_the_setting_and_an_empty_one_sends_unsigne
     with pytest.raises(ConfigurationError, match="not base64") as raised:
         webhook(f"{receiver.url}?token=t0ken", secret="whsec_not*base64!")  # refused when declared
     assert "not*base64" not in str(raised.value) and "t0ken" not in str(raised.value)
+
+
+
+def _key(n: int) -> str:
+    return "whsec_" + base64.b64encode(bytes([n]) * 32).decode()
+
+
+OPERATORS, CONFIRMED, SHOP = _key(1), _key(2), _key(3)
+
+
+def _signed_with(post: Received, secret: str) -> bool:
+    try:
+        verify_signature(secret, post.headers, post.body)
+    except WebhookSignatureError:
+        return False
+    return True
+
+
+def test_a_confirmation_is_signed_with_its_source_systems_secret_never_the_operators(
+        receiver: Receiver, local_store_env: dict[str, str]) -> None:
+    """Issue 34 M6: with `confirmation("CRM")(webhook(url))` every confirmation was signed with the one
+    OPENHUB_WEBHOOK_SECRET, so CRM, holding it to verify its own, could forge SHOP's and the operators'
+    alerts; and webhook-id was `openhub:<id>:<state>:<n>`, n a global counter anyone could guess."""
+    with routes.local_hub(**local_store_env, OPENHUB_WEBHOOK_URL=receiver.url, OPENHUB_WEBHOOK_STATES="FAILED",
+                          OPENHUB_WEBHOOK_SECRET=OPERATORS,
+                          OPENHUB_CONFIRM_SECRETS=f"CONFIRMED={CONFIRMED},SHOP={SHOP}") as hub:
+        routes.HOOKS["confirm"] = webhook(receiver.url)  # CONFIRMED's confirmer: the stock webhook
+        failed = [hub.submit("p.reserve", {"raise": "out_of_stock"}).id for _ in range(2)]
+        hub.run()
+        hub.tick()
+        assert {hub.get(i).state for i in failed} == {"FAILED"}
+        rows = openhub.list_confirmations(limit=10)
+    routes.reset()
+    assert {r["state"] for r in rows} == {"OK"}, rows  # the stock webhook, the routes' own hook, the confirmation
+    by_id = {p.headers["webhook-id"]: p for p in receiver.posts}
+    assert len(receiver.posts) == len(by_id) == 4  # one id per notification
+    hooks = [p for p in receiver.posts if _signed_with(p, OPERATORS)]
+    confirmations = [p for p in receiver.posts if _signed_with(p, CONFIRMED)]
+    assert len(hooks) == len(confirmations) == 2 and not set(map(id, hooks)) & set(map(id, confirmations))
+    assert not any(_signed_with(p, SHOP) for p in receiver.posts)
+    for post in receiver.posts:  # unguessable: neither the message id nor a counter, 24 random characters
+        webhook_id = post.headers["webhook-id"]
+        assert webhook_id == post.headers["Idempotency-Key"]
+        assert webhook_id.startswith("openhub_") and len(webhook_id) == len("openhub_") + 24, webhook_id
+        assert not any(f"{i}" == part for i in failed for part in webhook_id.split(":"))
+
+
+def test_a_source_system_without_its_own_secret_is_not_signed_with_the_operators(
+        receiver: Receiver, local_store_env: dict[str, str]) -> None:
+    with routes.local_hub(**local_store_env, OPENHUB_WEBHOOK_SECRET=OPERATORS,
+                          OPENHUB_CONFIRM_SECRETS=f"SHOP={SHOP}") as hub:
+        routes.HOOKS["confirm"] = webhook(receiver.url)
+        hub.submit("p.reserve", {"raise": "out_of_stock"})
+        hub.run()
+        hub.tick()
+        (row,) = [r for r in openhub.list_confirmations(limit=10) if r["hook"] is None]
+    routes.reset()
+    assert receiver.posts == [] and row["state"] == "FAILED"
+    assert "no OPENHUB_CONFIRM_SECRETS secret for source system CONFIRMED" in row["last_error"]
+
+
+def test_a_replayed_request_is_refused(receiver: Receiver) -> None:
+    """Issue 34 L3 (the hub's retries, signed anew at a later second, pass: tests/unit/test_signing.py)."""
+    from openhub.notify import ReplayCache
+
+    _fail_one_message(receiver, OPENHUB_WEBHOOK_SECRET=SECRET)
+    (post,) = receiver.posts
+    replays = ReplayCache()
+    verify_signature(SECRET, post.headers, post.body, replays=replays)
+    with pytest.raises(WebhookSignatureError, match="a replay"):
+        verify_signature(SECRET, post.headers, post.body, replays=replays)

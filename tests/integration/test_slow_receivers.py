@@ -20,6 +20,7 @@ from openhub.testing import LocalHub
 from tests.support import backends
 from tests.support import promise_routes as routes
 from tests.support.pools import POOL_OPTIONS, POOLS
+from tests.support.workers import PROJECT
 
 
 class DribblingServer:
@@ -112,16 +113,30 @@ def test_a_slow_webhook_is_cut_off_retried_and_a_tick_keeps_to_its_budget(slow: 
 
 def test_a_slow_confirmer_does_not_hold_the_step_workers(own_backend, slow: DribblingServer,  # noqa: ANN001
                                                          tmp_path, prefix: str) -> None:
-    """The confirmation goes to its own task on OPENHUB_CONFIRM_QUEUE: with it routed to another
-    worker, a one-process step worker carries the next message at once while the confirmer's
-    receiver dribbles (on main the step task sent it inline and held the process for 100 s)."""
+    """The confirmation goes to its own task on its own queue by default (OPENHUB_CONFIRM_QUEUE,
+    `openhub.confirm`), which a step worker started as deploy/Procfile's `worker` leaves to the `confirmer`:
+    a one-process step worker carries the next message at once while the confirmer's receiver dribbles,
+    and its poller's ticks hand the due confirmations over instead of sending them themselves.
+
+    Issue 34 M5: the queue was the default one unless configured, and the poller sent retries inline,
+    so slow receivers held the step workers for OPENHUB_CONFIRM_TIMEOUT each."""
+    from openhub.confirm import HANDED_OVER
+    from openhub.db import transaction
+    from openhub.schema import confirmations
     from tests.support.waiting import wait_for, wait_final
     from tests.support.workers import Worker
 
     base = slow.url.rsplit("/", 1)[0]  # the test routes' confirmer POSTs to {external}{prefix}/confirm
-    env = dict(own_backend.env, OPENHUB_CONFIRM_QUEUE="openhub.confirm", OPENHUB_TEST_EXTERNAL_URL=base)
+    env = dict(own_backend.env, OPENHUB_TEST_EXTERNAL_URL=base)
+    assert "OPENHUB_CONFIRM_QUEUE" not in env  # the default
     own_backend.activate()
-    steps = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub").start()
+    procfile = {k: v.split() for k, v in (line.split(": ", 1) for line in
+                                          (PROJECT / "deploy" / "Procfile").read_text().splitlines()
+                                          if line and not line.startswith("#"))}
+    excluded = procfile["worker"][procfile["worker"].index("--exclude-queues") + 1]
+    served = procfile["confirmer"][procfile["confirmer"].index("--queues") + 1]
+    assert excluded == served == "openhub.confirm"
+    steps = Worker(env, tmp_path, beat=True, concurrency=1, exclude_queues=excluded).start()
     confirmer = None
     try:
         first = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
@@ -130,14 +145,21 @@ def test_a_slow_confirmer_does_not_hold_the_step_workers(own_backend, slow: Drib
         second = openhub.submit("test.badsplit", {"prefix": prefix}, source_system="CONFIRMED",
                                 correlation_id=uuid.uuid4().hex)
         wait_final(second.id, timeout=60)  # not behind a confirmation that dribbles for 100 s
-        assert slow.requests == 0  # the step worker sent nothing itself
-        confirmer = Worker(env, tmp_path, beat=False, concurrency=1, queues="openhub.confirm").start()
+
+        def handed_over() -> bool:  # by the poller's tick, to a task on the confirm queue
+            with transaction() as conn:
+                claims = {r.claim for r in conn.execute(confirmations.select())}
+            return claims == {HANDED_OVER}
+
+        wait_for(handed_over, timeout=60, what="the poller's tick to hand the due confirmations over")
+        assert slow.requests == 0  # neither the step task nor the tick sent one itself
+        confirmer = Worker(env, tmp_path, beat=False, concurrency=1, queues=served).start()
         wait_for(lambda: slow.requests >= 1, timeout=30,  # the confirm worker sends them
                  what=f"the confirmer's POST; confirm worker log: {confirmer.log()[-3000:]}")
     finally:
         steps.stop()
         if confirmer is not None:
-            confirmer.stop()
+            confirmer.kill()  # its send dribbles on for OPENHUB_CONFIRM_TIMEOUT: a warm shutdown would wait
 
 
 # A confirmation's sending lease of 2 s (policy.confirmation_lease): short enough for a test to outlast it,

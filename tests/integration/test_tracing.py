@@ -120,10 +120,10 @@ def _orphans(spans: list[Span]) -> list[Span]:
 
 
 def _whole(spans: list[Span], external: ExternalSystem) -> bool:
-    """The message's life is all there: the request, four step attempts, every call, the confirmation,
+    """The message's life is all there: its submit, four step attempts, every call, the confirmation,
     and every span's parent (a parent ends after its children, so it may still be on its way)."""
     names = Counter(s.name for s in spans)
-    return (any(s.kind == SERVER for s in spans) and names["confirm SHOP"] == 1
+    return (names["submit trace.order"] == 1 and names["confirm SHOP"] == 1
             and sum(1 for s in spans if s.kind == CLIENT) == len(external.calls) == 5
             and sum(n for name, n in names.items() if name.startswith("step ")) == 4 and not _orphans(spans))
 
@@ -142,12 +142,17 @@ def test_one_trace_from_the_request_through_a_retry_to_the_confirmation(backend,
                          "the message's whole trace")
     finally:
         hub.stop()
-    # One root: the request that brought the message in, served by the API process.
+    # One root: the message's submit, in the API process, linked to the request that brought it in (the
+    # request's own span is in the caller's trace: issue 34 L4).
     roots = [s for s in spans if not s.parent_id]
-    assert [(r.kind, r.service) for r in roots] == [(SERVER, "openhub-api")]
-    assert {s.service for s in spans} == {"openhub-api", "openhub-worker"}
     submit = next(s for s in spans if s.name == "submit trace.order")
-    assert submit.parent_id == roots[0].span_id and submit.attributes["openhub.message.id"] == message_id
+    assert roots == [submit] and submit.service == "openhub-api"
+    assert {s.service for s in spans} == {"openhub-api", "openhub-worker"}
+    assert submit.attributes["openhub.message.id"] == message_id
+    (linked,) = submit.links
+    request = wait_for(lambda: next((s for s in receiver.spans if (s.trace_id, s.span_id) == linked), None), 30,
+                       "the request's span")
+    assert request.kind == SERVER and request.trace_id != trace_id
     # A span per step attempt, each with what it was about and how it ended.
     steps = sorted((s for s in spans if s.name.startswith("step ")),
                    key=lambda s: (STEPS.index(s.attributes["openhub.step"]), s.attributes["openhub.attempt"]))
@@ -186,27 +191,34 @@ def _json_lines(log: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
 
 
-def test_an_incoming_traceparent_is_the_trace_the_message_joins(backend, external, receiver) -> None:
+def test_a_callers_trace_is_linked_not_joined_and_its_context_goes_no_further(backend, external, receiver) -> None:
+    """Issue 34 L4/M3: the caller chose the trace id (one system could join another's trace), a `00`
+    sampled flag left the message untraced, and its baggage and tracestate reached every external system."""
     caller_trace, caller_span = secrets.token_hex(16), secrets.token_hex(8)
     external.fail("/confirm", times=1)  # logged as a warning about the message, then retried
     hub = Hub(backend, external, receiver, traced=True, log_format="json").start()
     try:
-        message_id = hub.submit({"order": 2}, headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"})
+        message_id = hub.submit({"order": 2}, headers={"traceparent": f"00-{caller_trace}-{caller_span}-00",
+                                                       "tracestate": "vendor=forged",
+                                                       "baggage": "user.id=42,forged.tenant=CRM"})
         assert wait_final(message_id, timeout=60).state == "OK"
         detail = hub.message(message_id)
-        assert detail["trace_id"] == caller_trace
-        server = wait_for(lambda: next((s for s in receiver.trace(caller_trace) if s.kind == SERVER), None), 30,
-                          "the request's span")
+        trace_id = detail["trace_id"]
+        assert trace_id and trace_id != caller_trace
+        submit = wait_for(lambda: next((s for s in receiver.trace(trace_id) if s.name == "submit trace.order"), None),
+                          30, "the message's submit span (traced although the caller's flag said 00)")
         wait_for(lambda: external.count("/confirm", 200) == 1, 30, "the confirmation's second attempt")
     finally:
         hub.stop()
-    assert server.parent_id == caller_span  # the caller's span, which the hub does not export
-    assert {c.headers["traceparent"].split("-")[1] for c in external.calls} == {caller_trace}
-    # The worker's JSON log line about the failed confirmation joins the trace.
+    assert not submit.parent_id and [t for t, _span in submit.links] == [caller_trace]
+    assert receiver.trace(caller_trace) == []  # the caller's unsampled trace: the request span not exported
+    assert {c.headers["traceparent"].split("-")[1] for c in external.calls} == {trace_id}
+    assert not [c.headers for c in external.calls if {"baggage", "tracestate"} & set(c.headers)]
+    # The worker's JSON log line about the failed confirmation joins the message's trace.
     failed = [x for x in _json_lines(hub.worker.log()) if "confirmation to SHOP" in x["message"]]
     assert failed and failed[0]["level"] == "WARNING", hub.worker.log()[-3000:]
     assert (failed[0]["message_id"], failed[0]["correlation_id"], failed[0]["trace_id"]) == (
-        message_id, detail["correlation_id"], caller_trace)
+        message_id, detail["correlation_id"], trace_id)
 
 
 def test_with_tracing_off_nothing_is_exported(backend, external, receiver) -> None:
@@ -258,10 +270,12 @@ def test_span_shape_of_a_message_with_a_retry(memory, external) -> None:
         assert hub.get(view.id).state == "OK"
         stored = hub.get(view.id).traceparent
     spans = memory.get_finished_spans()
-    assert {f"{s.context.trace_id:032x}" for s in spans} == {caller[3:35]} == {view.trace_id}
+    assert {f"{s.context.trace_id:032x}" for s in spans} == {view.trace_id} != {caller[3:35]}
     submit = next(s for s in spans if s.name == "submit trace.order")
-    assert f"{submit.parent.span_id:016x}" == caller[36:52]
-    assert stored == f"00-{caller[3:35]}-{submit.context.span_id:016x}-01"  # what later spans continue
+    assert submit.parent is None  # a trace of its own, linked to the caller's span
+    assert [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in submit.links] == [
+        (caller[3:35], caller[36:52])]
+    assert stored == f"00-{view.trace_id}-{submit.context.span_id:016x}-{int(submit.context.trace_flags):02x}"
     steps = [s for s in spans if s.name.startswith("step trace.order/")]
     assert [(s.attributes["openhub.step"], s.attributes["openhub.attempt"], s.attributes["openhub.outcome"],
              s.attributes.get("openhub.error_code")) for s in steps] == [
@@ -288,6 +302,44 @@ def test_a_splits_children_join_their_parents_trace(memory, external) -> None:
     assert {c.headers["traceparent"][3:35] for c in external.calls} == {parent.trace_id}
 
 
+def test_an_unsampled_caller_leaves_no_message_untraced(memory, external) -> None:
+    """Issue 34 L4: under the parent-based sampler a caller's `00` flag left its messages untraced."""
+    caller = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"
+    with LocalHub(ROUTES, source_system="SHOP") as hub:
+        view = hub.submit("trace.order", {"order": 5}, traceparent=caller)
+        hub.run()
+    assert int(view.traceparent[-2:], 16) & 1 and view.trace_id != caller[3:35]  # sampled
+    assert {s.name for s in memory.get_finished_spans()} >= {"submit trace.order", "step trace.order/ship"}
+
+
+def test_no_callers_baggage_reaches_the_calls_of_a_batch(memory, external) -> None:
+    """Issue 34 M3: in a `batch=10` route CRM's calls carried SHOP's baggage: a batch task runs in the
+    context it was published in, and each message's spans were started in it, baggage and all."""
+    from opentelemetry import baggage, context
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagate import get_global_textmap, set_global_textmap
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    before = get_global_textmap()  # the SDK's default, baggage propagated: what a deployment may choose
+    set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]))
+    published_in = baggage.set_baggage("forged.tenant", "CRM", baggage.set_baggage("user.id", "42"))
+    token = context.attach(published_in)
+    try:
+        with LocalHub(ROUTES, source_system="SHOP") as hub:
+            views = [hub.submit("trace.batch", {"n": n}, source_system=system)
+                     for n, system in enumerate(["SHOP", "CRM", "SHOP"])]
+            hub.run()
+            assert {hub.get(v.id).state for v in views} == {"OK"}
+    finally:
+        context.detach(token)
+        set_global_textmap(before)
+    calls = [c for c in external.calls if c.path == "/ship"]
+    assert len(calls) == 3 and not [c.headers for c in calls if "baggage" in c.headers]
+    # each call in its own message's trace
+    assert sorted(c.headers["traceparent"][3:35] for c in calls) == sorted(v.trace_id for v in views)
+
+
 def test_tracing_is_off_unless_an_exporter_is_named(tmp_path: Path) -> None:
     # On the embedded default: redis-py 8 itself imports opentelemetry's metrics SDK when it is installed.
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(PROJECT), "OPENHUB_VAR_DIR": str(tmp_path)}
@@ -307,3 +359,21 @@ def test_tracing_is_off_unless_an_exporter_is_named(tmp_path: Path) -> None:
     ("garbage", None), ("", None), (None, None)])
 def test_trace_id_of_a_traceparent(value, expected) -> None:
     assert tracing.trace_id(value) == expected
+
+
+def test_only_the_trace_context_is_propagated_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 M3: the SDK's default propagators (tracecontext,baggage) carried a source system's baggage
+    into every Celery task and HTTP call; the hub's default is tracecontext alone, OTEL_PROPAGATORS may say more."""
+    from opentelemetry.propagate import get_global_textmap, set_global_textmap
+
+    before = get_global_textmap()
+    try:
+        monkeypatch.delenv("OTEL_PROPAGATORS", raising=False)
+        tracing._propagate_trace_context_only()
+        assert get_global_textmap().fields == {"traceparent", "tracestate"}
+        set_global_textmap(before)
+        monkeypatch.setenv("OTEL_PROPAGATORS", "tracecontext,baggage")
+        tracing._propagate_trace_context_only()
+        assert get_global_textmap() is before  # the deployment's own choice is left alone
+    finally:
+        set_global_textmap(before)

@@ -24,6 +24,13 @@ class Span:
     kind: int
     attributes: dict[str, Any]
     status: int  # 0 unset, 1 ok, 2 error
+    status_message: str = ""
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each linked span
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, attributes) of each event
+
+    def texts(self) -> str:
+        """Every text the span carries (name, attributes, status, events), for a search."""
+        return repr((self.name, self.attributes, self.status_message, self.events))
 
 
 def _value(v: Any) -> Any:
@@ -70,7 +77,10 @@ class Receiver:
                                       trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
                                       parent_id=s.parent_span_id.hex(), kind=s.kind,
                                       attributes={a.key: _value(a.value) for a in s.attributes},
-                                      status=s.status.code))
+                                      status=s.status.code, status_message=s.status.message,
+                                      links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
+                                      events=tuple((e.name, {a.key: _value(a.value) for a in e.attributes})
+                                                   for e in s.events)))
         with self._lock:
             self.requests += 1
             self.spans.extend(found)

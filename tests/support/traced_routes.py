@@ -52,5 +52,6 @@ def book_line(ctx: StepContext) -> None:
 
 
 routes = [Route("trace.order", steps=[reserve, charge, ship]),
+          Route("trace.batch", steps=[ship], batch=10),
           Route("trace.lines", steps=[Split(lines, key="lines")]),
           Route("trace.line", steps=[book_line])]

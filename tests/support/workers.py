@@ -61,7 +61,8 @@ class Worker(_CeleryProcess):
     the worker, as an embedded one would be."""
 
     def __init__(self, env: dict[str, str], workdir: Path, *, beat: bool = True, concurrency: int = 2,
-                 name: str | None = None, queues: str | None = None, pool: str | None = None) -> None:
+                 name: str | None = None, queues: str | None = None, pool: str | None = None,
+                 exclude_queues: str | None = None) -> None:
         self.name = name or f"w{uuid.uuid4().hex[:6]}"
         self.workdir = workdir
         self.heartbeat = workdir / f"{self.name}.heartbeat"
@@ -78,6 +79,8 @@ class Worker(_CeleryProcess):
             self.args += ["-B", "--schedule", str(workdir / f"{self.name}-beat-schedule")]
         if queues:
             self.args += ["-Q", queues]
+        if exclude_queues:
+            self.args += ["--exclude-queues", exclude_queues]
         if pool:
             self.args += ["--pool", pool]
         self.process: subprocess.Popen | None = None

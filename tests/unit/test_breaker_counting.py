@@ -34,6 +34,10 @@ def test_the_systems_own_faults_count(exc: Exception) -> None:
     KeyError("missing"), ValueError("bad"), TypeError("bug"), ZeroDivisionError(), Reject("no"),
     _status_error(400), _status_error(404), _status_error(409),
     _raised_from(RuntimeError("wrapped"), KeyError("missing")),
+    # Issue 34 M4: refused by this process before a byte reached the system (a newline in a header value)
+    httpx.LocalProtocolError("Illegal header value b'x\\n'"), httpx.UnsupportedProtocol("ftp"),
+    httpx.PoolTimeout("no free connection"),
+    _raised_from(TransientError("POST http://b/x: LocalProtocolError"), httpx.LocalProtocolError("header")),
 ])
 def test_other_errors_do_not(exc: Exception) -> None:
     assert not counts_against_system(exc)

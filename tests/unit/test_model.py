@@ -65,6 +65,8 @@ def test_malformed_step(options: dict, message: str) -> None:
     ("customer.set", [one], {"guaranteed_order": True}, "needs a funnel"),
     ("customer.set", [one], {"exclude_failed": True}, "needs guaranteed_order"),
     ("customer.set", [one], {"validate": 3}, "validate must be"),
+    ("customer.set", [one], {"secret_fields": "card.pin"}, "secret_fields must be"),
+    ("customer.set", [one], {"secret_fields": ["card..pin"]}, "secret_fields must be"),
 ])
 def test_malformed_route(name: str, steps: list, options: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):

@@ -55,7 +55,73 @@ def test_a_malformed_secret_fails_at_load_without_being_echoed(monkeypatch: pyte
     with pytest.raises(ConfigurationError, match="OPENHUB_WEBHOOK_SECRET") as raised:
         Settings.from_env()
     assert "not*base64" not in str(raised.value)
-    monkeypatch.setenv("OPENHUB_WEBHOOK_SECRET", "old-secret new-secret")
+    old, new = "old-secret-" + "o" * 21, "new-secret-" + "n" * 21
+    monkeypatch.setenv("OPENHUB_WEBHOOK_SECRET", f"{old} {new}")
     settings = Settings.from_env()
-    assert settings.webhook_secrets == (b"old-secret", b"new-secret")
-    assert "old-secret" not in repr(settings)
+    assert settings.webhook_secrets == (old.encode(), new.encode())
+    assert old not in repr(settings)
+
+
+
+WEAK = ["s3cret", "x", "whsec_" + base64.b64encode(b"short key").decode(), "change-me-webhook-secret-0123456789abcdef"]
+
+
+@pytest.mark.parametrize("weak", WEAK)
+def test_a_weak_or_placeholder_secret_is_refused_like_an_api_key(monkeypatch: pytest.MonkeyPatch, weak: str) -> None:
+    """Issue 34 L3: a 1-character or `change-me-…` webhook secret was accepted; API keys need 32+ characters."""
+    from openhub.notify import webhook
+
+    for name, value in (("OPENHUB_WEBHOOK_SECRET", weak), ("OPENHUB_CONFIRM_SECRETS", f"CRM={weak}")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigurationError, match=name) as raised:
+            Settings.from_env()
+        assert weak not in str(raised.value)
+        monkeypatch.delenv(name)
+    with pytest.raises(ConfigurationError, match="the secret of the webhook"):
+        webhook("http://receiver.example/hook", secret=weak)
+    secret_keys(weak)  # a receiver's verify_signature parses it still: the hub never signs with it
+
+
+def test_each_source_system_has_its_own_confirmation_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    crm, shop, ops = ("whsec_" + base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2, 3))
+    monkeypatch.setenv("OPENHUB_WEBHOOK_SECRET", ops)
+    monkeypatch.setenv("OPENHUB_CONFIRM_SECRETS", f"CRM={crm},SHOP={shop},CRM={'r' * 32}")
+    settings = Settings.from_env()
+    assert settings.confirm_secrets == {"CRM": (bytes([1]) * 32, b"r" * 32), "SHOP": (bytes([2]) * 32,)}
+    assert crm not in repr(settings)
+    for shared in (f"CRM={crm},SHOP={crm}", f"CRM={ops}"):  # one system could forge another's, or the operators'
+        monkeypatch.setenv("OPENHUB_CONFIRM_SECRETS", shared)
+        with pytest.raises(ConfigurationError, match="the same secret") as raised:
+            Settings.from_env()
+        assert crm not in str(raised.value) and ops not in str(raised.value)
+
+
+def test_a_replay_within_the_tolerance_is_refused_and_a_retry_is_not() -> None:
+    """Issue 34 L3: the same signed request was accepted any number of times within 5 minutes, although
+    README says a receiver can refuse replays."""
+    from openhub.signing import ReplayCache
+
+    replays = ReplayCache(clock=lambda: SENT + 60)
+    headers = _signed("s3cret")
+    verify_signature("s3cret", headers, BODY, now=AT_SEND, replays=replays)
+    with pytest.raises(WebhookSignatureError, match="a replay"):
+        verify_signature("s3cret", headers, BODY, now=AT_SEND + timedelta(minutes=1), replays=replays)
+    # The hub's retry of the same notification: the same webhook-id, signed anew at another time.
+    retry = signature_headers(secret_keys("s3cret"), "openhub:7:FAILED:3", SENT + 60, BODY)
+    verify_signature("s3cret", retry, BODY, now=AT_SEND + timedelta(minutes=1), replays=replays)
+    # A forgery (no valid signature) is not noted: it cannot take the genuine request's place.
+    forged = {**_signed("s3cret"), "webhook-timestamp": str(SENT + 120)}
+    with pytest.raises(WebhookSignatureError, match="no webhook signature"):
+        verify_signature("s3cret", forged, BODY, now=AT_SEND, replays=replays)
+    genuine = signature_headers(secret_keys("s3cret"), "openhub:7:FAILED:3", SENT + 120, BODY)
+    verify_signature("s3cret", genuine, BODY, now=AT_SEND + timedelta(minutes=2), replays=replays)
+
+
+def test_the_replay_cache_is_bounded_and_forgets_what_is_over() -> None:
+    from openhub.signing import ReplayCache
+
+    replays = ReplayCache(capacity=3, clock=lambda: 2_000_000_000.0)
+    future = 4_000_000_000.0
+    assert all(replays.first_time(f"r{n}", future) for n in range(5))
+    assert not replays.first_time("r4", future) and replays.first_time("r0", future)  # r0 was pushed out
+    assert replays.first_time("past", 1.0) and replays.first_time("past", 1.0)  # over at once: not kept

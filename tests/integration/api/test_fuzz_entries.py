@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -159,3 +160,71 @@ def test_every_entry_refuses_cleanly_and_every_accepted_message_reads_back(api_e
             openhub.cancel(message_id)
         openhub.resume("test.held")
     assert seen["accepted"] > EXAMPLES / 2 and seen["refused"] > EXAMPLES / 2, seen  # both sides exercised
+
+
+PLANTED_EXAMPLES = 60  # per backend: a generated payload around a planted card, through a random entry
+
+
+def test_a_planted_secret_field_is_in_no_read_of_any_role(api_env):  # noqa: ANN001
+    """Issue 34: a route's secret fields (`Route(secret_fields=["card.pin", "card.cvc"])`) planted in generated
+    payloads, through every entry, are read back through every read path as the source system and as the
+    admin (detail, lists, the CLI's show and list, the confirmations and overview pages): the secrets
+    appear in none, and the payload reads back with them `[redacted]` and the rest as sent."""
+    accepted: list[int] = []
+    openhub.pause("api.carded")
+    try:
+        with make_client() as client:
+
+            @given(entry=st.sampled_from(["http", "batch", "python"]), data=json_values, pin=st.text(max_size=8),
+                   cid=ids)
+            @settings(max_examples=PLANTED_EXAMPLES, deadline=None, database=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            def case(entry: str, data: Any, pin: str, cid: str) -> None:
+                pin, cvc = f"pin-{next(COUNTER)}-{uuid.uuid4().hex}{pin}", f"cvc-{uuid.uuid4().hex}"
+                payload = {"card": {"pin": pin, "cvc": cvc, "holder": "Ann"}, "data": data}
+                cid = unique(cid)
+                if entry == "http":
+                    headers = {**CRM, "X-Correlation-Id": cid.encode("utf-8", "surrogatepass"),
+                               "Content-Type": "application/json"}
+                    try:
+                        r = client.post("/api/v1/messages/api/carded", content=json.dumps(payload).encode(),
+                                        headers=headers)
+                    except (httpx.LocalProtocolError, ValueError):
+                        return
+                    message_id = r.json()["id"] if r.status_code == 202 else None
+                elif entry == "batch":
+                    item = {"route": "api.carded", "payload": payload, "correlation_id": cid}
+                    r = client.post("/api/v1/messages:batch", json={"messages": [item]}, headers=CRM)
+                    message_id = r.json()["messages"][0]["id"] if r.status_code == 202 else None
+                else:
+                    try:
+                        message_id = openhub.submit("api.carded", payload, source_system="CRM", correlation_id=cid).id
+                    except InputError:
+                        message_id = None
+                if message_id is None:
+                    return
+                accepted.append(message_id)
+                texts = {}
+                for role, auth in (("source", CRM), ("admin", ADMIN)):
+                    detail = client.get(f"/api/v1/messages/{message_id}", headers=auth)
+                    assert detail.status_code == 200, detail.text[:300]
+                    assert detail.json()["payload"] == {"card": {"pin": "[redacted]", "cvc": "[redacted]",
+                                                                 "holder": "Ann"}, "data": data}
+                    texts[f"{role} detail"] = detail.text
+                    texts[f"{role} list"] = client.get("/api/v1/messages", params={"limit": 50}, headers=auth).text
+                for path in ("/api/v1/confirmations", "/api/v1/overview"):
+                    texts[path] = client.get(path, headers=ADMIN).text
+                runner = CliRunner()
+                for args in (["messages", "show", str(message_id)], ["messages", "list", "--json", "--limit", "20"]):
+                    shown = runner.invoke(main, args, catch_exceptions=False)
+                    assert shown.exit_code == 0, shown.output[-500:]
+                    texts[" ".join(args)] = shown.output
+                found = [where for where, text in texts.items() if pin in text or cvc in text]
+                assert found == [], found
+
+            case()
+    finally:
+        for message_id in accepted:
+            openhub.cancel(message_id)
+        openhub.resume("api.carded")
+    assert len(accepted) > PLANTED_EXAMPLES / 2

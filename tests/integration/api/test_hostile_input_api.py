@@ -214,3 +214,15 @@ def test_restart_total_must_be_a_boolean(client, total):
     assert r.status_code == 400 and r.json()["detail"].startswith("body.total: "), r.text
     assert client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": True},
                        headers=ADMIN).status_code == 200
+
+
+@pytest.mark.parametrize("cid", ["bestellung-ü-1", "注文-2"])
+def test_a_non_ascii_correlation_id_in_a_header_is_stored_as_sent(client, cid):
+    """Issue 34 L1: UTF-8 bytes in X-Correlation-Id were read as Latin-1 (`bestellung-Ã¼-1` stored)."""
+    cid = f"{cid}-{uuid.uuid4().hex[:6]}"
+    r = client.post("/api/v1/messages/test/held", json={}, headers={**CRM, "X-Correlation-Id": cid.encode(),
+                                                                      "X-Process-Id": "prozess-ß".encode()})
+    assert r.status_code == 202 and r.json()["correlation_id"] == cid, r.text
+    stored = openhub.get_message(r.json()["id"])
+    assert (stored.correlation_id, stored.process_id) == (cid, "prozess-ß")
+    openhub.cancel(stored.id)

@@ -499,11 +499,22 @@ def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix, e
     assert bad.status_code == 400, bad.text
 
 
-def test_a_source_system_sees_its_message_without_the_hubs_internals(client, cid, flow_payload):
-    message_id = post(client, cid, flow_payload).json()["id"]
-    mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
-    assert "http_exchanges" not in mine and mine["history"][0]["event"] == "accepted"
-    assert "http_exchanges" in client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
+def test_a_source_system_sees_its_message_without_the_hubs_internals(api_env, cid, flow_payload):
+    # Issue 34 L2: custom_data (a token one step leaves the next), the trace link (an internal host) and
+    # history details (who answered, what an operator did) were in the source system's view.
+    backends.activate(dict(api_env.env, OPENHUB_TRACE_URL="https://jaeger.internal/trace/{trace_id}"))
+    with make_client() as client:
+        message_id = post(client, cid, flow_payload, route="test/held").json()["id"]
+        openhub.cancel(message_id)
+        openhub.restart(message_id, total=True)
+        mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
+        theirs = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
+        openhub.cancel(message_id)
+    assert mine["history"][0]["event"] == "accepted" and len(mine["history"]) == len(theirs["history"])
+    assert not {"http_exchanges", "custom_data", "trace_url"} & set(mine), sorted(mine)
+    assert not [h for h in mine["history"] if "detail" in h], mine["history"]
+    assert {"http_exchanges", "custom_data", "trace_url"} <= set(theirs)
+    assert any(h["detail"] for h in theirs["history"]), theirs["history"]
 
 
 def test_a_control_character_in_a_confirmations_filter_is_400_not_500(client):

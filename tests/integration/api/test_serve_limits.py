@@ -43,11 +43,13 @@ class Served:
 
 
 @pytest.fixture
-def served(backend: backends.Backend) -> Iterator[Served]:
+def served(backend: backends.Backend, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """`openhub serve` on the backend; a test's `@pytest.mark.serve_env(NAME=value)` adds to its environment."""
     backend.activate()
     port = backends.free_port()
+    marker = request.node.get_closest_marker("serve_env")
     env = dict(os.environ, **backend.env, OPENHUB_API_KEYS=f"CRM={KEY}", OPENHUB_ADMIN_TOKEN=ADMIN,
-               OPENHUB_MAX_CONCURRENCY="4", PYTHONPATH=str(PROJECT))
+               OPENHUB_MAX_CONCURRENCY="4", PYTHONPATH=str(PROJECT), **(marker.kwargs if marker else {}))
     process = subprocess.Popen([OPENHUB, "serve", "--port", str(port)], env=env, cwd=PROJECT,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     server = Served(port, process)
@@ -137,3 +139,54 @@ def test_dev_ingress_refuses_oversized_headers_as_serve_does(backend):
     finally:
         server.should_exit = True
         wait_for(lambda: not any(t.name == "ingress" for t in threading.enumerate()), 30, "the dev ingress to stop")
+
+
+def _from(address: str | None, secret: str) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {secret}"}
+    return {**headers, "X-Forwarded-For": address} if address else headers
+
+
+@pytest.mark.serve_env(OPENHUB_AUTH_FAILURES="5", OPENHUB_TRUSTED_PROXIES="127.0.0.0/8")
+def test_wrong_keys_behind_a_trusted_proxy_lock_out_neither_valid_keys_nor_other_clients(served):
+    """Issue 34 H1: 20 wrong keys from one address made every source system's valid key and the admin
+    token 429 for a minute; behind a proxy every client has its address, so anyone locked everyone out."""
+    with httpx.Client(base_url=served.base, timeout=10) as http:
+        guesses = [http.get("/api/v1/messages", headers=_from("203.0.113.7", f"wrong-{n}")).status_code
+                   for n in range(6)]
+        assert guesses == [401] * 5 + [429]
+        # The same proxy (127.0.0.1) forwards another client: its own count, not the guesser's.
+        assert http.get("/api/v1/messages", headers=_from("203.0.113.8", "wrong-x")).status_code == 401
+        # A valid key and the admin token are let in even from the guesser's address.
+        assert http.get("/api/v1/messages", headers=_from("203.0.113.7", KEY)).status_code == 200
+        assert http.get("/api/v1/messages", headers=_from("203.0.113.7", ADMIN)).status_code == 200
+        # One wrong secret tried from many addresses is limited by itself.
+        same = [http.get("/api/v1/messages", headers=_from(f"198.51.100.{n}", "stale-old-key")).status_code
+                for n in range(6)]
+        assert same == [401] * 5 + [429]
+
+
+@pytest.mark.serve_env(OPENHUB_AUTH_FAILURES="5", OPENHUB_TRUSTED_PROXIES="192.0.2.1")
+def test_forwarded_addresses_from_an_untrusted_peer_are_not_believed(served):
+    """OPENHUB_TRUSTED_PROXIES reaches uvicorn: 127.0.0.1, trusted by uvicorn's own default, is not among
+    them here, so whatever X-Forwarded-For it sends, every request counts against 127.0.0.1."""
+    with httpx.Client(base_url=served.base, timeout=10) as http:
+        answers = [http.get("/api/v1/messages", headers=_from(f"203.0.113.{n}", f"wrong-{n}")).status_code
+                   for n in range(6)]
+        assert answers == [401] * 5 + [429]
+        assert http.get("/api/v1/messages", headers=_from("203.0.113.99", KEY)).status_code == 200
+
+
+def test_an_id_header_that_is_not_utf8_is_400(served):
+    """Issue 34 L1: header bytes are read as UTF-8 (a client's `ü` is two bytes); bytes that are not are refused."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=served.base, timeout=10) as http:
+        refused = http.post("/api/v1/messages/test/held", content="{}",
+                            headers={**headers, "X-Correlation-Id": b"latin-1-\xfc-not-utf-8"})
+        assert refused.status_code == 400 and refused.json()["detail"] == "X-Correlation-Id is not UTF-8 text"
+        cid = f"bestellung-ü-{uuid.uuid4().hex[:6]}"
+        accepted = http.post("/api/v1/messages/test/held", content="{}",
+                             headers={**headers, "X-Correlation-Id": cid.encode()})
+        assert accepted.status_code == 202 and accepted.json()["correlation_id"] == cid, accepted.text
+    import openhub
+
+    openhub.cancel(accepted.json()["id"])  # test.held's message is not left for later tests' workers
