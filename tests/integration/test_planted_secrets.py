@@ -57,7 +57,7 @@ def test_no_planted_secret_is_in_any_text_the_hub_keeps_shows_logs_exports_or_se
            "OPENHUB_WEBHOOK_URL": f"{receiver.url}/stock?token={planted['receiver_token']}",
            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    backends.activate(env)
+    backends.activate({k: v for k, v in env.items() if k.startswith("OPENHUB_")})
     worker = Worker(env, tmp_path, beat=True, concurrency=2).start()
     port = backends.free_port()
     serve_log = tmp_path / "serve.log"

@@ -211,12 +211,17 @@ class Backend:
 
 
 def activate(env: dict[str, str]) -> None:
-    """Set the OPENHUB_* environment in this process and forget everything cached from the old one."""
+    """Set the OPENHUB_* environment in this process and forget everything cached from the old one.
+
+    Only OPENHUB_* names: nothing restores any other, so another (OTEL_*, say) would outlive the test and
+    reach every process a later test starts from this one's environment."""
     from openhub import dispatch
     from openhub.config import reset_settings
     from openhub.db import dispose_engines
     from openhub.registry import reset_registry
 
+    foreign = sorted(k for k in env if not k.startswith("OPENHUB_"))
+    assert not foreign, f"activate sets only OPENHUB_* names, not {foreign}: pass those to the processes started"
     for key in [k for k in os.environ if k.startswith("OPENHUB_")]:
         del os.environ[key]
     os.environ.update(env)
