@@ -211,13 +211,15 @@ def _resume(name: str, route: Route | None) -> int:
             service, operation = other.split(".", 1)
             query = query.where(not_(and_(M.service == service, M.operation == operation)))
         ids = list(conn.execute(query).scalars())
+        made_due = 0
         if ids:  # the time they spent paused was not time blocked in their funnel
-            conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE)))
-                         .values(due_at=now, blocked_since=None))
-    redriven = 0
+            made_due = conn.execute(update(messages).where(and_(M.id.in_(ids), M.state.in_(RESUMABLE)))
+                                    .values(due_at=now, blocked_since=None)).rowcount
+    # Counted as made due, not as re-driven by this call: a poller's tick that commits between the two
+    # transactions re-drives some of them itself (skipping the rows it holds locked), and they go on all the same.
     for i in range(0, len(ids), 500):
-        redriven += redrive_due_messages(now, only_ids=ids[i:i + 500])[0]
-    return redriven
+        redrive_due_messages(now, only_ids=ids[i:i + 500])
+    return made_due
 
 
 def paused() -> dict[str, str | None]:
