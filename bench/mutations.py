@@ -45,16 +45,26 @@ class Result:
     caught: bool
     seconds: float
     detail: str  # the first failing test (caught), or why the run itself went wrong
+    guard: str = ""  # with --guards, for a mutation the model tests let through: what its own test said
 
 
-def run_one(mutation: Mutation, timeout: float) -> Result:
+def run_one(mutation: Mutation, timeout: float, guards: bool = False) -> Result:
+    """`run_tests`, and where the model tests let the break through and `guards`, its own test too."""
+    result = run_tests(mutation, timeout, MODEL_TESTS)
+    if guards and not result.caught and mutation.guard.startswith("tests/"):
+        own = run_tests(mutation, timeout, [mutation.guard])
+        result.guard = f"{'caught' if own.caught else 'NOT caught'} by {mutation.guard.split('::')[-1]}"
+    return result
+
+
+def run_tests(mutation: Mutation, timeout: float, tests: list[str]) -> Result:
     """Copy the tree, put the break back, run the model tests there."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation.name}-") as tmp:
         copy = Path(tmp) / "tree"
         shutil.copytree(ROOT, copy, ignore=IGNORE)
         mutation.apply(copy)
-        files = [f for f in MODEL_TESTS if (copy / f).exists()]
+        files = [f for f in tests if (copy / f.split("::")[0]).exists()]
         command = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *files]
         env = {**_environ(), "PYTHONPATH": str(copy)}
         try:
@@ -81,12 +91,13 @@ def _environ() -> dict[str, str]:
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| mutation | break it re-introduces | file | model can reach | caught | time | failing test |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| mutation | break it re-introduces | file | model can reach | caught | time | failing test | "
+             "its own test (--guards) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         m = r.mutation
         lines.append(f"| {m.name} | {m.issue} | {m.file} | {'yes' if m.model else 'no'} | "
-                     f"{'**caught**' if r.caught else 'NOT caught'} | {r.seconds:.0f} s | {r.detail or '-'} |")
+                     f"{'**caught**' if r.caught else 'NOT caught'} | {r.seconds:.0f} s | {r.detail or '-'} | "
+                     f"{r.guard or '-'} |")
     caught = sum(r.caught for r in results)
     lines.append("")
     lines.append(f"{caught} of {len(results)} caught.")
@@ -98,6 +109,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="mutation names, comma-separated (default: all)")
     parser.add_argument("--jobs", type=int, default=1, help="mutations run at once (the machine's cores: 2 at most)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for one mutation's run")
+    parser.add_argument("--guards", action="store_true",
+                        help="where the model tests let a break through, run its own test (Mutation.guard) too")
     parser.add_argument("--no-record", action="store_true", help="do not append the table to bench/RESULTS.md")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
@@ -108,7 +121,7 @@ def main() -> int:
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = []
-        for result in pool.map(lambda m: run_one(m, args.timeout), chosen):
+        for result in pool.map(lambda m: run_one(m, args.timeout, args.guards), chosen):
             print(f"{result.mutation.name}: {'caught' if result.caught else 'NOT caught'} in {result.seconds:.0f} s"
                   f" {result.detail}", flush=True)
             results.append(result)

@@ -129,7 +129,7 @@ MUTATIONS: list[Mutation] = [
         "openhub/engine.py",
         "    drop_fenced(run, entered)\n",
         "    pass  # reverted: left to the repair\n",
-        model=False, guard="tests/integration/test_hub_faults.py"),
+        model=False, guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing"),
     # --- issue 33: broker (b26aa68, cb31d14, 01ebe72, 6fc0d38) and repair (f80aa42) -----------------------
     Mutation(
         "lost_chains_wait_lease_grace",
@@ -144,14 +144,18 @@ MUTATIONS: list[Mutation] = [
         "openhub/poller.py",
         "(rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None\n",
         "None\n",
-        model=False, guard="tests/integration/test_repair.py"),
+        model=False,
+        guard="tests/integration/test_repair.py::test_a_dead_worker_with_more_runs_than_a_page_has_them_all_repaired_in_"
+              "one_tick"),
     Mutation(
         "redisbroker_connparams",
         "issue 33 #8: a channel's last close after a Redis restart kills the worker",
         "openhub/redisbroker.py",
         "        return self._params[asynchronous]\n",
         "        return super()._connparams(asynchronous=asynchronous)\n",
-        model=False, guard="tests/chaos (Redis restarted empty under load)"),
+        model=False,
+        guard="tests/integration/test_redisbroker.py::test_a_channel_closed_after_its_connection_was_collected_does_not_"
+              "raise"),
     # --- issue 33: one clock (1827567) --------------------------------------------------------------------
     Mutation(
         "store_now_process_clock",
@@ -159,7 +163,8 @@ MUTATIONS: list[Mutation] = [
         "openhub/db.py",
         "    if url.startswith(\"sqlite\"):\n        return utcnow()\n",
         "    if True:  # reverted: this host's clock\n        return utcnow()\n",
-        model=False, guard="tests/integration/test_one_clock.py"),
+        model=False,
+        guard="tests/integration/test_one_clock.py::test_a_host_whose_wall_clock_is_off_tells_the_databases_time"),
     # --- issue 33: confirmers (41b1548) -------------------------------------------------------------------
     Mutation(
         "confirm_lease_not_renewed",
@@ -167,7 +172,9 @@ MUTATIONS: list[Mutation] = [
         "openhub/confirm.py",
         "        while not self._stop.wait(interval):\n",
         "        while False and not self._stop.wait(interval):\n",
-        model=False, guard="tests/integration/test_slow_receivers.py"),
+        model=False,
+        guard="tests/integration/test_slow_receivers.py::test_a_confirmer_that_outlasts_its_lease_is_called_once_while_"
+              "ticks_go_on"),
 ]
 
 
