@@ -48,9 +48,9 @@ class Result:
     guard: str = ""  # with --guards, for a mutation the model tests let through: what its own test said
 
 
-def run_one(mutation: Mutation, timeout: float, guards: bool = False) -> Result:
+def run_one(mutation: Mutation, timeout: float, guards: bool = False, tests: list[str] | None = None) -> Result:
     """`run_tests`, and where the model tests let the break through and `guards`, its own test too."""
-    result = run_tests(mutation, timeout, MODEL_TESTS)
+    result = run_tests(mutation, timeout, tests or MODEL_TESTS)
     if guards and not result.caught and mutation.guard.startswith("tests/"):
         own = run_tests(mutation, timeout, [mutation.guard])
         result.guard = f"{'caught' if own.caught else 'NOT caught'} by {mutation.guard.split('::')[-1]}"
@@ -111,6 +111,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for one mutation's run")
     parser.add_argument("--guards", action="store_true",
                         help="where the model tests let a break through, run its own test (Mutation.guard) too")
+    parser.add_argument("--tests", default="", help="test files instead of the model tests, comma-separated "
+                        "(e.g. tests/integration/test_promise_model.py: what the random search alone catches)")
     parser.add_argument("--no-record", action="store_true", help="do not append the table to bench/RESULTS.md")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
@@ -118,10 +120,11 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown mutations: {', '.join(sorted(unknown))}")
     chosen = [m for m in MUTATIONS if not names or m.name in names]
+    tests = [f for f in args.tests.split(",") if f] or MODEL_TESTS
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = []
-        for result in pool.map(lambda m: run_one(m, args.timeout, args.guards), chosen):
+        for result in pool.map(lambda m: run_one(m, args.timeout, args.guards, tests), chosen):
             print(f"{result.mutation.name}: {'caught' if result.caught else 'NOT caught'} in {result.seconds:.0f} s"
                   f" {result.detail}", flush=True)
             results.append(result)
@@ -134,7 +137,7 @@ def main() -> int:
         with open(ROOT / "bench" / "RESULTS.md", "a") as out:
             out.write(f"\n### Mutations run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {head}\n\n"
                       f"`{command.strip()}` ({time.monotonic() - started:.0f} s in all; each runs "
-                      f"`pytest {' '.join(PYTEST_ARGS)} {' '.join(MODEL_TESTS)}` in a copy of the tree)\n\n"
+                      f"`pytest {' '.join(PYTEST_ARGS)} {' '.join(tests)}` in a copy of the tree)\n\n"
                       f"{text}\n")
     return 0 if all(r.caught for r in results) else 1
 
