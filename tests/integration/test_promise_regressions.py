@@ -65,6 +65,7 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
                                           act("total_restart", 2), tick(10)],
     "undrain_starts_sequential_children": [interrupt("p.sequence", "drain_undrain", nested=True), RUN],
     "child_key_like_source_id": [submit("p.split_hooked"), RUN, ("submit_like_a_child", {"pick": 0}), RUN],
+    "webhook_id_per_message_state": [interrupt("p.flow", "reject"), arm("*", "reject"), act("restart", 0)],
     # issue 33: answers bound to their wait
     "duplicate_answers_next_wait": [submit("p.two_waits"), RUN, act("respond", 0), act("respond_stale", 0)],
     "equal_answer_dropped": [submit("p.two_waits"), RUN, act("respond", 0), act("respond", 0)],

@@ -77,6 +77,13 @@ MUTATIONS: list[Mutation] = [
         "        pass\n",
         guard="tests/integration/test_interleavings.py::test_a_source_systems_id_like_a_childs_gets_its_own_"
               "idempotency_key"),
+    Mutation(
+        "webhook_id_per_message_state",
+        "issue 26 #6: a message FAILED twice (restarted between) is confirmed twice under one webhook id",
+        "openhub/context.py",
+        "            return f\"openhub_{self.delivery_key}\"\n",
+        "            return f\"openhub:{self.message.id}:{self.state}\"\n",
+        guard="tests/integration/test_interleavings.py::test_each_webhook_notification_has_its_own_idempotency_key"),
     # --- issue 33: waits (518ee51) ------------------------------------------------------------------------
     Mutation(
         "duplicate_answers_next_wait",

@@ -241,6 +241,13 @@ class PromiseMachine(RuleBasedStateMachine):
         assert not over, f"failures counted beyond the calls' (counted, injected): {over}"
 
     @invariant()
+    def each_transition_confirmed_under_its_own_id(self) -> None:
+        """A receiver dedups by the webhook id: two transitions (a message FAILED, restarted, FAILED again)
+        never share one (issue 26 #6); the retries of one share it."""
+        shared = {key: seen for key, seen in routes.DELIVERIES.items() if len(seen) > 1}
+        assert not shared, f"transitions confirmed under one webhook id: {shared}"
+
+    @invariant()
     def never_two_calls_of_one_step_in_flight(self) -> None:
         """No (message, step) had two calls in flight at once."""
         assert not routes.OVERLAPS, f"two calls of one step in flight at once: {routes.OVERLAPS}"

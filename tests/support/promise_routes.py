@@ -18,6 +18,7 @@ ACTIVE: dict[str, int] = {}  # step -> calls in flight now
 MOST: dict[str, int] = {}  # step -> most calls in flight at once
 HOOKS: dict[str, Callable[[StepContext], Any]] = {}  # step ("*": any) -> run mid-call (may raise to fail it)
 CONFIRMED: list[tuple[int, str]] = []
+DELIVERIES: dict[str, set[tuple[int, str, int | None]]] = {}  # webhook id -> the transitions confirmed with it
 IN_FLIGHT: dict[str, int] = {}  # idempotency key -> calls in flight now
 OVERLAPS: list[str] = []  # keys that had two calls in flight at once
 FAMILY: dict[int, int] = {}  # split parent -> its children's calls in flight now
@@ -35,7 +36,7 @@ class WorkerDied(BaseException):
 def reset() -> None:
     """Forget every call, hook and confirmation."""
     for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS, IN_FLIGHT, OVERLAPS, FAMILY,
-                     FAMILY_MOST, ASKS, POISON, STALE_TAKEN):
+                     FAMILY_MOST, ASKS, POISON, STALE_TAKEN, DELIVERIES):
         registry.clear()
 
 
@@ -237,6 +238,7 @@ def confirm(outcome: Outcome) -> None:
     if hook is not None:
         hook(outcome)
     CONFIRMED.append((outcome.message.id, outcome.state))
+    DELIVERIES.setdefault(outcome.webhook_id, set()).add((outcome.message.id, outcome.state, outcome.delivery_id))
 
 
 NOTIFIED: list[tuple[int, str]] = []
