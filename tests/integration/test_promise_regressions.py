@@ -56,6 +56,9 @@ def tick(minutes: int) -> tuple[str, dict[str, Any]]:
 
 # mutation (tests/support/mutations.py) -> the rules that reach its break
 SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    # issue 9's review
+    "cancel_drops_running_run": [interrupt("p.flow", "cancel_restart", nested=True)],
+    "done_step_called_again": [submit("p.flow"), arm("second", "fail"), RUN, tick(10)],
     # issue 26's second read
     "split_done_without_children": [interrupt("p.split_hooked", "cancel"), act("restart", 0)],
     "split_restart_reruns_cancelled_child": [interrupt("p.sequence", "cancel"), arm("*", "cancel_restart", "parent",

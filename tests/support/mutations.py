@@ -37,6 +37,21 @@ class Mutation:
 
 
 MUTATIONS: list[Mutation] = [
+    # --- issue 9's review (fixed in 0c283c6) -----------------------------------------------------------------
+    Mutation(
+        "cancel_drops_running_run",
+        "issue 9: a cancel lets go of a step still calling out, so a restart runs it beside the first call",
+        "openhub/lifecycle.py",
+        "                keep_run=row.worker is not None and row.step_run is not None)\n",
+        "                keep_run=False)\n",
+        guard="tests/integration/test_promise.py"),
+    Mutation(
+        "done_step_called_again",
+        "issue 9: a retry calls again a step whose call this message already made successfully",
+        "openhub/engine.py",
+        "    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded\n",
+        "    if False:  # reverted: a step's own success is not looked at\n",
+        guard="tests/integration/test_promise.py"),
     # --- issue 26's second read (fixed in ae78926, ba0c020, e97d1c5) -----------------------------------
     Mutation(
         "split_done_without_children", "issue 26 #8: a split recorded done with 0 children",
