@@ -54,6 +54,20 @@ MUTATIONS: list[Mutation] = [
         guard="tests/integration/test_promise.py"),
     # --- issue 26's second read (fixed in ae78926, ba0c020, e97d1c5) -----------------------------------
     Mutation(
+        "no_fence",
+        "issue 26 #2: a process whose heartbeat fell behind (stalled, store away) still starts step calls",
+        "openhub/workers.py",
+        "    return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since\n",
+        "    return False  # reverted: no fence\n",
+        model=False, guard="tests/unit/test_workers.py"),
+    Mutation(
+        "heartbeat_on_host_clock",
+        "issue 26 #3: heartbeats written on each host's clock, so a host 20 s ahead judges the others dead",
+        "openhub/workers.py",
+        "            now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()\n",
+        "            now = utcnow()  # reverted: this host's clock\n",
+        model=False, guard="tests/integration/test_skewed_clock.py"),
+    Mutation(
         "split_done_without_children", "issue 26 #8: a split recorded done with 0 children",
         "openhub/verdicts.py",
         "        return CallState.FAILED if self.event is Event.SPLIT else self.call_state\n",
