@@ -59,14 +59,14 @@ MUTATIONS: list[Mutation] = [
         "openhub/workers.py",
         "    return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since\n",
         "    return False  # reverted: no fence\n",
-        model=False, guard="tests/unit/test_workers.py"),
+        model=False, guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing"),
     Mutation(
         "heartbeat_on_host_clock",
         "issue 26 #3: heartbeats written on each host's clock, so a host 20 s ahead judges the others dead",
         "openhub/workers.py",
         "            now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()\n",
         "            now = utcnow()  # reverted: this host's clock\n",
-        model=False, guard="tests/integration/test_skewed_clock.py"),
+        model=False, guard="tests/integration/test_one_clock.py::test_a_system_limit_holds_across_hosts"),
     Mutation(
         "split_done_without_children", "issue 26 #8: a split recorded done with 0 children",
         "openhub/verdicts.py",
