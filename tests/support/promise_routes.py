@@ -18,17 +18,25 @@ ACTIVE: dict[str, int] = {}  # step -> calls in flight now
 MOST: dict[str, int] = {}  # step -> most calls in flight at once
 HOOKS: dict[str, Callable[[StepContext], Any]] = {}  # step ("*": any) -> run mid-call (may raise to fail it)
 CONFIRMED: list[tuple[int, str]] = []
+DELIVERIES: dict[str, set[tuple[int, str, int | None]]] = {}  # webhook id -> the transitions confirmed with it
 IN_FLIGHT: dict[str, int] = {}  # idempotency key -> calls in flight now
 OVERLAPS: list[str] = []  # keys that had two calls in flight at once
 FAMILY: dict[int, int] = {}  # split parent -> its children's calls in flight now
 FAMILY_MOST: dict[int, int] = {}  # split parent -> most of its children's calls in flight at once
 ASKS: list[tuple[int, str, str]] = []  # (message, asking step, its wait token) of each question asked
+POISON: set[int] = set()  # messages whose every call takes its worker down (WorkerDied), until forgotten
+STALE_TAKEN: list[tuple[int, str, Any]] = []  # (message, step, response): a step given an answer meant for no open wait
+
+
+class WorkerDied(BaseException):
+    """The worker running a step died mid-call (raised by a hook or a poisoned message): LocalHub notes
+    the crash, and the next tick finds the run lost."""
 
 
 def reset() -> None:
     """Forget every call, hook and confirmation."""
     for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS, IN_FLIGHT, OVERLAPS, FAMILY,
-                     FAMILY_MOST, ASKS):
+                     FAMILY_MOST, ASKS, POISON, STALE_TAKEN, DELIVERIES):
         registry.clear()
 
 
@@ -77,7 +85,12 @@ def external(name: str) -> Callable[[StepContext], None]:
         if parent is not None:
             FAMILY[parent] = FAMILY.get(parent, 0) + 1
             FAMILY_MOST[parent] = max(FAMILY_MOST.get(parent, 0), FAMILY[parent])
+        response = getattr(ctx, "response", None)
+        if isinstance(response, dict) and response.get("stale"):
+            STALE_TAKEN.append((ctx.message.id, name, response))
         try:
+            if ctx.message.id in POISON:
+                raise WorkerDied(f"message {ctx.message.id} takes its worker down")
             hook = HOOKS.get(name) or HOOKS.get("*")
             if hook is not None:
                 hook(ctx)
@@ -225,6 +238,7 @@ def confirm(outcome: Outcome) -> None:
     if hook is not None:
         hook(outcome)
     CONFIRMED.append((outcome.message.id, outcome.state))
+    DELIVERIES.setdefault(outcome.webhook_id, set()).add((outcome.message.id, outcome.state, outcome.delivery_id))
 
 
 NOTIFIED: list[tuple[int, str]] = []

@@ -1,0 +1,86 @@
+"""The promise model's regression examples: each break ever fixed, as the shortest run of the model's own
+rules that reaches it (tests/support/promise_model.py), with every invariant checked after each rule.
+
+The random search of test_promise_model.py reaches some of these classes only after thousands of rules,
+beyond the CI budget (bench/RESULTS.md, "Mutations"); these runs reach each in a few. `bench/mutations.py`
+reverts each fix (tests/support/mutations.py) and shows which test here catches it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis.stateful import INVARIANT_MARKER
+
+from tests.support.promise_model import PromiseMachine
+
+INVARIANTS = [name for name in dir(PromiseMachine) if hasattr(getattr(PromiseMachine, name), INVARIANT_MARKER)]
+
+
+def play(*rules: tuple[str, dict[str, Any]]) -> None:
+    """Run the model's rules in this order on a fresh hub, checking every invariant after each; then let
+    it settle (every message ends) and check them once more."""
+    machine = PromiseMachine()
+    try:
+        for name, args in [*rules, ("settle", {})]:
+            getattr(machine, name)(**args)
+            for invariant in INVARIANTS:
+                getattr(machine, invariant)()
+    finally:
+        machine.teardown()
+
+
+def interrupt(route: str, action: str, whom: str = "self", nested: bool = False) -> tuple[str, dict[str, Any]]:
+    return "submit_and_interrupt", {"route": route, "action": action, "whom": whom, "nested": nested}
+
+
+def arm(step: str, action: str, whom: str = "self", nested: bool = False) -> tuple[str, dict[str, Any]]:
+    return "arm_in_flight", {"step": step, "action": action, "whom": whom, "nested": nested}
+
+
+def submit(route: str) -> tuple[str, dict[str, Any]]:
+    return "submit", {"route": route}
+
+
+def act(action: str, pick: int) -> tuple[str, dict[str, Any]]:
+    return "operator_acts", {"action": action, "pick": pick}
+
+
+RUN: tuple[str, dict[str, Any]] = ("run", {})
+
+
+def tick(minutes: int) -> tuple[str, dict[str, Any]]:
+    return "tick", {"minutes": minutes}
+
+
+# mutation (tests/support/mutations.py) -> the rules that reach its break
+SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    # issue 9's review
+    "cancel_drops_running_run": [interrupt("p.flow", "cancel_restart", nested=True)],
+    "done_step_called_again": [submit("p.flow"), arm("second", "fail"), RUN, tick(10)],
+    # issue 26's second read
+    "split_done_without_children": [interrupt("p.split_hooked", "cancel"), act("restart", 0)],
+    "split_restart_reruns_cancelled_child": [interrupt("p.sequence", "cancel"), arm("*", "cancel_restart", "parent",
+                                                                                     nested=True), RUN],
+    "total_restart_drops_other_success": [submit("p.entity"), arm("second", "fail"), RUN, submit("p.flow"),
+                                          submit("p.entity"), arm("sync", "reject"), RUN, arm("sync", "reject"),
+                                          act("total_restart", 2), tick(10)],
+    "undrain_starts_sequential_children": [interrupt("p.sequence", "drain_undrain", nested=True), RUN],
+    "child_key_like_source_id": [submit("p.split_hooked"), RUN, ("submit_like_a_child", {"pick": 0}), RUN],
+    "webhook_id_per_message_state": [interrupt("p.flow", "reject"), arm("*", "reject"), act("restart", 0)],
+    # issue 33: answers bound to their wait
+    "duplicate_answers_next_wait": [submit("p.two_waits"), RUN, act("respond", 0), act("respond_stale", 0)],
+    "equal_answer_dropped": [submit("p.two_waits"), RUN, act("respond", 0), act("respond", 0)],
+    "stale_answer_taken": [submit("p.two_waits"), RUN, tick(120), tick(1), act("respond_stale", 0)],
+    # issue 33: a fault of the hub's own is no failure; a poison message ends
+    "lost_run_counts_failure": [interrupt("p.flow", "crash"), tick(0), tick(1)],
+    "max_lost_runs_ignored": [interrupt("p.flow", "poison")],
+    # issue 33: chains lost with the broker
+    "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(SCENARIOS))
+def test_the_promise_holds_where_it_once_broke(mutation: str) -> None:
+    play(*SCENARIOS[mutation])

@@ -1,0 +1,222 @@
+"""The promise's fixes, each with the smallest edit that reverts it (issue 33, "Prove it guards").
+
+Each mutation names the break its fix closed, the file, the exact text of the fix as it stands in the
+source (`fixed`, found exactly once: tests/unit/test_mutations.py) and the text that puts the break back
+(`broken`). `bench/mutations.py` applies them one at a time to a copy of the tree and runs the CI
+configuration of the model test against each: a mutation the model test passes is a break it would let
+back in. `guard` names the hand-written test that caught the break when it was fixed, for the mutations
+the model cannot reach (another broker, another store, real processes).
+
+Snippets in openhub/workers.py, http.py, batch.py, confirm.py and notify.py may move while other work
+on them merges: the unit test says which one no longer matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    issue: str  # the issue and break (or review finding) its fix closed
+    file: str  # relative to the repository's root
+    fixed: str  # the fix's text, as it is in the source now (exactly once)
+    broken: str  # the text that re-introduces the break
+    model: bool = True  # whether the model test (LocalHub over SQLite, one process) can reach it at all
+    guard: str = ""  # the hand-written test that caught the break when it was fixed
+
+    def apply(self, root: Path) -> None:
+        """Put the break back in the tree at `root`."""
+        path = root / self.file
+        text = path.read_text()
+        if text.count(self.fixed) != 1:
+            raise ValueError(f"{self.name}: the fix's text occurs {text.count(self.fixed)} times in {self.file}")
+        path.write_text(text.replace(self.fixed, self.broken))
+
+
+MUTATIONS: list[Mutation] = [
+    # --- issue 9's review (fixed in 0c283c6) -----------------------------------------------------------------
+    Mutation(
+        "cancel_drops_running_run",
+        "issue 9: a cancel lets go of a step still calling out, so a restart runs it beside the first call",
+        "openhub/lifecycle.py",
+        "                keep_run=row.worker is not None and row.step_run is not None)\n",
+        "                keep_run=False)\n",
+        guard="tests/integration/test_promise.py"),
+    Mutation(
+        "done_step_called_again",
+        "issue 9: a retry calls again a step whose call this message already made successfully",
+        "openhub/engine.py",
+        "    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded\n",
+        "    if False:  # reverted: a step's own success is not looked at\n",
+        guard="tests/integration/test_promise.py"),
+    # --- issue 26's second read (fixed in ae78926, ba0c020, e97d1c5) -----------------------------------
+    Mutation(
+        "no_fence",
+        "issue 26 #2: a process whose heartbeat fell behind (stalled, store away) still starts step calls",
+        "openhub/workers.py",
+        "    return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since\n",
+        "    return False  # reverted: no fence\n",
+        model=False, guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing"),
+    Mutation(
+        "heartbeat_on_host_clock",
+        "issue 26 #3: heartbeats written on each host's clock, so a host 20 s ahead judges the others dead",
+        "openhub/workers.py",
+        "            now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()\n",
+        "            now = utcnow()  # reverted: this host's clock\n",
+        model=False, guard="tests/integration/test_one_clock.py::test_a_system_limit_holds_across_hosts"),
+    Mutation(
+        "split_done_without_children", "issue 26 #8: a split recorded done with 0 children",
+        "openhub/verdicts.py",
+        "        return CallState.FAILED if self.event is Event.SPLIT else self.call_state\n",
+        "        return self.call_state\n",
+        guard="tests/integration/test_interleavings.py::test_a_split_cancelled_while_it_runs_writes_its_children_"
+              "when_restarted"),
+    Mutation(
+        "split_restart_reruns_cancelled_child",
+        "issue 26 #1: restarting a split parent re-runs a cancelled child's call in flight",
+        "openhub/lifecycle.py",
+        "                    due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))\n",
+        "                    due_at=due, finished_at=None, step_run=None, attempt_id=str(uuid.uuid4()))\n",
+        guard="tests/integration/test_interleavings.py::test_restarting_a_cancelled_parent_waits_for_its_childs_"
+              "call_in_flight"),
+    Mutation(
+        "total_restart_drops_other_success",
+        "issue 26 #4: a total restart deletes an entity record holding an older message's success",
+        "openhub/leases.py",
+        "    conn.execute(delete(ext_calls).where(and_(X.message_id == row.id, or_(X.ok_message_id.is_(None),\n"
+        "                                                                          X.ok_message_id == row.id))))\n",
+        "    conn.execute(delete(ext_calls).where(X.message_id == row.id))\n",
+        guard="tests/integration/test_interleavings.py::test_a_total_restart_keeps_an_older_messages_success_on_the_"
+              "entity_record"),
+    Mutation(
+        "undrain_starts_sequential_children",
+        "issue 26 #7: the end of a drain starts a sequential split's children waiting their turn",
+        "openhub/operator.py",
+        "where(and_(M.state.in_(RESUMABLE), M.due_at.is_not(None)))\n",
+        "where(M.state.in_(RESUMABLE))\n",
+        guard="tests/integration/test_interleavings.py::test_ending_a_drain_does_not_start_children_waiting_their_turn"),
+    Mutation(
+        "child_key_like_source_id",
+        "issue 26 #5: a source system's id 'P#0.1' shares the idempotency key of P's first child",
+        "openhub/verdicts.py",
+        "        name = f\"{name}#{row.id}\"\n",
+        "        pass\n",
+        guard="tests/integration/test_interleavings.py::test_a_source_systems_id_like_a_childs_gets_its_own_"
+              "idempotency_key"),
+    Mutation(
+        "webhook_id_per_message_state",
+        "issue 26 #6: a message FAILED twice (restarted between) is confirmed twice under one webhook id",
+        "openhub/context.py",
+        "            return f\"openhub_{self.delivery_key}\"\n",
+        "            return f\"openhub:{self.message.id}:{self.state}\"\n",
+        guard="tests/integration/test_interleavings.py::test_each_webhook_notification_has_its_own_idempotency_key"),
+    # --- issue 33: waits (518ee51) ------------------------------------------------------------------------
+    Mutation(
+        "duplicate_answers_next_wait",
+        "issue 33 #1 (issue 26 #9): a late duplicate of answer 1 is taken as the answer of the next wait",
+        "openhub/waits.py",
+        "    ask = conn.execute(select(waits).where(and_(W.token == token, W.message_id == row.id))).first()\n",
+        "    ask = conn.execute(select(waits).where(and_(W.token == token, W.message_id == row.id))).first()\n"
+        "    if row.state == State.WAITING_FOR_RES:  # reverted: the open wait takes any answer\n"
+        "        _answer(conn, _latest_ask(conn, row.id).id, text, by, now)\n"
+        "        update_message(conn, row.id, response=text)\n"
+        "        return Received.TAKEN, about\n",
+        guard="tests/integration/test_waits.py"),
+    Mutation(
+        "equal_answer_dropped",
+        "issue 33 #2: a genuine answer equal to the previous one is dropped as a duplicate (matched by content)",
+        "openhub/waits.py",
+        "    if ask is not None and ask.answer is not None:\n",
+        "    if (ask is not None and ask.answer is not None) or (row.response is not None and row.response == text):\n",
+        guard="tests/integration/test_waits.py"),
+    Mutation(
+        "stale_answer_taken",
+        "issue 33 #1: an answer for a wait that ended (asked again) is taken by the open wait",
+        "openhub/waits.py",
+        "            and ask.id == _latest_ask(conn, row.id).id:\n",
+        "            and ask.id is not None:\n",
+        guard="tests/integration/test_waits.py"),
+    # --- issue 33: the hub's own faults (61c363e) --------------------------------------------------------
+    Mutation(
+        "lost_run_counts_failure",
+        "issue 33 #10: a run lost with its worker counts as one of the message's failures",
+        "openhub/states.py",
+        "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n",
+        "        if event is Event.LEASE_EXPIRED:\n"
+        "            result = _failure(failed_count, max_fails)  # reverted: a lost run is a failure\n"
+        "            if result.state is State.FAILED:\n"
+        "                return Transition(result.state, result.failed_count, _FINISHED)\n"
+        "            return Transition(result.state, result.failed_count, result.actions | {Action.RELEASE_FUNNEL})\n"
+        "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n",
+        guard="tests/integration/test_hub_faults.py"),
+    Mutation(
+        "max_lost_runs_ignored",
+        "issue 33 #10: a step that takes its worker down every time loops for ever (OPENHUB_MAX_LOST_RUNS)",
+        "openhub/states.py",
+        "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n",
+        "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs * 1000:\n",
+        guard="tests/integration/test_hub_faults.py"),
+    Mutation(
+        "fenced_run_left_to_repair",
+        "issue 33 #10: a fenced run leaves its lease to the repair (a lost run) instead of letting it go",
+        "openhub/engine.py",
+        "    drop_fenced(run, entered)\n",
+        "    pass  # reverted: left to the repair\n",
+        model=False, guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing"),
+    # --- issue 33: broker (b26aa68, cb31d14, 01ebe72, 6fc0d38) and repair (f80aa42) -----------------------
+    Mutation(
+        "lost_chains_wait_lease_grace",
+        "issue 33 #9: chains lost with the broker are published again only after OPENHUB_LEASE_GRACE",
+        "openhub/poller.py",
+        "        if publisher.broker_marked() is not False:\n",
+        "        if True:  # reverted: nobody looks at the broker's mark\n",
+        guard="tests/integration/test_broker_queues.py"),
+    Mutation(
+        "repair_first_page_only",
+        "issue 33: the lost-run repair reads one page (500 rows) and no more",
+        "openhub/poller.py",
+        "(rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None\n",
+        "None\n",
+        model=False,
+        guard="tests/integration/test_repair.py::test_a_dead_worker_with_more_runs_than_a_page_has_them_all_repaired_in_"
+              "one_tick"),
+    Mutation(
+        "redisbroker_connparams",
+        "issue 33 #8: a channel's last close after a Redis restart kills the worker",
+        "openhub/redisbroker.py",
+        "        return self._params[asynchronous]\n",
+        "        return super()._connparams(asynchronous=asynchronous)\n",
+        model=False,
+        guard="tests/integration/test_redisbroker.py::test_a_channel_closed_after_its_connection_was_collected_does_not_"
+              "raise"),
+    # --- issue 33: one clock (1827567) --------------------------------------------------------------------
+    Mutation(
+        "store_now_process_clock",
+        "issue 33 #4: stored times taken from each host's own clock on PostgreSQL",
+        "openhub/db.py",
+        "    if url.startswith(\"sqlite\"):\n        return utcnow()\n",
+        "    if True:  # reverted: this host's clock\n        return utcnow()\n",
+        model=False,
+        guard="tests/integration/test_one_clock.py::test_a_host_whose_wall_clock_is_off_tells_the_databases_time"),
+    # --- issue 33: confirmers (41b1548) -------------------------------------------------------------------
+    Mutation(
+        "confirm_lease_not_renewed",
+        "issue 33 #7: a confirmer that outlasts its sending lease is sent again by another tick",
+        "openhub/confirm.py",
+        "        while not self._stop.wait(interval):\n",
+        "        while False and not self._stop.wait(interval):\n",
+        model=False,
+        guard="tests/integration/test_slow_receivers.py::test_a_confirmer_that_outlasts_its_lease_is_called_once_while_"
+              "ticks_go_on"),
+]
+
+
+def by_name(name: str) -> Mutation:
+    """The mutation called `name`."""
+    for mutation in MUTATIONS:
+        if mutation.name == name:
+            return mutation
+    raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in MUTATIONS)}")
