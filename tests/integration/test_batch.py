@@ -124,6 +124,29 @@ def test_a_message_cancelled_while_its_batch_runs_stops_and_the_others_go_on(loc
     assert "cancelled" in _history(ids[1])
 
 
+def test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call(local: LocalHub,
+                                                                            system: ExternalSystem) -> None:
+    """Issue 33, break 3: the members' calls run one after another (prefork); a member cancelled while an
+    earlier member's call is in flight must not make its own (its state is read right before its call),
+    and the others go on."""
+    prefixes = [_prefix() for _ in range(3)]
+    ids = [local.submit("batched.flow", {"prefix": p}).id for p in prefixes]
+    held = f"{prefixes[0]}/b"
+    release = system.hold(held)  # the first member's step b in flight until the cancel is done
+    runner = threading.Thread(target=local.run)
+    runner.start()
+    try:
+        wait_for(lambda: system.started_events[held].is_set(), timeout=30, what="the first member's call to begin")
+        openhub.cancel(ids[1])
+    finally:
+        release.set()
+    runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert [local.get(i).state for i in ids] == ["OK", "CANCEL", "OK"]
+    assert system.count(f"{prefixes[1]}/b") == 0 and system.count(f"{prefixes[1]}/c") == 0
+    assert all(system.count(f"{p}/{name}") == 1 for p in (prefixes[0], prefixes[2]) for name in "abc")
+
+
 def test_a_worker_runs_batches_on_both_backends(hub, external, prefix) -> None:  # noqa: ANN001
     """The session's real worker: messages submitted together go in one batch task (Flower shows
     `openhub.batched.flow.batch`), each step of each message called once."""

@@ -147,11 +147,12 @@ def test_a_heartbeat_thread_that_ended_is_started_again(heartbeating) -> None:  
     from openhub import workers
     from tests.support.waiting import wait_for
 
-    thread, stop = workers._heart[:2]  # noqa: SLF001 - the thread is ended as a crash would
-    stop.set()
-    thread.join(10)
+    heart = workers._heart  # noqa: SLF001 - the thread is ended as a crash would
+    assert heart is not None
+    heart.stop(10)
+    assert not heart.alive
     workers.store_reachable()  # the worker's gate asks: the thread is started again
-    assert workers._heart[0] is not thread and workers._heart[0].is_alive()  # noqa: SLF001
+    assert workers._heart is not heart and workers._heart is not None and workers._heart.alive  # noqa: SLF001
     renewed = workers._renewed  # noqa: SLF001
     wait_for(lambda: workers._renewed != renewed, 10, "the new thread to heartbeat")  # noqa: SLF001
     wait_for(workers.store_reachable, 10, "the store to count as reachable again")
