@@ -62,15 +62,16 @@ FORGET_AFTER = timedelta(days=1)  # rows of processes gone this long are deleted
 
 
 def _native_lock() -> Any:
-    """A lock of the OS, also under gevent (whose patched locks are for greenlets of one thread): the
-    heartbeat thread and the steps' greenlets share these."""
+    """A lock of the OS, also under gevent (whose patched locks are for greenlets of one thread): what the
+    heartbeat thread and the steps' greenlets share, held by neither across I/O (a greenlet blocked on it
+    blocks its whole thread)."""
     monkey = sys.modules.get("gevent.monkey")
     if monkey is not None:
         return monkey.get_original("_thread", "allocate_lock")()
     return threading.Lock()
 
 
-_lock = _native_lock()
+_lock = threading.Lock()  # greenlets' own under gevent: held across the first heartbeat's I/O, never by the thread
 _current: tuple[int, str] | None = None  # (pid, worker id) of this process
 _beating: int | None = None  # pid whose heartbeat thread runs
 _heart: _Heart | None = None  # that thread
@@ -113,7 +114,7 @@ def _locks_anew() -> None:
     """In a forked child: fresh locks. A child forked while its parent's heartbeat thread held one
     (prefork replaces a child at any moment) would wait for it forever in its first step."""
     global _lock, _runs_lock
-    _lock, _runs_lock = _native_lock(), _native_lock()
+    _lock, _runs_lock = threading.Lock(), _native_lock()
 
 
 os.register_at_fork(after_in_child=_locks_anew)
