@@ -25,6 +25,7 @@ def call(ctx: StepContext, name: str, body: dict | None = None) -> dict:
     """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key (and,
     from a test's worker process, `X-Test-Worker`: which worker made the call)."""
     headers = {"Idempotency-Key": ctx.idempotency_key}
+    ctx.check_fence()  # a step calling with its own client fences its call itself (README)
     if os.environ.get("OPENHUB_TEST_WORKER"):
         headers["X-Test-Worker"] = os.environ["OPENHUB_TEST_WORKER"]
     funnel = ctx.payload.get("funnel_header")
