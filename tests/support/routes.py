@@ -23,8 +23,9 @@ def external_url() -> str:
 
 def call(ctx: StepContext, name: str, body: dict | None = None) -> dict:
     """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key (and,
-    from a test's worker process, `X-Test-Worker`: which worker made the call)."""
-    headers = {"Idempotency-Key": ctx.idempotency_key}
+    from a test's worker process, `X-Test-Worker`: which worker made the call; `X-Test-Pid`: which process, for the
+    multi-host checker, tests/support/history.py)."""
+    headers = {"Idempotency-Key": ctx.idempotency_key, "X-Test-Pid": str(os.getpid())}
     if os.environ.get("OPENHUB_TEST_WORKER"):
         headers["X-Test-Worker"] = os.environ["OPENHUB_TEST_WORKER"]
     funnel = ctx.payload.get("funnel_header")
@@ -206,4 +207,5 @@ def confirm(outcome: Outcome) -> None:
     """Confirm to the external system (its path from the payload), failing when it fails."""
     prefix = outcome.message.payload["prefix"]
     httpx.post(f"{external_url()}{prefix}/confirm", json=outcome.as_dict(),
-               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}"}, timeout=10).raise_for_status()
+               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}", "X-Test-Pid": str(os.getpid())},
+               timeout=10).raise_for_status()
