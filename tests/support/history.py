@@ -22,8 +22,9 @@ the promise:
 - a funnel in guaranteed order whose calls arrived out of submission order, judged on every arrival
   (A, B, then a late A is out of order, whatever the late A's key).
 
-A call says which process made it in `X-Test-Pid` (tests/support/routes.py); a call without one is
-never explained by a fault on a process.
+A call says which process made it in `X-Test-Pid`, and when its step's body began in `X-Test-Began`
+(tests/support/routes.py); a call without a pid is never explained by a fault on a process, one without
+the time is taken to have begun when it arrived.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ STEPS = {"test.flow": [("a", "a"), ("b", "b"), ("c", "c")], "fused.flow": [("a",
          "test.order": [("a", "a"), ("after", "after_lines")]}
 GUARANTEED_ORDER = {"test.ordered_x", "test.ordered"}
 PID_HEADER = "x-test-pid"
+BEGAN_HEADER = "x-test-began"
 FUNNEL_HEADER = "x-funnel"
 
 
@@ -88,16 +90,32 @@ def pid_of(call: Any) -> int | None:
         return None
 
 
+def began_of(call: Any) -> float:
+    """When the step that made `call` began its body (its X-Test-Began, on the machine's monotonic clock,
+    which every host of the rig shares), or, without one, when the call arrived."""
+    value = (getattr(call, "headers", None) or {}).get(BEGAN_HEADER)
+    try:
+        return min(float(value), call.started) if value is not None else call.started
+    except ValueError:
+        return call.started
+
+
 def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
     """Whether `fault` stopped the record of `call`: a fault of one of `kinds` on the call's own host that
-    began while the call was in flight (from its arrival to SLACK after its answer), and, for a fault on
-    processes (a kill, a stall), one of them the process that made the call."""
+    began while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the
+    process that made the call (its pid among the fault's) after the call arrived: a process stopped
+    before it sent its call sends it late, which nothing explains. A cut from the store must have come
+    after the step's body began: a step cannot begin without its lease written, and nothing tells a
+    process its store is cut until a write fails, so its call may arrive just after the cut began; a step
+    begun after the cut (a call started once the store was lost, issue 33 break 6) is not explained."""
     if fault.kind not in kinds or host is None or fault.host != host:
         return False
-    if not call.started <= fault.start <= call.ended + SLACK:
+    process = fault.kind in ("kill", "stall")
+    since = call.started if process else began_of(call)
+    if not since <= fault.start <= call.ended + SLACK:
         return False
     pids = getattr(fault, "pids", None)
-    if fault.kind in ("kill", "stall"):
+    if process:
         return pids is not None and pid_of(call) in pids
     return True
 

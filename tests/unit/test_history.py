@@ -15,8 +15,10 @@ FINAL = {"OK", "FAILED", "CANCEL"}
 
 
 def call(path: str, key: str, at: float, host: str = "h1", pid: int = 101, took: float = 0.1,
-         funnel: str | None = None) -> Call:
+         funnel: str | None = None, began: float | None = None) -> Call:
     headers = {"x-test-pid": str(pid)}
+    if began is not None:
+        headers["x-test-began"] = str(began)
     if funnel:
         headers["x-funnel"] = funnel
     return Call(path, key, None, 200, at, at + took, False, headers, IP[host])
@@ -65,6 +67,27 @@ def test_a_repeat_explained_by_a_kill_or_a_store_cut_of_its_host_passes() -> Non
         again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 16.0, host="h3", pid=301, funnel="g0")
         report = run(one_call(1, 10.0) + [again], [fault])
         assert report.ok, (fault, report.details())
+
+
+def test_a_call_arriving_just_after_a_cut_of_a_step_begun_before_it_is_explained() -> None:
+    # the step's lease was written before the cut; nothing could tell the process until a write failed
+    first = call("/funnel/ordered", "CONFIRMED/c1/ordered", 10.07, funnel="g0", began=9.98)
+    again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 13.3, host="h2", pid=201, funnel="g0")
+    report = run([first, again, call("/funnel/confirm", "1:OK", 14.0)], [Fault("cut_pg", "h1", 10.0, 20.0)])
+    assert report.ok, report.details()
+    # begun after the cut (a call started once the store was lost): not explained
+    first = call("/funnel/ordered", "CONFIRMED/c1/ordered", 10.07, funnel="g0", began=10.01)
+    report = run([first, again, call("/funnel/confirm", "1:OK", 14.0)], [Fault("cut_pg", "h1", 10.0, 20.0)])
+    assert len(report.repeated) == 1
+
+
+def test_a_stalled_process_that_sends_its_call_on_resume_is_flagged() -> None:
+    # stopped after its step began, before its call: the repair made the call, then the stalled one did
+    repair = call("/funnel/ordered", "CONFIRMED/c1/ordered", 14.0, host="h2", pid=201, funnel="g0")
+    late = call("/funnel/ordered", "CONFIRMED/c1/ordered", 50.2, pid=101, funnel="g0", began=9.9)
+    report = run([repair, late, call("/funnel/confirm", "1:OK", 15.0, host="h2", pid=201)],
+                 [Fault("stall", "h1", 10.0, 50.0, pids=[101])])
+    assert [r["pids"] for r in report.repeated] == [[201, 101]]
 
 
 def test_a_repeat_during_a_fault_on_another_host_is_flagged() -> None:
