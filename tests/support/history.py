@@ -94,10 +94,11 @@ def began_of(call: Any) -> float:
     """When the step that made `call` began its body (its X-Test-Began, on the machine's monotonic clock,
     which every host of the rig shares), or, without one, when the call arrived."""
     value = (getattr(call, "headers", None) or {}).get(BEGAN_HEADER)
+    arrived = float(call.started)
     try:
-        return min(float(value), call.started) if value is not None else call.started
+        return min(float(value), arrived) if value is not None else arrived
     except ValueError:
-        return call.started
+        return arrived
 
 
 def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:

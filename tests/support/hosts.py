@@ -442,7 +442,7 @@ class Traffic:
     def __init__(self, the_rig: Rig, rate: float, seed: int) -> None:
         self.rig, self.rate = the_rig, rate
         self.random = random.Random(seed)
-        self.submitted: dict[str, dict[str, Any]] = {}  # correlation id -> {id, route, group, n}
+        self.submitted: dict[str, dict[str, Any]] = {}  # correlation id -> {id, route, group, prefix, lines?}
         self.refused = 0
         self._n = 0
 

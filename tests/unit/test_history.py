@@ -5,8 +5,10 @@ call it repeats was in flight in the process (or on the host) a fault hit."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from openhub.testing import Call
-from tests.support.history import check
+from tests.support.history import Report, check
 from tests.support.hosts import Fault
 
 HOSTS = {"10.0.0.11": "h1", "10.0.0.12": "h2", "10.0.0.13": "h3"}
@@ -24,17 +26,18 @@ def call(path: str, key: str, at: float, host: str = "h1", pid: int = 101, took:
     return Call(path, key, None, 200, at, at + took, False, headers, IP[host])
 
 
-def message(n: int, route: str = "test.funnel", prefix: str = "/funnel", group: str | None = "g0") -> dict:
+def message(n: int, route: str = "test.funnel", prefix: str = "/funnel", group: str | None = "g0") -> dict[str, Any]:
     return {"id": n, "route": route, "group": group, "prefix": prefix}
 
 
-def one_call(n: int, at: float, **how) -> list[Call]:  # noqa: ANN003
+def one_call(n: int, at: float, **how: Any) -> list[Call]:
     """A funnel message's one step and its confirmation, each made once."""
     return [call("/funnel/ordered", f"CONFIRMED/c{n}/ordered", at, funnel="g0", **how),
             call("/funnel/confirm", f"{n}:OK", at + 1.0, **how)]
 
 
-def run(calls: list[Call], faults: list[Fault], submitted: dict | None = None, overlaps: list[str] | None = None):
+def run(calls: list[Call], faults: list[Fault], submitted: dict[str, dict[str, Any]] | None = None,
+        overlaps: list[str] | None = None) -> Report:
     submitted = submitted if submitted is not None else {"c1": message(1)}
     states = {v["id"]: "OK" for v in submitted.values()}
     return check(calls, overlaps or [], faults, HOSTS.get, submitted, states, FINAL, origin=0.0)
@@ -88,6 +91,11 @@ def test_a_stalled_process_that_sends_its_call_on_resume_is_flagged() -> None:
     report = run([repair, late, call("/funnel/confirm", "1:OK", 15.0, host="h2", pid=201)],
                  [Fault("stall", "h1", 10.0, 50.0, pids=[101])])
     assert [r["pids"] for r in report.repeated] == [[201, 101]]
+    # its late call repeated afterwards: the stall hit before that call arrived, so it explains nothing
+    after = call("/funnel/ordered", "CONFIRMED/c1/ordered", 55.0, host="h2", pid=201, funnel="g0")
+    report = run([late, after, call("/funnel/confirm", "1:OK", 56.0, host="h2", pid=201)],
+                 [Fault("stall", "h1", 10.0, 50.0, pids=[101])])
+    assert [r["pids"] for r in report.repeated] == [[101, 201]]
 
 
 def test_a_repeat_during_a_fault_on_another_host_is_flagged() -> None:
@@ -153,6 +161,12 @@ def test_a_late_arrival_in_a_guaranteed_order_funnel_is_flagged() -> None:
     report = run([a, b, late_a, *confirms], [stall], submitted)
     assert report.out_of_order and "1 (CONFIRMED/c1/ordered) arrived at 37.00, after 2" in report.out_of_order[0]
     assert not report.ok
+    # every arrival after a later-submitted one's is flagged: C, A, B flags A and B
+    submitted3 = dict(submitted, c3=message(3, "test.ordered_x", "/ordered"))
+    c = call("/ordered/ordered", "CONFIRMED/c3/ordered", 5.0, host="h3", pid=301, funnel="g0")
+    confirms3 = [*confirms, call("/ordered/confirm", "3:OK", 17.0)]
+    report = run([c, a, b, *confirms3], [], submitted3)
+    assert [line.split(" (")[0] for line in report.out_of_order] == ["g0: 1", "g0: 2"]
     # in submission order, the same calls pass
     report = run([a, late_a, *confirms, call("/ordered/ordered", "CONFIRMED/c2/ordered", 38.0, funnel="g0")],
                  [Fault("stall", "h1", 10.05, 30.0, pids=[101])], submitted)
