@@ -491,6 +491,31 @@ def _states(ids: list[int]) -> dict[int, str]:
                                                     .where(messages.c.id.in_(ids)))}
 
 
+def _unsettled(ids: list[int], confirmed: set[str], final: set[str], limit: int = 20) -> list[dict[str, Any]]:
+    """What each message not yet final and confirmed shows in the store: its state, step and history's
+    last entries, and its confirmation's row (why a run did not settle)."""
+    from sqlalchemy import select
+
+    from openhub.db import transaction
+    from openhub.schema import confirmations, messages
+
+    M, C = messages.c, confirmations.c
+    out = []
+    with transaction() as conn:
+        rows = conn.execute(select(M.id, M.state, M.service, M.operation, M.due_at, M.step_run, M.failed_step)
+                            .where(M.id.in_(ids)).order_by(M.id)).all()
+        for r in rows:
+            if r.state in final and f"{r.id}:{r.state}" in confirmed:
+                continue
+            conf = conn.execute(select(C.outcome, C.state, C.attempts, C.due_at, C.last_error)
+                                .where(C.message_id == r.id)).all()
+            out.append({"id": r.id, "state": r.state, "route": f"{r.service}.{r.operation}", "due_at": str(r.due_at),
+                        "step_run": r.step_run, "confirmations": [[str(v)[:200] for v in c] for c in conf]})
+            if len(out) >= limit:
+                break
+    return out
+
+
 def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order: list[str] | None = None,
               kinds: list[str] | None = None, hosts: int = 3, settle: float = 240.0,
               extra: dict[str, str] | None = None, longest: float = 30.0,
@@ -535,11 +560,13 @@ def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order
                 pass
             time.sleep(1.0)  # polling interval of the bounded wait
         settled_after = time.monotonic() - faults_done
+        confirmed = {c.key for c in list(external.calls) if c.path.endswith("/confirm") and c.status < 400}
+        unsettled = _unsettled(ids, {k for k in confirmed if k}, final)
         report = check(list(external.calls), list(external.overlaps), driver.log, the_rig.host_of,
                        traffic.submitted, _states(ids), final, origin)
         facts = {"seed": seed, "seconds": round(faults_done - origin, 1), "settled_after": round(settled_after, 1),
                  "submitted": len(ids), "refused_batches": traffic.refused, "netem": the_rig.netem,
-                 "faults": [f.as_dict(origin) for f in driver.log]}
+                 "faults": [f.as_dict(origin) for f in driver.log], "unsettled": unsettled}
         (workdir / "report.json").write_text(json.dumps({"summary": report.summary(), "facts": facts,
                                                          "details": report.details(200)}, indent=1))
         return report, facts
