@@ -39,6 +39,10 @@ EXPLAINS = {"kill", "stall", "cut_pg", "cut_both"}
 # A confirmation's sending lease lives in the store: only its sender's death or stall can send it twice.
 EXPLAINS_CONFIRMATION = {"kill", "stall"}
 SLACK = 2.0  # seconds after a call's answer in which its record may still have been under way
+# How long after its host's store cut a step may still begin, unaware, on a lease written before the cut: the
+# rig's fence (0.75 of OPENHUB_WORKER_DEAD_AFTER=3). Its repeats stay unexplained (issue 33, break 6) but are
+# marked `after_cut`, so that a test can tell them from any other.
+CUT_UNSEEN = 2.25
 # route -> its steps' calls: (the path after the message's prefix, the step's key)
 STEPS = {"test.flow": [("a", "a"), ("b", "b"), ("c", "c")], "fused.flow": [("a", "a"), ("b", "b"), ("c", "c")],
          "test.funnel": [("ordered", "ordered")], "test.ordered_x": [("ordered", "ordered")],
@@ -133,7 +137,13 @@ def _repeats(path: str, key: str, made: list[Any], faults: list[Any], host_of: A
                       if f.start <= again.started and hit(f, earlier, host_of(earlier.peer), kinds)), None)
         causes.append(cause)
     entry = {"path": path, "key": key, "times": len(made), "hosts": [host_of(c.peer) for c in made],
-             "pids": [pid_of(c) for c in made], "at": [round(c.started - origin, 2) for c in made]}
+             "pids": [pid_of(c) for c in made], "at": [round(c.started - origin, 3) for c in made],
+             "began": [round(began_of(c) - origin, 3) for c in made]}
+    first = made[0]
+    cut = next((f for f in faults if f.kind in ("cut_pg", "cut_both") and f.host == host_of(first.peer)
+                and f.start < began_of(first) <= f.start + CUT_UNSEEN), None)
+    if cut is not None:
+        entry["after_cut"] = round(began_of(first) - cut.start, 3)  # its step began this long after the cut
     return entry, causes
 
 
