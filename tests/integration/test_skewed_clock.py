@@ -134,3 +134,24 @@ def test_a_poller_whose_clock_is_behind_sends_again_a_confirmation_whose_sending
                                                       due_at=database_now() - timedelta(seconds=1)))
         assert send_confirmations(view.id, now=utcnow() - timedelta(seconds=90)) == 1
         assert routes.CONFIRMED == [(view.id, "OK")]
+
+
+def test_the_skewed_clock_takes_a_datetime_a_driver_made(tmp_path) -> None:  # noqa: ANN001
+    # Found by the multi-host rig once its traffic had splits (issue 33, item 6): on a skewed host every
+    # split failed, "msg_timestamp must be a datetime", because its datetime was the skewed subclass and
+    # the parent's timestamp, read by psycopg, the real type.
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.hosts import SKEW_PATH
+    from tests.support.workers import PROJECT
+
+    skew = tmp_path / "skew"
+    skew.write_text("90\n")
+    script = ("import _datetime, datetime; from openhub.producer import to_utc;"
+              "real = _datetime.datetime(2020, 1, 1); assert to_utc(real) == real;"
+              "assert datetime.datetime.now() - real.now() > datetime.timedelta(seconds=80)")
+    env = dict(os.environ, OPENHUB_TEST_SKEW_FILE=str(skew), PYTHONPATH=f"{SKEW_PATH}{os.pathsep}{PROJECT}")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr

@@ -7,7 +7,10 @@ external system (openhub.testing.ExternalSystem) are private to the rig and list
 address (and 127.0.0.1, for the driver). A fault is made inside one namespace only: nftables rules
 that drop its packets to PostgreSQL, to Redis, or 5 % of all; a slow link (tc netem's 200 ms where
 the kernel has sch_netem, else a tbf rate limit whose queue delays); SIGSTOP of a worker for 40 s;
-a kill and restart of its workers; its wall clock shifted by 90 s (tests/support/skewed_clock).
+a kill and restart of its workers; its wall clock shifted by 90 s (tests/support/skewed_clock). One fault is
+not in a namespace: Redis restarted empty (every host's broker connections cut, every queue lost). Each
+fault says which host it hit and, for a kill or a stall, which processes (the checker explains a repeat
+only by a fault on the process that made the call, tests/support/history.py).
 
 Needs root and `ip netns`; `available()` says why not. Everything the rig made (namespaces, links,
 processes, servers) is removed when its `with` block ends, however it ends.
@@ -282,22 +285,25 @@ def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, st
 
 
 # --- the fault driver -------------------------------------------------------------------------
-KINDS = ["cut_pg", "cut_redis", "cut_both", "slow_link", "lossy_link", "stall", "kill", "skew"]
+KINDS = ["cut_pg", "cut_redis", "cut_both", "slow_link", "lossy_link", "stall", "kill", "skew", "restart_redis"]
+BROKER = "redis"  # the "host" of a fault on the shared broker, not on one of the worker hosts
 
 
 @dataclass
 class Fault:
-    """One fault on one host, from `start` to `end` (monotonic seconds), as the log shows it."""
+    """One fault on one host, from `start` to `end` (monotonic seconds), as the log shows it; `pids`: the
+    processes a kill or a stall hit (None: the whole host)."""
 
     kind: str
     host: str
     start: float
     end: float | None = None
     detail: str = ""
+    pids: list[int] | None = None
 
     def as_dict(self, origin: float) -> dict[str, Any]:
         return {"kind": self.kind, "host": self.host, "at": round(self.start - origin, 1),
-                "for": round((self.end or self.start) - self.start, 1), "detail": self.detail}
+                "for": round((self.end or self.start) - self.start, 1), "detail": self.detail, "pids": self.pids}
 
 
 class FaultDriver:
@@ -322,6 +328,8 @@ class FaultDriver:
             kind = queue.pop(0) if queue else self.random.choice(self.kinds)
             host = self.random.choice(self.rig.hosts)
             length = self.STALL if kind == "stall" else self.random.uniform(5.0, self.longest)
+            if kind == "restart_redis":
+                length = self.random.uniform(1.0, 3.0)  # how long Redis stays down
             length = min(length, max(deadline - time.monotonic(), 1.0)) if kind != "stall" else length
             fault = self.inject(kind, host, length)
             stop.wait(length)  # the fault's length is what is being injected
@@ -329,7 +337,7 @@ class FaultDriver:
             stop.wait(self.random.uniform(*self.calm))
 
     def inject(self, kind: str, host: Host, length: float) -> Fault:
-        fault = Fault(kind, host.name, time.monotonic())
+        fault = Fault(kind, BROKER if kind == "restart_redis" else host.name, time.monotonic())
         gw, pg, redis = self.rig.gateway, self.rig.pg.port, self.rig.redis.port
         ports = {"cut_pg": [pg], "cut_redis": [redis], "cut_both": [pg, redis]}
         if kind in ports:
@@ -356,10 +364,13 @@ class FaultDriver:
                 worker = self.random.choice(victims)
                 whole = self.random.random() < 0.5
                 pids = [worker.process.pid] if whole else worker.child_pids()[:1] or [worker.process.pid]
+                # the processes the stall stops: the whole worker is its pool too
+                fault.pids = [worker.process.pid, *worker.child_pids()] if whole else list(pids)
                 if whole:
                     os.killpg(worker.process.pid, signal.SIGSTOP)
                 else:
                     os.kill(pids[0], signal.SIGSTOP)
+                fault.start = time.monotonic()
                 fault.detail = f"{worker.name} {'whole worker' if whole else f'pool process {pids[0]}'}"
 
                 def resume() -> None:
@@ -372,6 +383,8 @@ class FaultDriver:
                         pass
                 self._undo.append(resume)
         elif kind == "kill":
+            fault.pids = [pid for w in host.live_workers() for pid in (w.process.pid, *w.child_pids())]
+            fault.start = time.monotonic()
             for w in host.live_workers():
                 w.kill()
             fault.detail = "SIGKILL every worker; restarted at the fault's end"
@@ -381,6 +394,11 @@ class FaultDriver:
             host.skew_file.write_text(f"{shift}\n")
             fault.detail = f"wall clock {shift:+d} s"
             self._undo.append(lambda: host.skew_file.write_text("0\n"))
+        elif kind == "restart_redis":
+            # down for the fault's length, then up again empty: stop now, start in heal()
+            self.rig.redis.stop()
+            fault.detail = "redis-server stopped; started again empty at the fault's end"
+            self._undo.append(lambda: self.rig.redis.restart())
         else:
             raise ValueError(kind)
         self.log.append(fault)
@@ -398,8 +416,12 @@ class FaultDriver:
 
 
 # --- traffic ----------------------------------------------------------------------------------
-# (route, payload) kinds: a chain and a fused flow of three calls, a funnel, a funnel in guaranteed order
+# (route, payload) kinds: a chain and a fused flow of three calls, a funnel, a funnel in guaranteed order,
+# a split (a call, two children of one call each, a call after them; its own paths, to count the lines)
 GROUPS = 3
+TRAFFIC_KINDS = ["chain", "fused", "funnel", "ordered", "split"]
+FUNNEL_PATHS = ["/funnel/ordered", "/ordered/ordered"]
+FUNNEL_HOLD = 0.075  # seconds the external system takes over a funnel's call, so that an overlap shows
 
 
 def payload(kind: str, n: int) -> tuple[str, dict[str, Any]]:
@@ -407,6 +429,8 @@ def payload(kind: str, n: int) -> tuple[str, dict[str, Any]]:
         return "test.flow", {"prefix": "/chain"}
     if kind == "fused":
         return "fused.flow", {"prefix": "/fused"}
+    if kind == "split":
+        return "test.order", {"prefix": f"/split/{n}", "lines": [{"sku": 1}, {"sku": 2}]}
     group = f"{kind}{n % GROUPS}"
     route = "test.funnel" if kind == "funnel" else "test.ordered_x"
     return route, {"prefix": f"/{kind}", "group": group, "funnel_header": group}
@@ -418,7 +442,7 @@ class Traffic:
     def __init__(self, the_rig: Rig, rate: float, seed: int) -> None:
         self.rig, self.rate = the_rig, rate
         self.random = random.Random(seed)
-        self.submitted: dict[str, dict[str, Any]] = {}  # correlation id -> {id, route, group, n}
+        self.submitted: dict[str, dict[str, Any]] = {}  # correlation id -> {id, route, group, prefix, lines?}
         self.refused = 0
         self._n = 0
 
@@ -427,7 +451,7 @@ class Traffic:
             batch = []
             for _ in range(max(1, round(self.rate))):
                 self._n += 1
-                kind = self.random.choice(["chain", "fused", "funnel", "ordered"])
+                kind = self.random.choice(TRAFFIC_KINDS)
                 route, body = payload(kind, self._n)
                 batch.append({"route": route, "payload": body, "correlation_id": f"hosts-{self._n:06d}",
                               "source_system": SOURCE})
@@ -450,6 +474,8 @@ class Traffic:
             self.submitted[item["correlation_id"]] = {"id": view["id"], "route": item["route"],
                                                       "group": item["payload"].get("group"),
                                                       "prefix": item["payload"]["prefix"]}
+            if "lines" in item["payload"]:
+                self.submitted[item["correlation_id"]]["lines"] = len(item["payload"]["lines"])
         return True
 
 
@@ -465,6 +491,31 @@ def _states(ids: list[int]) -> dict[int, str]:
                                                     .where(messages.c.id.in_(ids)))}
 
 
+def _unsettled(ids: list[int], confirmed: set[str], final: set[str], limit: int = 20) -> list[dict[str, Any]]:
+    """What each message not yet final and confirmed shows in the store: its state, step and history's
+    last entries, and its confirmation's row (why a run did not settle)."""
+    from sqlalchemy import select
+
+    from openhub.db import transaction
+    from openhub.schema import confirmations, messages
+
+    M, C = messages.c, confirmations.c
+    out = []
+    with transaction() as conn:
+        rows = conn.execute(select(M.id, M.state, M.service, M.operation, M.due_at, M.step_run, M.failed_step)
+                            .where(M.id.in_(ids)).order_by(M.id)).all()
+        for r in rows:
+            if r.state in final and f"{r.id}:{r.state}" in confirmed:
+                continue
+            conf = conn.execute(select(C.outcome, C.state, C.attempts, C.due_at, C.last_error)
+                                .where(C.message_id == r.id)).all()
+            out.append({"id": r.id, "state": r.state, "route": f"{r.service}.{r.operation}", "due_at": str(r.due_at),
+                        "step_run": r.step_run, "confirmations": [[str(v)[:200] for v in c] for c in conf]})
+            if len(out) >= limit:
+                break
+    return out
+
+
 def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order: list[str] | None = None,
               kinds: list[str] | None = None, hosts: int = 3, settle: float = 240.0,
               extra: dict[str, str] | None = None, longest: float = 30.0,
@@ -477,6 +528,8 @@ def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order
 
     final = {s.value for s in FINAL}
     with rig(workdir, hosts, extra=extra) as the_rig:
+        for path in FUNNEL_PATHS:
+            the_rig.external.delay(path, FUNNEL_HOLD)
         origin = time.monotonic()
         traffic = Traffic(the_rig, rate, seed)
         driver = FaultDriver(the_rig, seed, kinds=kinds, longest=longest, calm=calm)
@@ -507,11 +560,13 @@ def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order
                 pass
             time.sleep(1.0)  # polling interval of the bounded wait
         settled_after = time.monotonic() - faults_done
+        confirmed = {c.key for c in list(external.calls) if c.path.endswith("/confirm") and c.status < 400}
+        unsettled = _unsettled(ids, {k for k in confirmed if k}, final)
         report = check(list(external.calls), list(external.overlaps), driver.log, the_rig.host_of,
                        traffic.submitted, _states(ids), final, origin)
         facts = {"seed": seed, "seconds": round(faults_done - origin, 1), "settled_after": round(settled_after, 1),
                  "submitted": len(ids), "refused_batches": traffic.refused, "netem": the_rig.netem,
-                 "faults": [f.as_dict(origin) for f in driver.log]}
+                 "faults": [f.as_dict(origin) for f in driver.log], "unsettled": unsettled}
         (workdir / "report.json").write_text(json.dumps({"summary": report.summary(), "facts": facts,
                                                          "details": report.details(200)}, indent=1))
         return report, facts

@@ -7,6 +7,7 @@ system (`{prefix}/{step}`), where it can inject failures and count effects in is
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import httpx
@@ -21,10 +22,13 @@ def external_url() -> str:
     return os.environ.get("OPENHUB_TEST_EXTERNAL_URL", "http://127.0.0.1:9")
 
 
-def call(ctx: StepContext, name: str, body: dict | None = None) -> dict:
+def call(ctx: StepContext, name: str, body: dict | None = None, began: float | None = None) -> dict:
     """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key (and,
-    from a test's worker process, `X-Test-Worker`: which worker made the call)."""
-    headers = {"Idempotency-Key": ctx.idempotency_key}
+    from a test's worker process, `X-Test-Worker`: which worker made the call; `X-Test-Pid`: which process, for the
+    multi-host checker, tests/support/history.py; `X-Test-Began`: the monotonic time the step's body began,
+    `began`, or now)."""
+    headers = {"Idempotency-Key": ctx.idempotency_key, "X-Test-Pid": str(os.getpid()),
+               "X-Test-Began": f"{time.monotonic() if began is None else began:.6f}"}
     ctx.check_fence()  # a step calling with its own client fences its call itself (README)
     if os.environ.get("OPENHUB_TEST_WORKER"):
         headers["X-Test-Worker"] = os.environ["OPENHUB_TEST_WORKER"]
@@ -40,6 +44,7 @@ def call(ctx: StepContext, name: str, body: dict | None = None) -> dict:
 def scripted(name: str):  # noqa: ANN201
     """A step that calls the external system, then does what the payload scripts for it."""
     def run(ctx: StepContext) -> None:
+        began = time.monotonic()
         script = ctx.payload.get("script", {}).get(name, {})
         done = ctx.custom_data.setdefault("done", [])
         if script.get("no_effect_once") and f"{name}:no_effect" not in done:
@@ -52,7 +57,7 @@ def scripted(name: str):  # noqa: ANN201
         if script.get("holdback_once") and f"{name}:held" not in done:
             done.append(f"{name}:held")
             raise Holdback("downstream asked us to stop")
-        call(ctx, name)
+        call(ctx, name, began=began)
         if script.get("business_error"):
             ctx.business_error(script["business_error"], f"{name} refused part of it")
         if script.get("reject"):
@@ -207,4 +212,5 @@ def confirm(outcome: Outcome) -> None:
     """Confirm to the external system (its path from the payload), failing when it fails."""
     prefix = outcome.message.payload["prefix"]
     httpx.post(f"{external_url()}{prefix}/confirm", json=outcome.as_dict(),
-               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}"}, timeout=10).raise_for_status()
+               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}", "X-Test-Pid": str(os.getpid())},
+               timeout=10).raise_for_status()

@@ -31,7 +31,21 @@ def _offset() -> float:
     return _cache[0]
 
 
-class _SkewedDatetime(_dt.datetime):
+_real_datetime = _dt.datetime
+
+
+class _AnyDatetime(type):
+    """Every datetime is one: those that C code makes (a database driver's) are the real type, and the
+    hub's `isinstance(value, datetime)` must still take them (a split child's inherited timestamp)."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, _real_datetime)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _real_datetime)
+
+
+class _SkewedDatetime(_dt.datetime, metaclass=_AnyDatetime):
     __slots__ = ()  # the size of a datetime, as compiled modules that import the type check
     @classmethod
     def now(cls, tz=None):  # noqa: ANN001, ANN206
