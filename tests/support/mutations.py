@@ -236,7 +236,8 @@ MUTATIONS: list[Mutation] = [
         "    return fenced(since) or _store_away or \\\n"
         "        time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE\n",
         "    return fenced(since)\n",
-        model=False, guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store"),
+        model=False,
+        guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store"),
 ]
 
 
