@@ -510,7 +510,10 @@ def test_a_source_system_sees_its_message_without_the_hubs_internals(api_env, ci
         mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
         theirs = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
         openhub.cancel(message_id)
-    assert mine["history"][0]["event"] == "accepted" and len(mine["history"]) == len(theirs["history"])
+    # The worker may carry the restarted message on between the two reads: the history only grows, so the
+    # source system's is the start of the admin's, read after it (equal lengths failed beside the CPU burner).
+    events = [h["event"] for h in mine["history"]]
+    assert events[0] == "accepted" and events == [h["event"] for h in theirs["history"]][:len(events)], (mine, theirs)
     assert not {"http_exchanges", "custom_data", "trace_url"} & set(mine), sorted(mine)
     assert not [h for h in mine["history"] if "detail" in h], mine["history"]
     assert {"http_exchanges", "custom_data", "trace_url"} <= set(theirs)
