@@ -39,25 +39,20 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
-from sqlalchemy import select
-
 from .concurrency import green
 from .db import is_outage, transaction
-from .engine import (enter, fenced_in_call, interrupted, left_to_repair, new_run, outcome, pause_before_retry,
-                     record, record_and_enter)
-from .errors import Fenced, StepFailed, StoreUnavailable
+from .engine import (enter, interrupted, left_to_repair, new_run, outcome, pause_before_retry, record,
+                     record_and_enter)
+from .errors import StepFailed, StoreUnavailable
 from .hub import Hub, current
 from .lifecycle import FollowUps, Tx
 from .policy import outage_pause
 from .redrive import carry_out
 from .runs import Entered, StepRun, TimeLimit
-from .schema import messages
-from .states import State
 from .verdicts import StepReport, Verdict
 
 __all__ = ["run_batch", "summary"]
 
-M = messages.c
 log = logging.getLogger("openhub.batch")
 
 
@@ -198,49 +193,21 @@ def _run_all(members: list[_Member]) -> None:
         finally:
             pool.kill(block=True)
     else:
-        for i, m in enumerate(members):
-            _run_one(m, still_held=i > 0)
+        for m in members:
+            _run_one(m)
 
 
-def _run_one(m: _Member, still_held: bool = False) -> None:
-    """Run the member's step; `still_held`: its lease is read first, as earlier members' calls ran since it
-    was taken (a member cancelled meanwhile, or whose lease was taken over, makes no call)."""
+def _run_one(m: _Member) -> None:
     assert isinstance(m.entered, Entered)
     if left_to_repair(m.run, m.entered):
         m.stop()
         return
-    if still_held and not _still_held(m):
-        m.stop()
-        return
     try:
         m.verdict = outcome(m.run, m.entered)
-    except Fenced:
-        fenced_in_call(m.run, m.entered)
-        m.stop()
     except Exception:  # noqa: BLE001 - a fault of the hub around the step (its own faults are verdicts)
         log.exception("message %s: step %s crashed outside the step; its lease is repaired", m.run.message_id,
                       m.run.item.key)
         m.stop()
-
-
-def _still_held(m: _Member) -> bool:
-    """Whether the member's message is still PROCESSING under its lease (not cancelled, not taken over by a
-    repair): read just before its call. Where the store cannot be reached, no: its write could not follow,
-    and the repair would make the call again (the run is left to it)."""
-    assert isinstance(m.entered, Entered)
-    try:
-        with transaction() as conn:
-            row = conn.execute(select(M.state, M.attempt_id, M.step_run).where(M.id == m.run.message_id)).first()
-    except StoreUnavailable as exc:
-        log.warning("message %s: step %s not run: the store cannot be reached (%s); left to the repair",
-                    m.run.message_id, m.run.item.key, exc)
-        return False
-    if row is not None and (row.state, row.attempt_id, row.step_run) == (State.PROCESSING.value, m.run.token,
-                                                                         m.entered.run_id):
-        return True
-    log.info("message %s: step %s not run: its message moved on while the batch's earlier calls ran (%s)",
-             m.run.message_id, m.run.item.key, row.state if row is not None else "gone")
-    return False
 
 
 # --- writing -------------------------------------------------------------------------------------------------

@@ -47,7 +47,6 @@ from .schema import confirmations, messages
 from .states import ConfirmationState as CS
 from .store import message_view, refuse_control
 from .tracing import failed, message_span
-from .workers import call_fenced
 
 log = logging.getLogger("openhub.confirm")
 C = confirmations.c
@@ -211,9 +210,7 @@ def _send_one(confirmation_id: int, sending: _Sending, deadline: TimeLimit | Non
     if confirmer is None:
         log.info("message %s (%s) ended %s; no confirmer for source system %s", view.id, view.correlation_id,
                  row.outcome, view.source_system)
-    elif not sending.held() or call_fenced(float("inf")):
-        # Stalled since the claim (another sender may have it now), or this process's heartbeat fell behind
-        # (others may judge it dead, and the store may be away): left to the next sender.
+    elif not sending.held():  # stalled since the claim: another sender may have it now; left to the next one
         log.warning("%s of message %s not sent: its sending lease may have run out (this process stalled, or the "
                     "store was away); the next sender sends it", hook or f"confirmation to {view.source_system}",
                     view.id)

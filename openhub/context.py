@@ -122,15 +122,6 @@ class StepContext:
         self.business_errors: list[dict[str, str]] = []
         self.log = logging.LoggerAdapter(log, {"correlation_id": message.correlation_id, "message_id": message.id})
 
-    def check_fence(self) -> None:
-        """Call right before an external call the step makes with its own client (HttpCall does it for
-        its calls): raises Fenced where this process's heartbeat fell behind (a stall, the store away),
-        when others may judge it dead and make the call again. Not a failure: let it propagate, the
-        step's lease is let go and the step runs later (openhub.workers.check_fence)."""
-        from .workers import check_fence
-
-        check_fence()
-
     def business_error(self, code: str, text: str) -> None:
         """Record an expected business error; the route goes on and the error is confirmed at the end."""
         self.business_errors.append({"code": str(code), "text": str(text)})

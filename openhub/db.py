@@ -95,12 +95,11 @@ def _clock_stale(url: str) -> bool:
     return reading is None or _boot_clock() - reading[0] > CLOCK_READ_EVERY
 
 
-def sqlite_engine(url: str, **options: Any) -> Engine:
-    """A new engine for the SQLite database at `url` (WAL, BEGIN IMMEDIATE); `options` for create_engine."""
+def _sqlite_engine(url: str) -> Engine:
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False}, **options)
+    engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
@@ -130,7 +129,7 @@ def get_engine(url: str | None = None) -> Engine:
     engine = _engines.get(key)
     if engine is None:
         if url.startswith("sqlite"):
-            engine = sqlite_engine(url)
+            engine = _sqlite_engine(url)
         else:
             # No pre-ping round trip per checkout: a restarted server shows up as one
             # StoreUnavailable per process, after which SQLAlchemy recycles the whole pool.

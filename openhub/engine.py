@@ -25,7 +25,7 @@ from . import admission, leases, waits
 from .admission import Refusal
 from .context import NoEffect, StepContext, WaitForResponse, error_line
 from .db import transaction
-from .errors import Fenced, Holdback, Interrupted, Postpone, Reject, StoreUnavailable
+from .errors import Holdback, Interrupted, Postpone, Reject, StoreUnavailable
 from .failures import error_code, is_fatal
 from .hub import Hub, current
 from .breaker import counts_against_system
@@ -40,7 +40,7 @@ from .states import Event, State
 from .store import dumps, loads, lock_message
 from .tracing import step_span
 from .verdicts import StepReport, Verdict, call_key, idempotency_key, message_info
-from .workers import current_id, fenced, fencing, running
+from .workers import current_id, fenced, running
 
 __all__ = ["StepReport", "TimeLimit", "Verdict", "run_step", "run_steps"]
 
@@ -104,11 +104,7 @@ def _carry(run: StepRun, end: int, entered: Entered, runs: ExitStack,
     over to it (None where not), and the step's report."""
     if left_to_repair(run, entered):
         return None, StepReport(False, "stopped")
-    try:
-        verdict = outcome(run, entered)
-    except Fenced:
-        fenced_in_call(run, entered)
-        return None, StepReport(False, "stopped")
+    verdict = outcome(run, entered)
     if verdict.event is None and run.index + 1 < end:
         handed = _hand_over(run, entered, verdict, new_run(runs), follow)
         if handed is not None:
@@ -128,13 +124,6 @@ def left_to_repair(run: StepRun, entered: Entered) -> bool:
                 "unreachable); its lease is let go", run.message_id, run.item.key)
     drop_fenced(run, entered)
     return True
-
-
-def fenced_in_call(run: StepRun, entered: Entered) -> None:
-    """The step's external call was refused by the fence (openhub.workers.check_fence): as `left_to_repair`."""
-    log.warning("message %s: step %s's call not made: this process's heartbeat fell behind (stalled, or the "
-                "store unreachable); its lease is let go", run.message_id, run.item.key)
-    drop_fenced(run, entered)
 
 
 def drop_fenced(run: StepRun, entered: Entered) -> None:
@@ -170,8 +159,7 @@ def new_run(runs: ExitStack) -> str:
 # --- the step itself, outside any transaction ------------------------------------------------------------
 
 def outcome(run: StepRun, entered: Entered) -> Verdict:
-    """Run the step (outside any transaction) and tell how it ended; Fenced where its call was refused
-    (openhub.workers.check_fence: HttpCall, `ctx.check_fence()`), also where the step caught that."""
+    """Run the step (outside any transaction) and tell how it ended."""
     item = run.item
     called = time.monotonic()  # a batch's member waits its turn and the others' ends: the call's own time
     # What the step sends as secrets (HttpCall notes them) and its route's secret fields are redacted from
@@ -179,8 +167,7 @@ def outcome(run: StepRun, entered: Entered) -> Verdict:
     secrets = secret_values(entered.ctx.payload, run.route.secret_fields) if run.route.secret_fields else ()
     with secrets_scope(secrets), \
             step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced:  # openhub.tracing
-        with fencing(entered.started):
-            verdict = _run(run, entered.ctx)
+        verdict = _run(run, entered.ctx)
         entered.call_ms = int((time.monotonic() - called) * 1000)
         traced.ended(verdict.event and verdict.event.value, verdict.code, error_line(verdict.error))
     if verdict.event is Event.SPLIT:
@@ -213,8 +200,6 @@ def _run(run: StepRun, ctx: StepContext) -> Verdict:
         return Verdict(Event.POSTPONED, delay=exc.delay, error=exc.reason)
     except Holdback as exc:
         return Verdict(Event.HELD_BACK, error=exc.reason)
-    except Fenced:
-        raise
     except Exception as exc:  # fatal by class (Reject, fatal=, validation, HTTP 4xx), else transient: a fault to retry
         code = error_code(exc)
         if not is_fatal(exc, run.route.fatal + item.fatal):

@@ -90,12 +90,6 @@ class Interrupted(Exception):
     SoftTimeLimitExceeded) is read as, at the boundary (tasks/exceptions.py)."""
 
 
-class Fenced(Exception):
-    """An external call refused: this process's heartbeat fell behind (a stall, the store unreachable), so
-    others may judge it dead and make the call themselves (openhub.workers.check_fence). Not a step's
-    failure: the step's lease is let go and the step runs again later."""
-
-
 class StepFailed(Exception):
     """The step's attempt failed and the hub recorded it (retried later, or the message FAILED).
 

@@ -172,7 +172,6 @@ class HttpCall:
         client = pooled_client()
         req = client.build_request(method, url, headers=headers, **kwargs)
         _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
-        ctx.check_fence()  # right before the call: not sent by a process others may judge dead
         at, started = store_now(), time.perf_counter()
         try:
             response = client.send(req)

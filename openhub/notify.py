@@ -94,9 +94,6 @@ def post_within(url: str, seconds: float, **kwargs: Any) -> httpx.Response:
         ssl_context=httpx.create_ssl_context(), max_connections=1,
         network_backend=_DeadlineBackend(time.monotonic() + seconds, seconds))
     with httpx.Client(transport=transport, timeout=seconds) as client:
-        from .workers import check_fence  # the store's modules: only where a hub sends
-
-        check_fence()  # right before the send: none by a process others may judge dead (openhub.workers)
         try:
             response = client.post(url, **kwargs)
         except httpx.TimeoutException as exc:  # say which timeout: the overall one, not a read's

@@ -156,14 +156,6 @@ class ExternalSystem:
         with self._lock:
             self._gathers[path] = (calls, timeout, threading.Event())
 
-    def hold(self, path: str, timeout: float = 60.0) -> threading.Event:
-        """Calls to `path` wait until the event returned is set (each at most `timeout` seconds): a call
-        kept in flight until the test has done what it does meanwhile."""
-        release = threading.Event()
-        with self._lock:
-            self._gathers[path] = (1 << 30, timeout, release)
-        return release
-
     def delay(self, path: str, seconds: float) -> None:
         """Calls to `path` take `seconds` before they are applied (0 to stop delaying)."""
         with self._lock:

@@ -17,18 +17,6 @@ host whose clock is off neither sees the others dead nor looks dead itself. And 
 itself before others may: once its own heartbeat is older than 3/4 of the dead-after limit (a stall,
 a store it cannot reach), it starts no step call on a lease it holds, nor on one it took before
 that gap (`fenced`), so a repair never overlaps a call of a process that was judged dead.
-
-The heartbeat runs on a real OS thread (under gevent, one of gevent's original `_thread`), with a
-connection of its own: a step that computes without yielding, a loaded machine or greenlets waiting for
-the store's connections cannot stop it while the process lives (issue 33, break 5).
-
-Each external call the hub makes or lends is fenced right before it is sent (`check_fence`): besides
-the above, it is refused as soon as the heartbeat's last try failed (the store cannot be reached) or its
-last success is older than `CALL_FENCE` of the dead-after limit (2.5 heartbeat intervals: a beat stuck in a
-store that neither answers nor fails). A call started then could not be recorded, and the repair would
-make it again (break 6); refusing it costs only a postponed step. The limit is half the dead-after limit,
-not 3/4: a beat is due every fifth of it, so two missed beats are proof enough, and the half left is
-what a call just started has before others may judge this process dead.
 """
 
 from __future__ import annotations
@@ -36,55 +24,36 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
-from contextvars import ContextVar
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, delete, insert, select, update
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Connection, delete, insert, select, update
 
 from .config import get_settings
-from .db import database_now, is_postgres, sqlite_engine, transaction, utcnow
-from .errors import Fenced
+from .db import database_now, is_postgres, transaction, utcnow
 from .schema import workers
 
 log = logging.getLogger("openhub.workers")
 W = workers.c
 FORGET_AFTER = timedelta(days=1)  # rows of processes gone this long are deleted
 
-
-
-def _native_lock() -> Any:
-    """A lock of the OS, also under gevent (whose patched locks are for greenlets of one thread): what the
-    heartbeat thread and the steps' greenlets share, held by neither across I/O (a greenlet blocked on it
-    blocks its whole thread)."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original("_thread", "allocate_lock")()
-    return threading.Lock()
-
-
-_lock = threading.Lock()  # greenlets' own under gevent: held across the first heartbeat's I/O, never by the thread
+_lock = threading.Lock()
 _current: tuple[int, str] | None = None  # (pid, worker id) of this process
 _beating: int | None = None  # pid whose heartbeat thread runs
-_heart: _Heart | None = None  # that thread
+_heart: tuple[threading.Thread, threading.Event] | None = None  # that thread, and what stops it
 _runs: set[str] = set()  # the step runs in flight in this process
 _started = 0  # how many step runs this process started: a run's id begins with its number
-_runs_lock = _native_lock()  # a heartbeat reads `_started` and `_runs` as of one moment
+_runs_lock = threading.Lock()  # a heartbeat reads `_started` and `_runs` as of one moment
 FENCE = 0.75  # of OPENHUB_WORKER_DEAD_AFTER: a heartbeat this old stops this process's step calls
 _renewed: float | None = None  # monotonic time just before this process's last heartbeat that was written
 _gap_ended = float("-inf")  # monotonic time its heartbeat was last written after a gap longer than the fence
 _store_away = False  # this process's last heartbeat failed: the store could not be reached
-CALL_FENCE = 0.5  # of OPENHUB_WORKER_DEAD_AFTER: a heartbeat this old refuses an external call (module doc)
-# The step run in hand: [when its lease was taken, whether a call of it was refused]
-_lease_since: ContextVar[list[Any] | None] = ContextVar("openhub_lease_since", default=None)
 
 
 @contextmanager
@@ -114,7 +83,7 @@ def _locks_anew() -> None:
     """In a forked child: fresh locks. A child forked while its parent's heartbeat thread held one
     (prefork replaces a child at any moment) would wait for it forever in its first step."""
     global _lock, _runs_lock
-    _lock, _runs_lock = threading.Lock(), _native_lock()
+    _lock, _runs_lock = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_locks_anew)
@@ -166,23 +135,24 @@ def start_heartbeat(url: str | None = None, *, keep_trying: bool = False) -> str
                         raise
                     log.warning("worker %s: first heartbeat failed (%s)", worker_id, exc)
                     away = True
+                stop = threading.Event()
+                thread = threading.Thread(target=_heartbeat, args=(worker_id, node, url, stop, away), daemon=True,
+                                          name="openhub-heartbeat")
                 _store_away = away
-                heart = _Heart()
-                heart.start(worker_id, node, url, away)
-                _beating, _heart = pid, heart
+                thread.start()
+                _beating, _heart = pid, (thread, stop)
     return worker_id
 
 
 def beat(worker_id: str, node: str, url: str | None = None, *, broken: bool = False,
-         now: datetime | None = None, own: _OwnConnection | None = None) -> None:
+         now: datetime | None = None) -> None:
     """Record one heartbeat; `broken` starts a new unbroken run (the previous beat failed).
 
     Its time is the database server's on PostgreSQL (`now` given: that one), so every heartbeat
-    is written by one clock; SQLite is embedded, and its clock is this host's. `own`: the heartbeat
-    thread's connection (no pool the steps share, no gate); else the process's, ahead of the steps' greenlets.
+    is written by one clock; SQLite is embedded, and its clock is this host's.
     """
     global _renewed, _gap_ended
-    with (own.begin() if own is not None else transaction(url, first=True)) as conn:
+    with transaction(url, first=True) as conn:  # under gevent, ahead of the steps waiting for the store
         # The fence counts from here, with the connection in hand, just before the heartbeat's time is read:
         # still no later than the time others see, but not charged with opening the connection, which in a
         # fresh process on a busy machine took most of the fence and fenced its first step at once.
@@ -206,40 +176,6 @@ def _fence_after() -> float:
     return get_settings().worker_dead_after.total_seconds() * FENCE
 
 
-def call_fenced(since: float) -> bool:
-    """Whether an external call of a step run whose lease was taken at `since` must not be sent now:
-    `fenced`, or the heartbeat's last try failed, or its last success is older than `CALL_FENCE`."""
-    if _beating != os.getpid() or _renewed is None:
-        return False
-    return fenced(since) or _store_away or \
-        time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE
-
-
-@contextmanager
-def fencing(since: float) -> Iterator[None]:
-    """Within the block, `check_fence` guards the calls of the step run whose lease was taken at `since`;
-    where one was refused, the block raises Fenced at its end (also when the step caught it)."""
-    held = [since, False]
-    token = _lease_since.set(held)
-    try:
-        yield
-    finally:
-        _lease_since.reset(token)
-    if held[1]:
-        raise Fenced("a call of the step was refused: this process's heartbeat fell behind")
-
-
-def check_fence() -> None:
-    """Raise Fenced where this process must not make an external call now (`call_fenced`) for the step
-    run in hand; outside a step run, for any (a confirmation, a webhook: `fencing` sets its own)."""
-    held = _lease_since.get()
-    if call_fenced(float("inf") if held is None else held[0]):  # outside a run: how the heartbeat is now
-        if held is not None:
-            held[1] = True
-        raise Fenced("this process's heartbeat fell behind (stalled, or the store unreachable): "
-                     "no external call is made")
-
-
 def fenced(since: float) -> bool:
     """Whether this process must not start a step call on a lease it took at monotonic time `since`:
     its heartbeat is older than the fence now, or was at some moment since (a stall, a store it could
@@ -253,7 +189,7 @@ def fenced(since: float) -> bool:
 
 
 def _heart_alive() -> bool:
-    return _heart is not None and _heart.alive
+    return _heart is not None and _heart[0].is_alive()
 
 
 def store_reachable() -> bool:
@@ -275,98 +211,24 @@ def stop_heartbeat() -> None:
     global _beating, _heart
     with _lock:
         if _heart is not None and _beating == os.getpid():
-            _heart.stop(timeout=10)
+            thread, stop = _heart
+            stop.set()
+            thread.join(timeout=10)
         _beating, _heart = None, None
 
 
-class _Heart:
-    """The heartbeat's thread: an OS thread also under gevent (gevent's original `_thread`), which no
-    greenlet that computes, and no greenlet waiting for the store, can hold back."""
-
-    def __init__(self) -> None:
-        self.alive = False
-        self._stop = _native_lock()  # held while the thread should go on
-        self._ended = _native_lock()  # held while the thread runs
-        self._stop.acquire()
-
-    def start(self, worker_id: str, node: str, url: str, broken: bool) -> None:
-        monkey = sys.modules.get("gevent.monkey")
-        start_new_thread = monkey.get_original("_thread", "start_new_thread") if monkey is not None else None
-        if start_new_thread is None:
-            import _thread
-
-            start_new_thread = _thread.start_new_thread
-        self._ended.acquire()
-        self.alive = True
-        try:
-            start_new_thread(self._run, (worker_id, node, url, broken))
-        except BaseException:
-            self.alive = False
-            self._ended.release()
-            raise
-
-    def stop(self, timeout: float) -> None:
-        self._stop.release()
-        if self._ended.acquire(timeout=timeout):
-            self._ended.release()
-
-    def _run(self, worker_id: str, node: str, url: str, broken: bool) -> None:
-        try:
-            _heartbeat(worker_id, node, url, self._stop, broken)
-        finally:
-            self.alive = False
-            self._ended.release()
-
-
-class _OwnConnection:
-    """The heartbeat's own connection to the store, kept between beats and opened anew after a failure."""
-
-    def __init__(self, url: str) -> None:
-        self.engine: Engine = sqlite_engine(url, poolclass=NullPool) if url.startswith("sqlite") \
-            else create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 10})
-        self.conn: Connection | None = None
-
-    @contextmanager
-    def begin(self) -> Iterator[Connection]:
-        if self.conn is None:
-            self.conn = self.engine.connect()
-        try:
-            with self.conn.begin():
-                yield self.conn
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            try:
-                conn.invalidate()
-                conn.close()
-            except Exception:  # noqa: BLE001 - a connection already lost
-                pass
-
-    def dispose(self) -> None:
-        self.close()
-        self.engine.dispose()
-
-
-def _heartbeat(worker_id: str, node: str, url: str, stop: Any, broken: bool = False) -> None:
+def _heartbeat(worker_id: str, node: str, url: str, stop: threading.Event, broken: bool = False) -> None:
     global _store_away
     interval = max(get_settings().worker_dead_after.total_seconds() / 5, 0.05)
-    own = _OwnConnection(url)
-    try:
-        while not stop.acquire(timeout=interval):  # released: stop
-            try:
-                beat(worker_id, node, url, broken=broken, own=own)
-                broken = False
-            except Exception as exc:  # noqa: BLE001 - the database is away; the next beat starts a new run
-                if not broken:
-                    log.warning("worker %s: heartbeat failed (%s)", worker_id, exc)
-                broken = True
-            _store_away = broken
-    finally:
-        own.dispose()
+    while not stop.wait(interval):
+        try:
+            beat(worker_id, node, url, broken=broken)
+            broken = False
+        except Exception as exc:  # noqa: BLE001 - the database is away; the next beat starts a new run
+            if not broken:
+                log.warning("worker %s: heartbeat failed (%s)", worker_id, exc)
+            broken = True
+        _store_away = broken
 
 
 def dead_among(rows: Iterable[Any], dead_after: timedelta) -> set[str]:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import sqlalchemy
 from sqlalchemy import select
 
 import openhub
@@ -125,29 +124,6 @@ def test_a_message_cancelled_while_its_batch_runs_stops_and_the_others_go_on(loc
     assert "cancelled" in _history(ids[1])
 
 
-def test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call(local: LocalHub,
-                                                                            system: ExternalSystem) -> None:
-    """Issue 33, break 3: the members' calls run one after another (prefork); a member cancelled while an
-    earlier member's call is in flight must not make its own (its state is read right before its call),
-    and the others go on."""
-    prefixes = [_prefix() for _ in range(3)]
-    ids = [local.submit("batched.flow", {"prefix": p}).id for p in prefixes]
-    held = f"{prefixes[0]}/b"
-    release = system.hold(held)  # the first member's step b in flight until the cancel is done
-    runner = threading.Thread(target=local.run)
-    runner.start()
-    try:
-        wait_for(lambda: system.started_events[held].is_set(), timeout=30, what="the first member's call to begin")
-        openhub.cancel(ids[1])
-    finally:
-        release.set()
-    runner.join(timeout=60)
-    assert not runner.is_alive()
-    assert [local.get(i).state for i in ids] == ["OK", "CANCEL", "OK"]
-    assert system.count(f"{prefixes[1]}/b") == 0 and system.count(f"{prefixes[1]}/c") == 0
-    assert all(system.count(f"{p}/{name}") == 1 for p in (prefixes[0], prefixes[2]) for name in "abc")
-
-
 def test_a_worker_runs_batches_on_both_backends(hub, external, prefix) -> None:  # noqa: ANN001
     """The session's real worker: messages submitted together go in one batch task (Flower shows
     `openhub.batched.flow.batch`), each step of each message called once."""
@@ -159,54 +135,6 @@ def test_a_worker_runs_batches_on_both_backends(hub, external, prefix) -> None: 
         assert external.count(f"{prefix}/{name}") == 10 and external.effects(f"{prefix}/{name}") == 10
     assert_each_step_ok_once(ids, ["a", "b", "c"])
     assert "openhub.batched.flow.batch" in hub.workers[0].log()
-
-
-def test_prefork_batch_starts_no_call_after_its_worker_lost_the_store(tmp_path: Path) -> None:
-    """Issue 33, break 6: a prefork worker runs its batch members' calls one after another, before the one
-    group write. Cut from PostgreSQL (here through a proxy) while the first member's call is in flight, it
-    went on to start the later members' calls; another worker judged it dead and repaired the batch, and
-    those calls were made again. Now each member's lease is read right before its call: no later call is
-    started, and each later member's call is made once (by the worker that took the repair)."""
-    from tests.support import backends
-    from tests.support.tcpproxy import TcpProxy
-    from tests.support.workers import Worker
-
-    saved = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
-    external = ExternalSystem().start()
-    try:
-        with backends.backend("redis-pg", tmp_path / "store", {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
-            url = sqlalchemy.engine.make_url(b.database_url)
-            proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
-            cut_off = Worker(dict(b.env, OPENHUB_DATABASE_URL=url.set(host="127.0.0.1", port=proxy.port)
-                                  .render_as_string(hide_password=False)), tmp_path, beat=False, concurrency=1)
-            witness = Worker(b.env, tmp_path, concurrency=1)  # with the beat: its poller repairs
-            try:
-                cut_off.start()
-                b.workers.append(cut_off)
-                prefixes = [_prefix() for _ in range(3)]
-                held = f"{prefixes[0]}/b"
-                release = external.hold(held)
-                ids = [v.id for v in openhub.submit_many([
-                    {"route": "batched.flow", "payload": {"prefix": p}, "source_system": "CRM",
-                     "correlation_id": f"cut-{uuid.uuid4().hex}"} for p in prefixes])]
-                try:
-                    wait_for(lambda: external.started_events[held].is_set(), timeout=60,
-                             what="the first member's call in flight")
-                    proxy.cut()
-                finally:
-                    release.set()
-                witness.start()
-                b.workers.append(witness)
-                assert [wait_final(i, timeout=120).state for i in ids] == ["OK"] * 3
-                for p in prefixes[1:]:
-                    assert external.count(f"{p}/b") == 1, (p, cut_off.log()[-3000:])
-                    assert external.count(f"{p}/c") == 1
-            finally:
-                witness.stop()
-                cut_off.stop()
-        backends.activate(saved)
-    finally:
-        external.stop()
 
 
 GREEN_ROUTES = """

@@ -211,33 +211,6 @@ MUTATIONS: list[Mutation] = [
         model=False,
         guard="tests/integration/test_slow_receivers.py::test_a_confirmer_that_outlasts_its_lease_is_called_once_while_"
               "ticks_go_on"),
-    # --- issue 33: the fence before every call (c8f9a14, 52e1972) ---------------------------------------------
-    Mutation(
-        "batch_member_called_after_cancel",
-        "issue 33 #3, #6: a batch member's call made though it was cancelled, or its worker lost the store, "
-        "while an earlier member's call ran",
-        "openhub/batch.py",
-        "_run_one(m, still_held=i > 0)",
-        "_run_one(m, still_held=False)",
-        model=False, guard="tests/integration/test_batch.py::"
-        "test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call"),
-    Mutation(
-        "heartbeat_a_greenlet",
-        "issue 33 #5: under gevent the heartbeat is a greenlet, which a busy step starves",
-        "openhub/workers.py",
-        'start_new_thread = monkey.get_original("_thread", "start_new_thread") if monkey is not None else None',
-        "start_new_thread = None",
-        model=False, guard="tests/integration/test_gevent_pool.py::"
-        "test_a_step_computing_past_dead_after_does_not_starve_the_heartbeat"),
-    Mutation(
-        "call_fence_waits_for_three_quarters",
-        "issue 33 #6: a call started after the heartbeat lost the store, until 3/4 of dead-after",
-        "openhub/workers.py",
-        "    return fenced(since) or _store_away or \\\n"
-        "        time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE\n",
-        "    return fenced(since)\n",
-        model=False,
-        guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store"),
 ]
 
 
