@@ -5,11 +5,13 @@ from __future__ import annotations
 import gzip
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                         ExportTraceServiceResponse)
+
+from tests.support.stubs import PostStub
 
 
 @dataclass(frozen=True)
@@ -37,35 +39,21 @@ def _value(v: Any) -> Any:
     return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
 
 
-class Receiver:
+class Receiver(PostStub):
     """Accepts POST /v1/traces (application/x-protobuf) and keeps every span."""
 
     def __init__(self) -> None:
         self.spans: list[Span] = []
         self.requests = 0
         self._lock = threading.Lock()
-        receiver = self
+        super().__init__("otlp-receiver")
+        self.endpoint = self.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    data = gzip.decompress(data)
-                receiver._take(ExportTraceServiceRequest.FromString(data))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, name="otlp-receiver", daemon=True).start()
+    def received(self, path: str, headers: Message, body: bytes) -> tuple[int, str | None, bytes]:
+        if headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        self._take(ExportTraceServiceRequest.FromString(body))
+        return 200, "application/x-protobuf", ExportTraceServiceResponse().SerializeToString()
 
     def _take(self, request: ExportTraceServiceRequest) -> None:
         found = []
@@ -90,6 +78,3 @@ class Receiver:
         with self._lock:
             return [s for s in self.spans if s.trace_id == trace_id]
 
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()

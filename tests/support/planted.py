@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from typing import Any
 
 import httpx
+
+from tests.support.stubs import PostStub
 
 # The names the planted secrets go under (tests/support/secret_routes.py uses each).
 NAMES = ("userinfo", "bearer", "functions_key", "access_key", "pass_header", "hub_key", "subscription", "api_key",
@@ -34,67 +35,36 @@ def plant() -> dict[str, str]:
     return out
 
 
-class EchoSystem:
+class EchoSystem(PostStub):
     """An external system that answers every request with the request itself (method, URL, headers, body),
     as JSON: 500 on /fail the first time and 400 after, 409 on /conflict, 503 on /services/…, else 200."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
-        system = self
+        super().__init__("echo-system")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace")
-                seen = {"method": "POST", "url": self.path, "headers": dict(self.headers.items()), "body": body}
-                system.requests.append(seen)
-                path = self.path.split("?", 1)[0]
-                failed_before = sum(1 for r in system.requests if r["url"].startswith("/fail")) > 1
-                status = (400 if failed_before else 500) if path == "/fail" else 409 if path == "/conflict" \
-                    else 503 if path.startswith("/services/") else 200
-                answer = json.dumps({"error": "you sent", "request": seen}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def received(self, path: str, headers: Message, body: bytes) -> tuple[int, str | None, bytes]:
+        seen = {"method": "POST", "url": path, "headers": dict(headers.items()),
+                "body": body.decode("utf-8", "replace")}
+        self.requests.append(seen)
+        route = path.split("?", 1)[0]
+        failed_before = sum(1 for r in self.requests if r["url"].startswith("/fail")) > 1
+        status = (400 if failed_before else 500) if route == "/fail" else 409 if route == "/conflict" \
+            else 503 if route.startswith("/services/") else 200
+        return status, "application/json", json.dumps({"error": "you sent", "request": seen}).encode()
 
 
-class Receiver:
+class Receiver(PostStub):
     """Receives confirmations and alerts: keeps each POST's path, headers and body."""
 
     def __init__(self) -> None:
         self.posts: list[dict[str, Any]] = []
-        receiver = self
+        super().__init__("receiver")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace")
-                receiver.posts.append({"path": self.path, "headers": dict(self.headers.items()), "body": body})
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def received(self, path: str, headers: Message, body: bytes) -> tuple[int, str | None, bytes]:
+        self.posts.append({"path": path, "headers": dict(headers.items()),
+                           "body": body.decode("utf-8", "replace")})
+        return 200, None, b""
 
 
 def submit_all(base: str, key: str, planted: dict[str, str], tag: str) -> dict[str, int]:
