@@ -23,7 +23,7 @@ system-deps:
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 run: install
@@ -33,17 +33,31 @@ run: install
 # Lint and type-check first (seconds), then the whole suite.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The chaos files (minutes of faults, each test on servers and workers of its own) run beside the
-# rest, in a second pytest; their report follows the main one.
+# The suite in four pytest processes side by side, each with servers and workers of its own (most of a
+# test's time is spent waiting on them: a whole run keeps about one of two cores busy): the chaos files
+# (minutes of faults), SPARK (every Spark test, one JVM at a time, and the gevent pool's), SLOW (the promise
+# model, the long pattern file and other long behaviour files) and the rest, chosen by the JUnit times in
+# var/junit-*.xml to take about as long each. Each one's report stays in var/ to rebalance them by.
+SPARK := tests/integration/test_pipeline_archive.py tests/integration/test_pipeline_report.py \
+	tests/chaos/test_spark_cluster.py tests/integration/test_gevent_pool.py \
+	tests/integration/test_slow_receivers.py
+SLOW := tests/integration/test_promise_model.py tests/integration/test_patterns.py \
+	tests/integration/test_status_cli.py tests/acceptance/test_admin_browser.py \
+	tests/integration/test_planted_secrets.py tests/integration/test_one_clock.py \
+	tests/integration/api/test_serve_limits.py
 test: install system-deps lint
 	@mkdir -p var
-	$(PY) -m pytest $(PYTEST_ARGS) tests/chaos > var/chaos-tests.log 2>&1 & chaos=$$!; \
-	$(PY) -m pytest $(PYTEST_ARGS) --ignore=tests/chaos tests; rest=$$?; \
-	wait $$chaos; chaos_rc=$$?; \
-	echo "--- tests/chaos (run beside the rest) ---"; cat var/chaos-tests.log; \
-	exit $$(( rest || chaos_rc ))
+	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-chaos.xml --ignore=tests/chaos/test_spark_cluster.py \
+	  tests/chaos > var/chaos-tests.log 2>&1 & chaos=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-spark.xml $(SPARK) > var/spark-tests.log 2>&1 & spark=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-slow.xml $(SLOW) > var/slow-tests.log 2>&1 & slow=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-rest.xml --ignore=tests/chaos $(addprefix --ignore=,$(SPARK) $(SLOW)) tests; \
+	rest=$$?; wait $$chaos; chaos_rc=$$?; wait $$spark; spark_rc=$$?; wait $$slow; slow_rc=$$?; \
+	for stream in spark slow chaos; do echo "--- $$stream (run beside the rest) ---"; cat var/$$stream-tests.log; done; \
+	exit $$(( rest || chaos_rc || spark_rc || slow_rc ))
 
 # The whole suite on a busy machine: `make test` beside BURN processes spinning on the CPU (4 by default,
 # twice CI's 2 cores; tests/support/burner.py). A test that fails only here is a flaky test.

@@ -1,12 +1,12 @@
 """Celery's configuration for openhub: the one configuration file (README.md, "Running it for real").
 
-Every value comes from an OPENHUB_* environment variable through `openhub.config`; the
+Every value comes from an OPENHUB_* environment variable through `openhub.core.config`; the
 settings that durability relies on are set here explicitly and not left to Celery's defaults.
 """
 
 import os
 
-from openhub.config import get_settings
+from openhub.core.config import get_settings
 
 _s = get_settings()
 
@@ -43,11 +43,11 @@ enable_utc = True
 # longest step (tasks/ refuses to start a worker whose routes have a longer step timeout).
 visibility_timeout = float(os.environ.get("OPENHUB_VISIBILITY_TIMEOUT", 3600))
 # openhub's transports are named, not imported: under `celery worker -P gevent` this file is read while
-# gevent is still patching (openhub/concurrency.py), and kombu's transports imported then would keep
+# gevent is still patching (openhub/core/concurrency.py), and kombu's transports imported then would keep
 # the unpatched time.sleep and select.select.
 if broker_url.startswith("filesystem"):
     broker_url = "filesystem://localhost//"  # the host is unused; without one kombu warns on every connection
-    broker_transport = "openhub.fsbroker:Transport"  # the filesystem transport with atomic writes
+    broker_transport = "openhub.celery.fsbroker:Transport"  # the filesystem transport with atomic writes
     _broker_dir = os.path.join(str(_s.var_dir), "broker")
     broker_transport_options = {
         "data_folder_in": _broker_dir,
@@ -59,10 +59,29 @@ if broker_url.startswith("filesystem"):
     }
     for _d in (_broker_dir, broker_transport_options["processed_folder"], broker_transport_options["control_folder"]):
         os.makedirs(_d, exist_ok=True)
+elif _s.broker == "amqp":
+    # RabbitMQ (README.md, "Brokers"). Queues are classic, durable (kombu's default) and priority queues
+    # (x-max-priority 9, the hub's 0-9 scale, higher = sooner): quorum queues would survive the loss of a
+    # node, but RabbitMQ 3.10 gives them no priorities. Task messages are persistent (Celery's default).
+    # Publisher confirms: a publish returns once RabbitMQ has the message (written, for a persistent one
+    # on a durable queue); one it refuses (nack) raises, and the message stays due in the store for the
+    # poller. Unacknowledged deliveries go back to their queue when the worker's connection or channel
+    # closes (a worker killed, a connection cut, a heartbeat missed, RabbitMQ's consumer_timeout).
+    broker_transport_options = {"confirm_publish": True}
+    task_queue_max_priority = 9
+    # Tasks published without a priority (the poller's, confirmations, a chain's error callback) go
+    # before every message's: RabbitMQ's x-max-priority takes an unset priority as 0, the lowest.
+    task_default_priority = 9
+    # Heartbeats: a dead peer (a half-open TCP connection behind a NAT or a load balancer) is seen within
+    # two intervals on either side, and the deliveries it held go back to the queue.
+    broker_heartbeat = float(os.environ.get("OPENHUB_BROKER_HEARTBEAT", 30))
+    broker_connection_timeout = 10
 else:
     broker_transport_options = {"visibility_timeout": visibility_timeout}
     if broker_url.startswith("redis://"):
-        broker_transport = "openhub.redisbroker:Transport"  # kombu's Redis transport without a new client per operation
+        broker_transport = (
+            "openhub.celery.redisbroker:Transport"  # kombu's Redis transport without a new client per operation
+        )
 
 beat_schedule = {
     "openhub-poll": {

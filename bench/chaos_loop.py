@@ -28,9 +28,24 @@ def one_run(k: str, prop: str, xml: Path) -> tuple[dict[str, float | None], list
     """One pytest run: ({test id: figure, None when it failed}, failure texts, every property as
     name=value, seconds)."""
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/chaos/test_faults.py",
-                    "-k", k, f"--junitxml={xml}"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/chaos/test_faults.py",
+            "-k",
+            k,
+            f"--junitxml={xml}",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     figures: dict[str, float | None] = {}
     failures = []
     shown = []
@@ -74,8 +89,7 @@ def main() -> None:
         ok = [v for v in values if v is not None]
         line = f"{name}: {passed} of {len(values)} passed"
         if ok:
-            line += (f"; {args.property} min {min(ok):.1f}, median {statistics.median(ok):.1f}, "
-                     f"max {max(ok):.1f}")
+            line += f"; {args.property} min {min(ok):.1f}, median {statistics.median(ok):.1f}, max {max(ok):.1f}"
         print(line)
 
 

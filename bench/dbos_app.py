@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dbos import DBOS, DBOSConfig  # noqa: E402
+from dbos import DBOS, DBOSConfig
 
-from bench.flows import http_call  # noqa: E402
+from bench.flows import http_call
 
 QUEUE = "peers"
 VERSION = "bench"
@@ -52,8 +52,12 @@ def flow(i: int) -> None:
 
 
 def main() -> None:
-    config: DBOSConfig = {"name": "openhub-peers", "system_database_url": sys.argv[1],
-                          "application_version": VERSION, "log_level": "WARNING"}
+    config: DBOSConfig = {
+        "name": "openhub-peers",
+        "system_database_url": sys.argv[1],
+        "application_version": VERSION,
+        "log_level": "WARNING",
+    }
     DBOS(config=config)
     DBOS.launch()
     concurrency = int(sys.argv[2]) if len(sys.argv) > 2 else 1

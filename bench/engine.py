@@ -41,14 +41,20 @@ WARMUP = 100
 def one_run(route: str, n: int, http_port: int) -> dict[str, float]:
     from openhub.testing import LocalHub
 
-    with postgres_database("openhub_bench_engine") as url, \
-            LocalHub("bench.flows", OPENHUB_DATABASE_URL=url, BENCH_HTTP_URL=f"http://127.0.0.1:{http_port}/") as hub:
+    with (
+        postgres_database("openhub_bench_engine") as url,
+        LocalHub("bench.flows", OPENHUB_DATABASE_URL=url, BENCH_HTTP_URL=f"http://127.0.0.1:{http_port}/") as hub,
+    ):
         import openhub
-        from openhub.db import get_engine
+        from openhub.store.db import get_engine
 
         def carry(k: int, tag: str) -> None:
-            openhub.submit_many([{"route": route, "payload": {"i": i}, "source_system": "BENCH",
-                                  "correlation_id": f"{tag}-{i}"} for i in range(k)])
+            openhub.submit_many(
+                [
+                    {"route": route, "payload": {"i": i}, "source_system": "BENCH", "correlation_id": f"{tag}-{i}"}
+                    for i in range(k)
+                ]
+            )
             hub.run()
 
         carry(WARMUP, "warm-up")
@@ -56,8 +62,12 @@ def one_run(route: str, n: int, http_port: int) -> dict[str, float]:
 
         def backends() -> list[int]:
             with admin.connect() as conn:
-                return [pid for (pid,) in conn.exec_driver_sql(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = %s", (url.rsplit("/", 1)[1],))]
+                return [
+                    pid
+                    for (pid,) in conn.exec_driver_sql(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = %s", (url.rsplit("/", 1)[1],)
+                    )
+                ]
 
         counted = {"statements": 0, "commits": 0}
 
@@ -76,15 +86,24 @@ def one_run(route: str, n: int, http_port: int) -> dict[str, float]:
         sqlalchemy.event.remove(get_engine(), "before_cursor_execute", statement)
         sqlalchemy.event.remove(get_engine(), "commit", commit)
         admin.dispose()
-        return {"rate": n / wall, "cpu_ms": cpu * 1000 / n, "pg_ms": pg / n,
-                "statements": counted["statements"] / n, "commits": counted["commits"] / n}
+        return {
+            "rate": n / wall,
+            "cpu_ms": cpu * 1000 / n,
+            "pg_ms": pg / n,
+            "statements": counted["statements"] / n,
+            "commits": counted["commits"] / n,
+        }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=400)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--route", default="bench.flow", help="bench.flow (chain mode) or bench.fused")
+    parser.add_argument(
+        "--route",
+        default="bench.flow",
+        help="bench.flow (chain mode), bench.fused or bench.published (a topic: three receivers of bench.flow's steps)",
+    )
     args = parser.parse_args()
     http_port, server = noop_server()
     runs = []

@@ -13,13 +13,14 @@ from datetime import timedelta
 
 import httpx
 
-from openhub import Route, StepContext, step
+from openhub import Route, StepContext, Topic, step
+from openhub.outbound.http import pooled_client
 
 URL = os.environ.get("BENCH_HTTP_URL", "http://127.0.0.1:9")
 # httpcore's pool looks at every connection it holds for every request it assigns: with 400 calls in
 # flight through one client that scan was half of a gevent worker's CPU (bench/RESULTS.md). Calls
 # go round the process's BENCH_HTTP_CLIENTS clients (bench/peers.py: one per 16 of the worker's
-# concurrency), so each pool holds a few dozen connections.
+# concurrency), so each pool holds a few dozen connections; 0: HttpCall's `pooled_client()`.
 CLIENTS = int(os.environ.get("BENCH_HTTP_CLIENTS", "1"))
 _clients: list[httpx.Client] | None = None
 _turn = itertools.count()
@@ -33,6 +34,9 @@ LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=2000)
 def http_call(key: str = "") -> None:
     """One HTTP call to the local server, at the path `key` (say "first/42")."""
     global _clients
+    if CLIENTS == 0:  # the product's own clients (bench/peers.py --http-client httpcall)
+        pooled_client().post(URL + key, content=b"{}").raise_for_status()
+        return
     clients = _clients
     if clients is None:  # DBOS runs steps in threads: a list is bound only once it is whole
         clients = _clients = [httpx.Client(timeout=30, limits=LIMITS) for _ in range(CLIENTS)]
@@ -61,7 +65,15 @@ def third(ctx: StepContext) -> None:
 # once per message, which must stay under the broker's visibility timeout (1 h): 100 x 3 x 10 s.
 BATCH, BATCH_STEP_TIMEOUT = 100, timedelta(seconds=10)
 
-routes = [Route("bench.flow", steps=[first, second, third]),
-          Route("bench.fused", steps=[first, second, third], fused=True),
-          Route("bench.batch", batch=BATCH,
-                steps=[step(s.fn, key=s.key, timeout=BATCH_STEP_TIMEOUT) for s in (first, second, third)])]
+routes = [
+    Route("bench.flow", steps=[first, second, third]),
+    Route("bench.fused", steps=[first, second, third], fused=True),
+    Route(
+        "bench.batch",
+        batch=BATCH,
+        steps=[step(s.fn, key=s.key, timeout=BATCH_STEP_TIMEOUT) for s in (first, second, third)],
+    ),
+    # Fan-out (issue 37): one message of the topic is three messages, each bench.flow's three steps.
+    Topic("bench.published"),
+    *(Route(f"benchsub.{n}", steps=[first, second, third], subscribes="bench.published") for n in "abc"),
+]

@@ -20,6 +20,7 @@ Prints each part's summary, and exits 1 when one found a failure or a secret.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -27,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,19 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the API did not answer {url} in time")
-
-
-def _planted(base: str, worker_log: Path, serve_log: Path, planted: dict[str, str], echo, receiver,  # noqa: ANN001
-             traces) -> bool:  # noqa: ANN001
+def _planted(base: str, worker_log: Path, serve_log: Path, planted: dict[str, str], echo, receiver, traces) -> bool:
     """Submit the secret routes' messages, wait for their end and search every text; True when clean."""
     import httpx
 
@@ -75,11 +63,15 @@ def _planted(base: str, worker_log: Path, serve_log: Path, planted: dict[str, st
     time.sleep(2)  # the processes' span exporters send every 0.1 s
     texts.update({f"span {n} {s.name}": s.texts() for n, s in enumerate(traces.spans)})
     texts.update({f"received {n}": json.dumps([p["headers"], p["body"]]) for n, p in enumerate(receiver.posts)})
-    texts.update({"serve log": serve_log.read_text(errors="replace"),
-                  "worker log": worker_log.read_text(errors="replace")})
+    texts.update(
+        {"serve log": serve_log.read_text(errors="replace"), "worker log": worker_log.read_text(errors="replace")}
+    )
     found = leaks(texts, planted)
-    print(f"== planted: {len(planted)} secrets searched in {len(texts)} texts ({len(traces.spans)} spans): "
-          f"{len(found)} found", flush=True)
+    print(
+        f"== planted: {len(planted)} secrets searched in {len(texts)} texts ({len(traces.spans)} spans): "
+        f"{len(found)} found",
+        flush=True,
+    )
     for where in found:
         print("   ", where)
     return not found
@@ -92,6 +84,7 @@ def main() -> int:
     parser.add_argument("--planted-only", action="store_true", help="skip schemathesis, plant secrets only")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    from bench.served import served
     from tests.support.otlp import Receiver as TraceReceiver
     from tests.support.planted import EchoSystem, Receiver, plant
 
@@ -99,42 +92,85 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     planted, echo, receiver, traces = plant(), EchoSystem(), Receiver(), TraceReceiver()
     with tempfile.TemporaryDirectory(prefix="openhub-fuzz-") as var:
-        env = {**os.environ, "OPENHUB_VAR_DIR": var, "OPENHUB_API_KEYS": f"CRM={SOURCE_KEY},VAULT={VAULT_KEY}",
-               "OPENHUB_ADMIN_TOKEN": ADMIN_TOKEN, "OPENHUB_AUTH_FAILURES": "1000000",
-               "OPENHUB_ROUTES": "routes,tests.support.secret_routes", "OPENHUB_MAX_FAILS": "2",
-               "OPENHUB_RETRY_INTERVAL": "1", "OPENHUB_POLL_INTERVAL": "1", "PYTHONPATH": str(ROOT),
-               "OPENHUB_TEST_PLANTED": json.dumps(planted), "OPENHUB_TEST_ECHO_URL": echo.url,
-               "OPENHUB_TEST_RECEIVER_URL": receiver.url,
-               "OPENHUB_WEBHOOK_URL": f"{receiver.url}/stock?token={planted['receiver_token']}",
-               "OPENHUB_CONFIRM_SECRETS": f"VAULT=whsec_{'Q' * 43}=", "OPENHUB_WEBHOOK_SECRET": f"whsec_{'R' * 43}=",
-               "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
-               "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-        subprocess.run([BIN / "openhub", "db", "upgrade"], env=env, check=True, cwd=ROOT, capture_output=True)
+        env = {
+            **os.environ,
+            "OPENHUB_VAR_DIR": var,
+            "OPENHUB_API_KEYS": f"CRM={SOURCE_KEY},VAULT={VAULT_KEY}",
+            "OPENHUB_ADMIN_TOKEN": ADMIN_TOKEN,
+            "OPENHUB_AUTH_FAILURES": "1000000",
+            "OPENHUB_ROUTES": "routes,tests.support.secret_routes",
+            "OPENHUB_MAX_FAILS": "2",
+            "OPENHUB_RETRY_INTERVAL": "1",
+            "OPENHUB_POLL_INTERVAL": "1",
+            "PYTHONPATH": str(ROOT),
+            "OPENHUB_TEST_PLANTED": json.dumps(planted),
+            "OPENHUB_TEST_ECHO_URL": echo.url,
+            "OPENHUB_TEST_RECEIVER_URL": receiver.url,
+            "OPENHUB_WEBHOOK_URL": f"{receiver.url}/stock?token={planted['receiver_token']}",
+            "OPENHUB_CONFIRM_SECRETS": f"VAULT=whsec_{'Q' * 43}=",
+            "OPENHUB_WEBHOOK_SECRET": f"whsec_{'R' * 43}=",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
         serve_log, worker_log = Path(var) / "serve.log", Path(var) / "worker.log"
-        with open(serve_log, "wb") as out:
-            server = subprocess.Popen([BIN / "openhub", "serve", "--port", str(port), "--log-level", "info"],
-                                      env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        stack = contextlib.ExitStack()
+        stack.enter_context(served(env, port, log_level="info", output=serve_log))
         with open(worker_log, "wb") as out:
-            worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-B", "--loglevel",
-                                       "INFO", "--concurrency", "2", "--schedule", str(Path(var) / "beat")],
-                                      env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            worker = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "tasks",
+                    "worker",
+                    "-B",
+                    "--loglevel",
+                    "INFO",
+                    "--concurrency",
+                    "2",
+                    "--schedule",
+                    str(Path(var) / "beat"),
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         failed = False
         try:
-            _wait_ready(f"{base}/healthz", time.monotonic() + 60)
-            roles = (("source system CRM", f"Authorization: Bearer {SOURCE_KEY}"),
-                     ("admin", f"Authorization: Bearer {ADMIN_TOKEN}"))
+            roles = (
+                ("source system CRM", f"Authorization: Bearer {SOURCE_KEY}"),
+                ("admin", f"Authorization: Bearer {ADMIN_TOKEN}"),
+            )
             for who, header in () if args.planted_only else roles:
                 print(f"== schemathesis as the {who}: {args.examples} examples per operation", flush=True)
                 started = time.monotonic()
-                run = subprocess.run([BIN / "st", "run", f"{base}/openapi.json", "--checks", "all",
-                                      "-n", str(args.examples), "-w", str(args.workers), "-H", header,
-                                      "--generation-deterministic", "--no-color"], cwd=var)  # its cache stays out
+                run = subprocess.run(
+                    [
+                        BIN / "st",
+                        "run",
+                        f"{base}/openapi.json",
+                        "--checks",
+                        "all",
+                        "-n",
+                        str(args.examples),
+                        "-w",
+                        str(args.workers),
+                        "-H",
+                        header,
+                        "--generation-deterministic",
+                        "--no-color",
+                    ],
+                    cwd=var,
+                )  # its cache stays out
                 print(f"== {who}: exit {run.returncode} in {time.monotonic() - started:.0f} s", flush=True)
                 failed |= run.returncode != 0
             failed |= not _planted(base, worker_log, serve_log, planted, echo, receiver, traces)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            stack.close()
             worker.terminate()
             worker.wait(timeout=60)
             for stopped in (echo, receiver, traces):

@@ -32,13 +32,19 @@ def main() -> int:
         print(json.dumps({"skipped": why_not}))
         return 2
     with tempfile.TemporaryDirectory(prefix="openhub-hosts-soak-") as workdir:
-        report, facts = hosts.chaos_run(Path(workdir), seed=args.seed, seconds=args.minutes * 60, rate=args.rate,
-                                        kinds=args.kinds.split(","), hosts=args.hosts, settle=300)
+        report, facts = hosts.chaos_run(
+            Path(workdir),
+            seed=args.seed,
+            seconds=args.minutes * 60,
+            rate=args.rate,
+            kinds=args.kinds.split(","),
+            hosts=args.hosts,
+            settle=300,
+        )
     kinds: dict[str, int] = {}
     for fault in facts["faults"]:
         kinds[fault["kind"]] = kinds.get(fault["kind"], 0) + 1
-    print(json.dumps({"summary": report.summary(), "fault_counts": kinds, "facts": facts,
-                      "details": report.details()}))
+    print(json.dumps({"summary": report.summary(), "fault_counts": kinds, "facts": facts, "details": report.details()}))
     return 0 if report.ok else 1
 
 

@@ -53,8 +53,12 @@ def soak(env: Env, args: argparse.Namespace) -> list[tuple[int, float, list[floa
         while done < args.messages:
             while submitted < args.messages and submitted - done < args.backlog:
                 batch = min(500, args.messages - submitted)
-                openhub.submit_many([{"route": args.route, "payload": {"i": i}, "source_system": "BENCH",
-                                      "correlation_id": f"m-{i}"} for i in range(submitted, submitted + batch)])
+                openhub.submit_many(
+                    [
+                        {"route": args.route, "payload": {"i": i}, "source_system": "BENCH", "correlation_id": f"m-{i}"}
+                        for i in range(submitted, submitted + batch)
+                    ]
+                )
                 submitted += batch
             poller.wait(min(done + 500, submitted), timeout=600)
             done = poller.conn.exec_driver_sql(poller.query).scalar()
@@ -62,8 +66,11 @@ def soak(env: Env, args: argparse.Namespace) -> list[tuple[int, float, list[floa
                 children = sorted(worker.child_pids())
                 sample = (done, rss_mb(worker.process.pid), [rss_mb(p) for p in children])
                 samples.append(sample)
-                print(f"{done:7d} done  {time.monotonic() - started:6.0f} s  main {sample[1]:6.1f} MB  "
-                      f"children {' '.join(f'{c:6.1f}' for c in sample[2])} MB  pids {children}", flush=True)
+                print(
+                    f"{done:7d} done  {time.monotonic() - started:6.0f} s  main {sample[1]:6.1f} MB  "
+                    f"children {' '.join(f'{c:6.1f}' for c in sample[2])} MB  pids {children}",
+                    flush=True,
+                )
                 next_sample += args.every
     finally:
         worker.stop()
@@ -95,10 +102,12 @@ def main() -> None:
     first, last = samples[0], samples[-1]
     total = lambda s: s[1] + sum(s[2])  # noqa: E731
     growth = (total(last) - total(first)) / total(first) * 100
-    print(f"\n{args.messages} messages on {args.route}: worker RSS (main + children) {total(first):.1f} MB after "
-          f"{first[0]} messages, {total(last):.1f} MB after {last[0]}: {growth:+.1f} % "
-          f"({'within' if abs(growth) <= 10 else 'NOT within'} 10 %); main {first[1]:.1f} -> {last[1]:.1f} MB, "
-          f"largest child {max(first[2]):.1f} -> {max(last[2]):.1f} MB")
+    print(
+        f"\n{args.messages} messages on {args.route}: worker RSS (main + children) {total(first):.1f} MB after "
+        f"{first[0]} messages, {total(last):.1f} MB after {last[0]}: {growth:+.1f} % "
+        f"({'within' if abs(growth) <= 10 else 'NOT within'} 10 %); main {first[1]:.1f} -> {last[1]:.1f} MB, "
+        f"largest child {max(first[2]):.1f} -> {max(last[2]):.1f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -50,19 +50,29 @@ def main() -> int:
     started = time.monotonic()
     batch = 200  # examples per hypothesis run; runs repeat until enough rules ran
     while Counting.rules < args.rules:
-        config = settings(max_examples=batch, stateful_step_count=args.steps, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+        config = settings(
+            max_examples=batch,
+            stateful_step_count=args.steps,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        )
         try:
             run_state_machine_as_test(machine, settings=config)
-        except Exception as exc:  # noqa: BLE001 - the failure is the result
-            print(f"FAILED after {Counting.rules} rules in {Counting.examples} examples, "
-                  f"{time.monotonic() - started:.0f} s:")
+        except Exception as exc:
+            print(
+                f"FAILED after {Counting.rules} rules in {Counting.examples} examples, "
+                f"{time.monotonic() - started:.0f} s:"
+            )
             for failure in getattr(exc, "exceptions", [exc]):  # hypothesis groups distinct failures
                 print(f"{failure}\n" + "\n".join(getattr(failure, "__notes__", [])))
             return 1
         elapsed = time.monotonic() - started
-        print(f"{Counting.rules} rules, {Counting.examples} examples, {elapsed:.0f} s "
-              f"({Counting.rules / elapsed:.0f} rules/s), no failure", flush=True)
+        print(
+            f"{Counting.rules} rules, {Counting.examples} examples, {elapsed:.0f} s "
+            f"({Counting.rules / elapsed:.0f} rules/s), no failure",
+            flush=True,
+        )
     return 0
 
 

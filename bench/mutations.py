@@ -35,8 +35,9 @@ from tests.support.mutations import MUTATIONS, Mutation  # noqa: E402
 # first, seconds, so that a mutation they catch stops there: `-x`).
 MODEL_TESTS = ["tests/integration/test_promise_regressions.py", "tests/integration/test_promise_model.py"]
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-x"]
-IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "__pycache__", ".mypy_cache", ".ruff_cache",
-                                ".pytest_cache", "*.pyc")
+IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "var", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "*.pyc"
+)
 
 
 @dataclass
@@ -91,13 +92,18 @@ def _environ() -> dict[str, str]:
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| mutation | break it re-introduces | file | model can reach | caught | time | failing test | "
-             "its own test (--guards) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mutation | break it re-introduces | file | model can reach | caught | time | failing test | "
+        "its own test (--guards) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         m = r.mutation
-        lines.append(f"| {m.name} | {m.issue} | {m.file} | {'yes' if m.model else 'no'} | "
-                     f"{'**caught**' if r.caught else 'NOT caught'} | {r.seconds:.0f} s | {r.detail or '-'} | "
-                     f"{r.guard or '-'} |")
+        lines.append(
+            f"| {m.name} | {m.issue} | {m.file} | {'yes' if m.model else 'no'} | "
+            f"{'**caught**' if r.caught else 'NOT caught'} | {r.seconds:.0f} s | {r.detail or '-'} | "
+            f"{r.guard or '-'} |"
+        )
     caught = sum(r.caught for r in results)
     lines.append("")
     lines.append(f"{caught} of {len(results)} caught.")
@@ -109,10 +115,17 @@ def main() -> int:
     parser.add_argument("--only", default="", help="mutation names, comma-separated (default: all)")
     parser.add_argument("--jobs", type=int, default=1, help="mutations run at once (the machine's cores: 2 at most)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for one mutation's run")
-    parser.add_argument("--guards", action="store_true",
-                        help="where the model tests let a break through, run its own test (Mutation.guard) too")
-    parser.add_argument("--tests", default="", help="test files instead of the model tests, comma-separated "
-                        "(e.g. tests/integration/test_promise_model.py: what the random search alone catches)")
+    parser.add_argument(
+        "--guards",
+        action="store_true",
+        help="where the model tests let a break through, run its own test (Mutation.guard) too",
+    )
+    parser.add_argument(
+        "--tests",
+        default="",
+        help="test files instead of the model tests, comma-separated "
+        "(e.g. tests/integration/test_promise_model.py: what the random search alone catches)",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not append the table to bench/RESULTS.md")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
@@ -125,20 +138,26 @@ def main() -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = []
         for result in pool.map(lambda m: run_one(m, args.timeout, args.guards, tests), chosen):
-            print(f"{result.mutation.name}: {'caught' if result.caught else 'NOT caught'} in {result.seconds:.0f} s"
-                  f" {result.detail}", flush=True)
+            print(
+                f"{result.mutation.name}: {'caught' if result.caught else 'NOT caught'} in {result.seconds:.0f} s"
+                f" {result.detail}",
+                flush=True,
+            )
             results.append(result)
     text = table(results)
     print(text)
     if not args.no_record:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
         command = "PYTHONPATH=. .venv/bin/python bench/mutations.py " + shlex.join(sys.argv[1:])
         with open(ROOT / "bench" / "RESULTS.md", "a") as out:
-            out.write(f"\n### Mutations run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {head}\n\n"
-                      f"`{command.strip()}` ({time.monotonic() - started:.0f} s in all; each runs "
-                      f"`pytest {' '.join(PYTEST_ARGS)} {' '.join(tests)}` in a copy of the tree)\n\n"
-                      f"{text}\n")
+            out.write(
+                f"\n### Mutations run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {head}\n\n"
+                f"`{command.strip()}` ({time.monotonic() - started:.0f} s in all; each runs "
+                f"`pytest {' '.join(PYTEST_ARGS)} {' '.join(tests)}` in a copy of the tree)\n\n"
+                f"{text}\n"
+            )
     return 0 if all(r.caught for r in results) else 1
 
 

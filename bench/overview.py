@@ -7,7 +7,7 @@ A fresh PostgreSQL database (random name, dropped at the end) is migrated and fi
 last day holds ~1/30 of them and the last hour ~1/720), 8 routes, a `--live` fraction not final
 (PROCESSING, PARTLY_FAILED, WAITING, POSTPONED), the rest OK/FAILED/CANCEL/SKIPPED with
 `finished_at` set; a confirmation per 100th message, a tenth of those parked (FAILED_END); two
-paused routes. After ANALYZE, `openhub.overview.overview()` (every store figure the page shows;
+paused routes. After ANALYZE, `openhub.service.overview.overview()` (every store figure the page shows;
 the worker ping is separate and costs its timeout) is run `--repeat` times on a warm pool;
 median and max wall-clock times are printed, with the plan of its heaviest query.
 """
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import text
 
-from openhub.config import reset_settings
-from openhub.db import get_engine, utcnow
-from openhub.migrate import upgrade
+from openhub.core.config import reset_settings
+from openhub.store.db import get_engine, utcnow
+from openhub.store.migrate import upgrade
 from tests.integration.pipeline_stores import postgres_database
 
 MESSAGES = """
@@ -79,15 +79,19 @@ def main() -> None:
             conn.execute(text(MESSAGES), {"n": args.messages, "now": now, "live": args.live})
             conn.execute(text(CONFIRMATIONS))
             conn.execute(text("SELECT setval(pg_get_serial_sequence('messages', 'id'), :n)"), {"n": args.messages})
-            conn.execute(text("INSERT INTO route_pauses VALUES ('stock.reserve', :now, 'bench'), "
-                              "('ship.dispatch', :now, NULL)"), {"now": now})
+            conn.execute(
+                text("INSERT INTO route_pauses VALUES ('stock.reserve', :now, 'bench'), ('ship.dispatch', :now, NULL)"),
+                {"now": now},
+            )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE"))
             counts = dict(conn.execute(text("SELECT finished_at IS NULL, count(*) FROM messages GROUP BY 1")).all())
-        print(f"filled {args.messages:,} messages ({counts.get(True, 0):,} not final) "
-              f"in {time.perf_counter() - started:.1f} s")
+        print(
+            f"filled {args.messages:,} messages ({counts.get(True, 0):,} not final) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
 
-        from openhub.overview import overview
+        from openhub.service.overview import overview
 
         overview(now)  # warm the pool and the caches, as a page refreshing every 5 s does
         times = []
@@ -95,8 +99,8 @@ def main() -> None:
             t = time.perf_counter()
             figures = overview(utcnow())
             times.append((time.perf_counter() - t) * 1000)
-        from openhub import overview as parts
-        from openhub.db import transaction
+        from openhub.service import overview as parts
+        from openhub.store.db import transaction
 
         split = {}
         for name in ("route_states", "finished_series", "confirmation_states", "paused_routes"):
@@ -110,23 +114,40 @@ def main() -> None:
             split[name] = statistics.median(runs)
         print("median per part: " + ", ".join(f"{k} {v:.1f} ms" for k, v in split.items()))
         hour, day = figures["finished"]["hour_total"], figures["finished"]["day_total"]
-        print(f"overview(): median {statistics.median(times):.1f} ms, max {max(times):.1f} ms "
-              f"over {args.repeat} refreshes; last hour {hour['finished']:,} finished, last day "
-              f"{day['finished']:,}, {sum(figures['live_by_state'].values()):,} live, "
-              f"{figures['confirmations']['parked_count']:,} parked")
+        print(
+            f"overview(): median {statistics.median(times):.1f} ms, max {max(times):.1f} ms "
+            f"over {args.repeat} refreshes; last hour {hour['finished']:,} finished, last day "
+            f"{day['finished']:,}, {sum(figures['live_by_state'].values()):,} live, "
+            f"{figures['confirmations']['parked_count']:,} parked"
+        )
         with engine.connect() as conn:
-            plan = conn.execute(text(
-                "EXPLAIN ANALYZE SELECT date_trunc('minute', finished_at), count(*) "
-                "FROM messages WHERE finished_at >= :start AND finished_at < :end "
-                "AND state IN ('OK','FAILED','CANCEL','SKIPPED') GROUP BY 1"),
-                {"start": now.replace(second=0, microsecond=0) - __import__("datetime").timedelta(days=1),
-                 "end": now}).scalars().all()
+            plan = (
+                conn.execute(
+                    text(
+                        "EXPLAIN ANALYZE SELECT date_trunc('minute', finished_at), count(*) "
+                        "FROM messages WHERE finished_at >= :start AND finished_at < :end "
+                        "AND state IN ('OK','FAILED','CANCEL','SKIPPED') GROUP BY 1"
+                    ),
+                    {
+                        "start": now.replace(second=0, microsecond=0) - __import__("datetime").timedelta(days=1),
+                        "end": now,
+                    },
+                )
+                .scalars()
+                .all()
+            )
         print("plan of the finished-per-minute query:\n  " + "\n  ".join(plan))
         with engine.connect() as conn:
-            plan = conn.execute(text(
-                "EXPLAIN ANALYZE SELECT service, operation, state, count(*), min(received_at) FROM messages "
-                "WHERE state NOT IN ('CANCEL', 'FAILED', 'OK', 'SKIPPED') GROUP BY service, operation, state")
-            ).scalars().all()
+            plan = (
+                conn.execute(
+                    text(
+                        "EXPLAIN ANALYZE SELECT service, operation, state, count(*), min(received_at) FROM messages "
+                        "WHERE state NOT IN ('CANCEL', 'FAILED', 'OK', 'SKIPPED') GROUP BY service, operation, state"
+                    )
+                )
+                .scalars()
+                .all()
+            )
         print("plan of the live-rows query:\n  " + "\n  ".join(plan))
 
 

@@ -2,10 +2,11 @@
 
     PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3]
         [--variants plain,hub,hub1,fused,batch,dbos] [--latency-ms 0] [--pool prefork|gevent|threads]
-        [--concurrency 2] [--processes 1] [--warmup 200]
+        [--concurrency 2] [--processes 1] [--warmup 200] [--http-client sharded|httpcall] [--burn 0]
 
 The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
-after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx client of bench/flows.py)
+after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx clients of bench/flows.py, or
+with --http-client httpcall the product's own, `openhub.outbound.http.pooled_client()`)
 run as
   (a) plain  - a plain Celery chain of 3 tasks (bench/plain_tasks.py), apply_async per chain
   (b) hub    - openhub, today's chain mode, submit_many in batches of 100
@@ -49,11 +50,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import random
 import statistics
 import subprocess
-import threading
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +66,7 @@ import sqlalchemy  # noqa: E402
 
 from bench.slow_server import serve_slow  # noqa: E402
 from tests.support.backends import RedisServer, activate, free_port, postgres_database  # noqa: E402
+from tests.support.burner import spin  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
@@ -156,24 +159,30 @@ class PgMeter:
     def __init__(self, url: str, schemas: tuple[str, ...]) -> None:
         self.db = url.rsplit("/", 1)[1]
         self.schemas = schemas
-        self.engine = sqlalchemy.create_engine(url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT",
-                                               poolclass=sqlalchemy.pool.NullPool)
+        self.engine = sqlalchemy.create_engine(
+            url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool
+        )
 
     def snapshot(self) -> dict[str, object]:
         time.sleep(0.6)  # PostgreSQL 15 flushes backend statistics at most every 500 ms
         with self.engine.connect() as conn:
-            pids = [r[0] for r in conn.exec_driver_sql(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.db,))]
+            pids = [
+                r[0] for r in conn.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.db,))
+            ]
             row = conn.exec_driver_sql(
-                "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted FROM pg_stat_database "
-                "WHERE datname = %s", (self.db,)).one()
+                "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted FROM pg_stat_database WHERE datname = %s",
+                (self.db,),
+            ).one()
         return {"cpu": {pid: _stat(pid)[1] for pid in pids}, "commits": row[0], "writes": row[1] + row[2] + row[3]}
 
     @staticmethod
     def delta(before: dict, after: dict) -> dict[str, float]:
         cpu = sum(t - before["cpu"].get(pid, 0) for pid, t in after["cpu"].items()) * TICK_MS
-        return {"pg_ms": cpu, "commits": after["commits"] - before["commits"],
-                "writes": after["writes"] - before["writes"]}
+        return {
+            "pg_ms": cpu,
+            "commits": after["commits"] - before["commits"],
+            "writes": after["writes"] - before["writes"],
+        }
 
     def store_bytes(self, url: str) -> int:
         engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
@@ -181,7 +190,9 @@ class PgMeter:
             size = conn.exec_driver_sql(
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r' AND n.nspname = ANY(%s) "
-                "AND c.relname <> 'alembic_version'", (list(self.schemas),)).scalar()
+                "AND c.relname <> 'alembic_version'",
+                (list(self.schemas),),
+            ).scalar()
         engine.dispose()
         return int(size)
 
@@ -211,22 +222,30 @@ class Poller:
 
 
 # ---------------------------------------------------------------- the variants
+SHARDED = {"on": True}  # --http-client: bench/flows.py's own clients, else openhub's pooled_client()
+
+
 class Env:
     """A fresh database, a private redis-server and the OPENHUB_* environment pointing at them."""
 
-    def __init__(self, workdir: Path, http_port: int, url: str, pool: str = "prefork", concurrency: int = 2,
-                 processes: int = 1) -> None:
+    def __init__(
+        self, workdir: Path, http_port: int, url: str, pool: str = "prefork", concurrency: int = 2, processes: int = 1
+    ) -> None:
         self.redis = RedisServer.start(workdir / "redis")
         self.url, self.workdir = url, workdir
         self.pool, self.concurrency, self.processes = pool, concurrency, processes
         ENV["redis"] = self.redis.process.pid
-        self.env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": self.redis.url,
-                    "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
-                    "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
-                    "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16)),  # bench/flows.py
-                    "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1"}
-        activate(self.env)
-        from openhub.migrate import upgrade
+        self.env = {
+            "OPENHUB_DATABASE_URL": url,
+            "OPENHUB_BROKER_URL": self.redis.url,
+            "OPENHUB_ROUTES": "bench.flows",
+            "OPENHUB_VAR_DIR": str(workdir / "var"),
+            "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+            "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16) if SHARDED["on"] else 0),  # bench/flows.py
+            "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1",
+        }
+        activate({k: v for k, v in self.env.items() if k.startswith("OPENHUB_")})  # BENCH_*: the workers'
+        from openhub.store.migrate import upgrade
 
         upgrade(url)
 
@@ -275,13 +294,30 @@ class Profile:
             conn.exec_driver_sql("SELECT pg_stat_statements_reset()") if self._statements(conn) else None
         self.cpu = {k: _stat(pid)[1] * TICK_MS for k, pid in others.items()}  # each process alone
         spy = os.environ.get("PY_SPY") or str(Path(sys.executable).parent / "py-spy")  # or another install
-        self.spy = [subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
-                                      "--rate", str(PROFILE["rate"]), "--format", "raw",
-                                      "--output", str(self.out.with_suffix(f".{pid}.txt"))],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in roots]
+        self.spy = [
+            subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--subprocesses",
+                    "--nonblocking",
+                    "--rate",
+                    str(PROFILE["rate"]),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(self.out.with_suffix(f".{pid}.txt")),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid in roots
+        ]
         self.worker_cpu = tree_cpu_ms(roots)
 
-    def _statements(self, conn) -> bool:  # noqa: ANN001
+    def _statements(self, conn) -> bool:
         try:
             conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             conn.exec_driver_sql("SELECT 1 FROM pg_stat_statements LIMIT 1")
@@ -304,21 +340,27 @@ class Profile:
             for part in sorted(self.out.parent.glob(f"{self.out.stem}.*.txt")):
                 f.write(part.read_text())
                 part.unlink()
-        lines = [f"worker CPU {worker_ms:.2f} ms/message (/proc), shared out by the samples:",
-                 report(self.out, 35, worker_ms)]
-        engine = sqlalchemy.create_engine(self.pg.engine.url.set(database=self.pg.db),
-                                          poolclass=sqlalchemy.pool.NullPool)
+        lines = [
+            f"worker CPU {worker_ms:.2f} ms/message (/proc), shared out by the samples:",
+            report(self.out, 35, worker_ms),
+        ]
+        engine = sqlalchemy.create_engine(
+            self.pg.engine.url.set(database=self.pg.db), poolclass=sqlalchemy.pool.NullPool
+        )
         with engine.connect() as conn:
             if self._statements(conn):
                 rows = conn.exec_driver_sql(
                     "SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g') "
                     "FROM pg_stat_statements "
                     "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                    "AND query NOT LIKE '%%pg_stat_statements%%' ORDER BY calls DESC").all()
+                    "AND query NOT LIKE '%%pg_stat_statements%%' ORDER BY calls DESC"
+                ).all()
                 conn.commit()
-                lines.append(f"SQL statements (nested ones too: foreign key checks): {sum(r[0] for r in rows) / n:.1f} "
-                             f"per message, {sum(r[1] for r in rows) / n:.2f} ms execution per message; "
-                             "per message: calls, ms, rows, statement")
+                lines.append(
+                    f"SQL statements (nested ones too: foreign key checks): {sum(r[0] for r in rows) / n:.1f} "
+                    f"per message, {sum(r[1] for r in rows) / n:.2f} ms execution per message; "
+                    "per message: calls, ms, rows, statement"
+                )
                 lines += [f"  {r[0] / n:6.2f} {r[1] / n:6.3f} {r[2] / n:6.2f}  {r[3][:300]}" for r in rows[:40]]
         engine.dispose()
         text = "\n".join(lines)
@@ -327,7 +369,7 @@ class Profile:
         return cpu
 
 
-def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:  # noqa: ANN001
+def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:
     """Submit and wait for n messages after the warm-up's WARMUP (the server counted those already)."""
     others = {"http": HTTP["pid"], "bench": os.getpid()}
     if ENV.get("redis"):
@@ -337,20 +379,68 @@ def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, f
     rss = RssPeak(roots)
     server_stats()  # a new peak of calls in flight from here
     before_box, started = machine_ms(), time.perf_counter()
-    submit(n)
+    sent = offer(submit, n, OPEN_LOOP["rate"]) if OPEN_LOOP["rate"] else (submit(n), {})[1]
     wait(n)
     elapsed, after_box = time.perf_counter() - started, machine_ms()
+    latency = latencies(sent) if sent else {}
     after_cpu, calls = tree_cpu_ms(roots), server_stats()
     rss_mb, after_pg = rss.stop(), pg.snapshot()
     d = PgMeter.delta(before_pg, after_pg)
     busy, every = after_box[0] - before_box[0], after_box[1] - before_box[1]
     extra = profile.stop(n) if profile else {}
-    return {**extra, "rate": n / elapsed, "worker_ms": (after_cpu - before_cpu) / n, "pg_ms": d["pg_ms"] / n,
-            "box_ms": busy / n, "box_busy": busy / every, "commits": d["commits"], "writes": d["writes"] / n,
-            "once": exactly_once(calls, n + WARMUP), "in_flight": calls["peak"], "rss_mb": rss_mb}
+    return {
+        **extra,
+        **latency,
+        "rate": n / elapsed,
+        "worker_ms": (after_cpu - before_cpu) / n,
+        "pg_ms": d["pg_ms"] / n,
+        "box_ms": busy / n,
+        "box_busy": busy / every,
+        "commits": d["commits"],
+        "writes": d["writes"] / n,
+        "once": exactly_once(calls, n + WARMUP),
+        "in_flight": calls["peak"],
+        "rss_mb": rss_mb,
+    }
 
 
-def _warm(submit, wait) -> None:  # noqa: ANN001
+OPEN_LOOP = {"rate": 0.0}  # --rate: messages offered per second, Poisson arrivals; 0: all at once
+
+
+def offer(submit, n: int, rate: float) -> dict[str, float]:
+    """Submit n messages one at a time at exponentially distributed gaps (mean 1/rate: an open loop that
+    does not wait for the hub); {message key: time.time() of its submit}. A submit running late is
+    followed by the next at once, so the offered rate holds as long as submitting keeps up."""
+    gaps = random.Random(42)
+    sent: dict[str, float] = {}
+    at = time.perf_counter()
+    for _ in range(n):
+        at += gaps.expovariate(rate)
+        pause = at - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        begun = time.time()
+        for key in submit(1):
+            sent[key] = begun
+    return sent
+
+
+def latencies(sent: dict[str, float]) -> dict[str, float]:
+    """Submit -> answer of the last step's call, ms: p50, p90, p99, max over the messages of `sent`."""
+    import httpx
+
+    done = httpx.get(f"http://127.0.0.1:{HTTP['port']}/_done").json()
+    ms = sorted((done[k] - t) * 1000 for k, t in sent.items() if k in done)
+    if len(ms) < len(sent):
+        raise RuntimeError(f"{len(sent) - len(ms)} messages have no answered last call")
+
+    def at(q: float) -> float:
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
+
+    return {"p50_ms": at(0.5), "p90_ms": at(0.9), "p99_ms": at(0.99), "max_ms": ms[-1]}
+
+
+def _warm(submit, wait) -> None:
     """Forget the server's counts, then run the warm-up's WARMUP messages."""
     server_stats(reset=True)
     submit(WARMUP)
@@ -361,18 +451,23 @@ def run_plain(env: Env, n: int) -> dict[str, float]:
     import redis
     from celery import chain
 
-    from openhub.dispatch import celery_app
+    from openhub.celery.dispatch import celery_app
 
     app = celery_app()
     counter = redis.Redis(host="127.0.0.1", port=env.redis.port, db=1)
     seq = iter(range(10**9))  # each message its own paths at the server
 
-    def submit(k: int) -> None:
+    def submit(k: int) -> list[str]:
+        keys = []
         for _ in range(k):
             i = next(seq)
-            chain(app.signature("bench.plain.first", args=(i,), immutable=True),
-                  app.signature("bench.plain.second", args=(i,), immutable=True),
-                  app.signature("bench.plain.third", args=(i,), immutable=True)).apply_async()
+            chain(
+                app.signature("bench.plain.first", args=(i,), immutable=True),
+                app.signature("bench.plain.second", args=(i,), immutable=True),
+                app.signature("bench.plain.third", args=(i,), immutable=True),
+            ).apply_async()
+            keys.append(str(i))
+        return keys
 
     def wait(k: int) -> None:
         deadline = time.monotonic() + 900
@@ -399,19 +494,23 @@ def _hub(env: Env, n: int, batch: int, route: str = "bench.flow") -> dict[str, f
 
     seq = iter(range(10**9))
 
-    def submit(k: int) -> None:
+    def submit(k: int) -> list[str]:
+        keys = []
         if batch == 1:
             for _ in range(k):
                 i = next(seq)
-                openhub.submit(route, {"i": i}, source_system="BENCH", correlation_id=f"p-{i}")
+                view = openhub.submit(route, {"i": i}, source_system="BENCH", correlation_id=f"p-{i}")
+                keys.append(str(view.id))
         else:
             for start in range(0, k, batch):
                 items = []
                 for _ in range(min(batch, k - start)):
                     i = next(seq)
-                    items.append({"route": route, "payload": {"i": i}, "source_system": "BENCH",
-                                  "correlation_id": f"p-{i}"})
-                openhub.submit_many(items)
+                    items.append(
+                        {"route": route, "payload": {"i": i}, "source_system": "BENCH", "correlation_id": f"p-{i}"}
+                    )
+                keys += [str(view.id) for view in openhub.submit_many(items)]
+        return keys
 
     poller = Poller(env.url, "SELECT count(*) FROM messages WHERE state = 'OK'")
     done = {"n": 0}
@@ -447,8 +546,9 @@ def run_fused(env: Env, n: int) -> dict[str, float]:
 
 
 def run_batch(env: Env, n: int) -> dict[str, float]:
-    if env.pool == "gevent":  # each task keeps a batch of calls in flight, not one: clients for them all
-        # (httpcore scans every connection of its pool per request: hundreds on one client cost ms per call)
+    if env.pool == "gevent" and SHARDED["on"]:
+        # Each task keeps a batch of calls in flight, not one: clients for them all (httpcore scans
+        # every connection of its pool per request: hundreds on one client cost ms per call)
         from bench.flows import BATCH
 
         env.env["BENCH_HTTP_CLIENTS"] = str(max(1, min(env.concurrency * BATCH, n // env.processes) // 16))
@@ -463,10 +563,19 @@ def _dbos_workers(env: Env) -> list[subprocess.Popen]:
     procs = []
     for k in range(2):
         log = open(env.workdir / f"dbos-{k}.log", "ab")
-        p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_app.py"), _dbos_url(env.url),
-                              str(max(1, env.concurrency * env.processes // 2))],
-                             env=dict(os.environ, **env.env, DBOS__VMID=f"peers-{k}", PYTHONPATH=str(ROOT)),
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "dbos_app.py"),
+                _dbos_url(env.url),
+                str(max(1, env.concurrency * env.processes // 2)),
+            ],
+            env=dict(os.environ, **env.env, DBOS__VMID=f"peers-{k}", PYTHONPATH=str(ROOT)),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
         procs.append(p)
     for p in procs:
         line = p.stdout.readline()
@@ -475,7 +584,7 @@ def _dbos_workers(env: Env) -> list[subprocess.Popen]:
     return procs
 
 
-def _dbos_client(env: Env):  # noqa: ANN202
+def _dbos_client(env: Env):
     from dbos import DBOSClient
 
     return DBOSClient(system_database_url=_dbos_url(env.url), application_name="openhub-peers")
@@ -487,9 +596,11 @@ def run_dbos(env: Env, n: int) -> dict[str, float]:
     seq = iter(range(10**9))
     options = {"workflow_name": "peers_flow", "queue_name": "peers", "app_version": "bench"}
 
-    def submit(k: int) -> None:
-        for _ in range(k):
-            client.enqueue(options, next(seq))
+    def submit(k: int) -> list[str]:
+        keys = [str(next(seq)) for _ in range(k)]
+        for i in keys:
+            client.enqueue(options, int(i))
+        return keys
 
     poller = Poller(env.url, "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'")
     done = {"n": 0}
@@ -515,8 +626,14 @@ def run_dbos(env: Env, n: int) -> dict[str, float]:
     return result
 
 
-RUNNERS = {"plain": run_plain, "hub": run_hub, "hub1": run_hub1, "fused": run_fused, "batch": run_batch,
-           "dbos": run_dbos}
+RUNNERS = {
+    "plain": run_plain,
+    "hub": run_hub,
+    "hub1": run_hub1,
+    "fused": run_fused,
+    "batch": run_batch,
+    "dbos": run_dbos,
+}
 
 
 # ---------------------------------------------------------------- submit side alone
@@ -526,21 +643,52 @@ def submit_figures(env: Env, n: int) -> dict[str, tuple[float, float]]:
 
     out = {}
     for name, batch in (("submit", 1), ("submit_many/100", 100)):
-        items = [{"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH",
-                  "correlation_id": f"{name}-{i}"} for i in range(n)]
+        items = [
+            {"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH", "correlation_id": f"{name}-{i}"}
+            for i in range(n)
+        ]
         cpu, wall = time.process_time(), time.perf_counter()
         if batch == 1:
             for item in items:
-                openhub.submit(item["route"], item["payload"], source_system="BENCH",
-                               correlation_id=item["correlation_id"])
+                openhub.submit(
+                    item["route"], item["payload"], source_system="BENCH", correlation_id=item["correlation_id"]
+                )
         else:
             for s in range(0, n, batch):
-                openhub.submit_many(items[s:s + batch])
+                openhub.submit_many(items[s : s + batch])
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         out[name] = (n / wall, cpu * 1000 / n)
-    from openhub.db import dispose_engines
+    out.update(_callers_figures(env, n))
+    from openhub.store.db import dispose_engines
 
     dispose_engines()
+    return out
+
+
+def _callers_figures(env: Env, n: int) -> dict[str, tuple[float, float]]:
+    """A caller that writes a row of its own with each message (issue 37): in two transactions (its row,
+    then `submit()`), and in one (`submit(..., connection=)` in its transaction: published after its commit)."""
+    import openhub
+
+    engine = sqlalchemy.create_engine(env.url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS bench_orders (id serial PRIMARY KEY, i int NOT NULL)")
+    order = sqlalchemy.text("INSERT INTO bench_orders (i) VALUES (:i)")
+    out = {}
+    for name, joined in (("caller's row, then submit", False), ("submit in the caller's transaction", True)):
+        cpu, wall = time.process_time(), time.perf_counter()
+        for i in range(n):
+            with engine.begin() as conn:
+                conn.execute(order, {"i": i})
+                if joined:
+                    openhub.submit(
+                        "bench.flow", {"i": i}, source_system="BENCH", correlation_id=f"tx-{i}", connection=conn
+                    )
+            if not joined:
+                openhub.submit("bench.flow", {"i": i}, source_system="BENCH", correlation_id=f"two-{i}")
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out[name] = (n / wall, cpu * 1000 / n)
+    engine.dispose()
     return out
 
 
@@ -561,8 +709,7 @@ def dbos_enqueue_figure(env: Env, n: int) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- main
-def fresh(workdir: Path, http_port: int, tag: str, fn, pool: str = "prefork", concurrency: int = 2,  # noqa: ANN001, ANN201
-          processes: int = 1):
+def fresh(workdir: Path, http_port: int, tag: str, fn, pool: str = "prefork", concurrency: int = 2, processes: int = 1):
     sub = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=workdir))
     with postgres_database(f"openhub_peers_{tag}") as url:
         env = Env(sub, http_port, url, pool, concurrency, processes)
@@ -579,15 +726,40 @@ def main() -> None:
     parser.add_argument("--variants", default="plain,hub,hub1,fused,batch,dbos")
     parser.add_argument("--submits", type=int, default=1000, help="messages for the submit-only figures (0: skip)")
     parser.add_argument("--latency-ms", type=float, default=0, help="how long each external call takes")
-    parser.add_argument("--pool", default="prefork", choices=("prefork", "gevent", "threads"),
-                        help="the Celery worker's pool (-P)")
-    parser.add_argument("--concurrency", type=int, default=2,
-                        help="each Celery worker's -c; DBOS: 2 processes x (c x processes)/2")
+    parser.add_argument(
+        "--pool", default="prefork", choices=("prefork", "gevent", "threads"), help="the Celery worker's pool (-P)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="each Celery worker's -c; DBOS: 2 processes x (c x processes)/2"
+    )
     parser.add_argument("--processes", type=int, default=1, help="Celery worker processes (gevent: one per core)")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="messages run before each measured part")
     parser.add_argument("--profile", metavar="DIR", help="profile each measured part into DIR (see above)")
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument(
+        "--http-client",
+        default="sharded",
+        choices=("sharded", "httpcall"),
+        help="steps call through one client per 16 in flight (sharded), or through HttpCall's pooled_client()",
+    )
+    parser.add_argument(
+        "--burn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N processes spinning on the CPU beside the whole run (tests/support/burner.py): a busy box; "
+        "machine CPU figures then count the spinners too",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0,
+        help="offer the measured messages one at a time at this rate (msg/s, Poisson arrivals) and report "
+        "submit -> last call answered p50/p90/p99/max; 0: submit them all at once (throughput)",
+    )
     args = parser.parse_args()
+    OPEN_LOOP["rate"] = args.rate
+    SHARDED["on"] = args.http_client == "sharded"
     PROFILE.update(dir=args.profile, rate=args.profile_rate)
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -600,13 +772,23 @@ def main() -> None:
     server.start()
     HTTP["pid"] = server.pid
     load = os.getloadavg()
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.burn)]
+    for spinner in spinners:
+        spinner.start()
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
         for run in range(args.runs):
             for v in variants:  # interleaved: plain, hub, hub1, dbos, plain, ...
                 PROFILE["tag"] = f"{v}-{run + 1}"
-                r = fresh(workdir, http_port, v, lambda env, v=v: RUNNERS[v](env, args.messages),
-                          args.pool, args.concurrency, args.processes)
+                r = fresh(
+                    workdir,
+                    http_port,
+                    v,
+                    lambda env, v=v: RUNNERS[v](env, args.messages),
+                    args.pool,
+                    args.concurrency,
+                    args.processes,
+                )
                 results[v].append(r)
                 print(f"run {run + 1} {v:6s} " + " ".join(f"{k}={x:.2f}" for k, x in r.items()), flush=True)
         subs = []
@@ -614,31 +796,51 @@ def main() -> None:
             for _ in range(args.runs):
                 subs.append(fresh(workdir, http_port, "submit", lambda env: submit_figures(env, args.submits)))
                 if "dbos" in variants:
-                    subs[-1]["dbos enqueue"] = fresh(workdir, http_port, "enq",
-                                                     lambda env: dbos_enqueue_figure(env, args.submits))
+                    subs[-1]["dbos enqueue"] = fresh(
+                        workdir, http_port, "enq", lambda env: dbos_enqueue_figure(env, args.submits)
+                    )
     finally:
         server.terminate()
+        for spinner in spinners:
+            spinner.terminate()
 
     def med(xs: list[float], digits: int = 1) -> str:
         return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
 
-    print(f"\n{args.messages} messages per run (+{WARMUP} warm-up), {args.runs} runs interleaved, "
-          f"external call {args.latency_ms:g} ms, --pool {args.pool} --concurrency {args.concurrency} "
-          f"--processes {args.processes}, "
-          f"{os.cpu_count()} cores, load average before: {load}, after: {os.getloadavg()}; median (min-max)")
-    print("| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | machine CPU ms/msg | machine busy "
-          "| commits/msg | tuples written/msg | store B/msg | calls in flight, peak | worker RSS MB, peak "
-          "| runs with each step exactly once |")
+    print(
+        f"\n{args.messages} messages per run (+{WARMUP} warm-up), {args.runs} runs interleaved, "
+        f"external call {args.latency_ms:g} ms, --pool {args.pool} --concurrency {args.concurrency} "
+        f"--processes {args.processes}, --burn {args.burn}, --http-client {args.http_client}, "
+        f"{os.cpu_count()} cores, load average before: {load}, after: {os.getloadavg()}; median (min-max)"
+    )
+    print(
+        "| variant | msg/s | vs plain | worker CPU ms/msg | PG CPU ms/msg | machine CPU ms/msg | machine busy "
+        "| commits/msg | tuples written/msg | store B/msg | calls in flight, peak | worker RSS MB, peak "
+        "| runs with each step exactly once |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = results.get("plain")
     for v, rs in results.items():
-        ratio = (med([r["rate"] / p["rate"] for r, p in zip(rs, plain)], 2) if plain else "-")
-        print(f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
-              f"{med([r['pg_ms'] for r in rs])} | {med([r['box_ms'] for r in rs])} | "
-              f"{med([r['box_busy'] for r in rs], 2)} | {med([r['commits'] for r in rs])} | "
-              f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} | "
-              f"{med([r['in_flight'] for r in rs], 0)} | {med([r['rss_mb'] for r in rs], 0)} | "
-              f"{sum(int(r['once']) for r in rs)}/{len(rs)} |")
+        ratio = med([r["rate"] / p["rate"] for r, p in zip(rs, plain)], 2) if plain else "-"
+        print(
+            f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
+            f"{med([r['pg_ms'] for r in rs])} | {med([r['box_ms'] for r in rs])} | "
+            f"{med([r['box_busy'] for r in rs], 2)} | {med([r['commits'] for r in rs])} | "
+            f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} | "
+            f"{med([r['in_flight'] for r in rs], 0)} | {med([r['rss_mb'] for r in rs], 0)} | "
+            f"{sum(int(r['once']) for r in rs)}/{len(rs)} |"
+        )
+    if args.rate:
+        print(
+            f"\nSubmit -> the last step's call answered, ms, {args.rate:g} msg/s offered (Poisson), median of runs "
+            "(min-max)\n| variant | p50 | p90 | p99 | max |\n|---|---|---|---|---|"
+        )
+        for v, rs in results.items():
+            print(
+                f"| {v} | "
+                + " | ".join(med([r[q] for r in rs], 0) for q in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
+                + " |"
+            )
     if subs:
         print("\n| submit side, no worker | msg/s | CPU ms/msg (submitting process) |\n|---|---|---|")
         for k in subs[0]:

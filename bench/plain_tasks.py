@@ -7,12 +7,15 @@ import os
 import redis
 
 from bench.flows import http_call
-from openhub.dispatch import celery_app
+from openhub.celery.dispatch import celery_app
 
 app = celery_app()
 # Blocking: hundreds of gevent steps count at once, and redis-py's plain pool refuses past its size.
-_done = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-    os.environ.get("BENCH_COUNTER_URL", "redis://127.0.0.1:6379/15"), max_connections=20, timeout=60))
+_done = redis.Redis(
+    connection_pool=redis.BlockingConnectionPool.from_url(
+        os.environ.get("BENCH_COUNTER_URL", "redis://127.0.0.1:6379/15"), max_connections=20, timeout=60
+    )
+)
 
 
 @app.task(name="bench.plain.first")

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.throughput import run_openhub, noop_server  # noqa: E402
+from bench.throughput import noop_server, run_openhub  # noqa: E402
 
 
 def main() -> None:
@@ -41,11 +41,15 @@ def main() -> None:
     rates: dict[str, list[float]] = {name: [] for name in variants}
     try:
         with postgres_database("openhub_prefetch") as url:
-            env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": redis_server.url,
-                   "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
-                   "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/"}
-            activate(env)
-            from openhub.migrate import upgrade
+            env = {
+                "OPENHUB_DATABASE_URL": url,
+                "OPENHUB_BROKER_URL": redis_server.url,
+                "OPENHUB_ROUTES": "bench.flows",
+                "OPENHUB_VAR_DIR": str(workdir / "var"),
+                "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+            }
+            activate({k: v for k, v in env.items() if k.startswith("OPENHUB_")})  # BENCH_*: the workers'
+            from openhub.store.migrate import upgrade
 
             upgrade(url)
             for n in range(args.rounds):
@@ -59,19 +63,27 @@ def main() -> None:
                         rates[name].append(run_openhub(args.messages))
                     finally:
                         worker.stop()
-                    print(f"round {n + 1} {name:16s}: {rates[name][-1]:7.1f} messages/s "
-                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                    print(
+                        f"round {n + 1} {name:16s}: {rates[name][-1]:7.1f} messages/s (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
     finally:
         redis_server.stop()
         server.terminate()
     ratios = [d / s for d, s in zip(rates["disable_prefetch"], rates["shipped"])]
-    print(f"messages per variant and round: {args.messages}, concurrency {args.concurrency} (prefork), "
-          f"{os.cpu_count()} cores, {args.rounds} rounds")
+    print(
+        f"messages per variant and round: {args.messages}, concurrency {args.concurrency} (prefork), "
+        f"{os.cpu_count()} cores, {args.rounds} rounds"
+    )
     for name, values in rates.items():
-        print(f"{name:16s}: median {statistics.median(values):7.1f} messages/s "
-              f"(min {min(values):.1f}, max {max(values):.1f})")
-    print(f"ratio disable_prefetch / shipped: median {statistics.median(ratios):.2f} "
-          f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+        print(
+            f"{name:16s}: median {statistics.median(values):7.1f} messages/s "
+            f"(min {min(values):.1f}, max {max(values):.1f})"
+        )
+    print(
+        f"ratio disable_prefetch / shipped: median {statistics.median(ratios):.2f} "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -21,33 +21,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import openhub  # noqa: E402
-from openhub.states import FINAL  # noqa: E402
-from openhub.testing import ExternalSystem  # noqa: E402
-from tests.support import backends  # noqa: E402
-from tests.support.waiting import wait_for  # noqa: E402
-from tests.support.workers import Worker  # noqa: E402
+import openhub
+from openhub.core.states import FINAL
+from openhub.testing import ExternalSystem
+from tests.support import backends
+from tests.support.waiting import wait_for
+from tests.support.workers import Worker
 
-DEFAULTS = {"OPENHUB_WORKER_DEAD_AFTER": "15", "OPENHUB_POLL_INTERVAL": "5", "OPENHUB_LEASE_GRACE": "300",
-            "OPENHUB_STEP_TIMEOUT": "300", "OPENHUB_RETRY_INTERVAL": "60", "OPENHUB_POSTPONE_INTERVAL": "5",
-            "OPENHUB_CONFIRM_INTERVAL": "60"}
+DEFAULTS = {
+    "OPENHUB_WORKER_DEAD_AFTER": "15",
+    "OPENHUB_POLL_INTERVAL": "5",
+    "OPENHUB_LEASE_GRACE": "300",
+    "OPENHUB_STEP_TIMEOUT": "300",
+    "OPENHUB_RETRY_INTERVAL": "60",
+    "OPENHUB_POSTPONE_INTERVAL": "5",
+    "OPENHUB_CONFIRM_INTERVAL": "60",
+}
 
 
 def in_flight_of(victim: Worker) -> list[int]:
     """Messages PROCESSING on one of the victim's pool processes (workers.node is host:pid)."""
     from sqlalchemy import select
 
-    from openhub.db import transaction
-    from openhub.schema import messages, workers
+    from openhub.store.db import transaction
+    from openhub.store.schema import messages, workers
 
     pids = {str(p) for p in victim.child_pids()} | {str(victim.process.pid)}
     with transaction() as conn:
-        ids = [w for (w, node) in conn.execute(select(workers.c.id, workers.c.node))
-               if node.rsplit(":", 1)[-1] in pids]
+        ids = [w for (w, node) in conn.execute(select(workers.c.id, workers.c.node)) if node.rsplit(":", 1)[-1] in pids]
         if not ids:
             return []
-        return [i for (i,) in conn.execute(select(messages.c.id).where(
-            messages.c.state == "PROCESSING", messages.c.worker.in_(ids)))]
+        return [
+            i
+            for (i,) in conn.execute(
+                select(messages.c.id).where(messages.c.state == "PROCESSING", messages.c.worker.in_(ids))
+            )
+        ]
 
 
 def one_run(workdir: Path) -> list[float]:
@@ -58,9 +67,20 @@ def one_run(workdir: Path) -> list[float]:
         with backends.backend("redis-pg", workdir, {"OPENHUB_TEST_EXTERNAL_URL": external.url, **DEFAULTS}) as b:
             ws = [Worker(b.env, workdir / n, beat=True).start() for n in ("w1", "w2")]
             try:
-                ids = [v.id for v in openhub.submit_many([
-                    {"route": "test.patient", "payload": {"prefix": prefix}, "source_system": "CRM",
-                     "correlation_id": uuid.uuid4().hex} for _ in range(10)])]
+                ids = [
+                    v.id
+                    for v in openhub.submit_many(
+                        [
+                            {
+                                "route": "test.patient",
+                                "payload": {"prefix": prefix},
+                                "source_system": "CRM",
+                                "correlation_id": uuid.uuid4().hex,
+                            }
+                            for _ in range(10)
+                        ]
+                    )
+                ]
                 victim = ws[0]
                 victim_ids = wait_for(lambda: in_flight_of(victim), 60, "the victim to have steps in flight")
                 time.sleep(0.5)  # into the 3 s call
@@ -77,8 +97,12 @@ def one_run(workdir: Path) -> list[float]:
                 missing = [i for i in victim_ids if i not in done]
                 if missing:
                     raise SystemExit(f"not final 400 s after the kill: {missing}")
-                print(f"  victim {victim.name}: {len(victim_ids)} in flight, repaired in "
-                      + ", ".join(f"{done[i]:.1f}" for i in victim_ids) + " s", flush=True)
+                print(
+                    f"  victim {victim.name}: {len(victim_ids)} in flight, repaired in "
+                    + ", ".join(f"{done[i]:.1f}" for i in victim_ids)
+                    + " s",
+                    flush=True,
+                )
                 # The rest of the run: queued behind the victim, or between two of its steps (the
                 # victim was to publish their next task): every message final, and when.
                 wait_for(lambda: all(openhub.get_message(i).state in FINAL for i in ids), 400, "every message")
@@ -102,8 +126,10 @@ def main() -> int:
             times = one_run(Path(d))
         worst_per_run.append(max(times))
         print(f"run {r + 1}: slowest repair {max(times):.1f} s", flush=True)
-    print(f"kill -> final (slowest message per run), {args.runs} runs: min {min(worst_per_run):.1f} s, "
-          f"median {statistics.median(worst_per_run):.1f} s, max {max(worst_per_run):.1f} s; target <= {args.target} s")
+    print(
+        f"kill -> final (slowest message per run), {args.runs} runs: min {min(worst_per_run):.1f} s, "
+        f"median {statistics.median(worst_per_run):.1f} s, max {max(worst_per_run):.1f} s; target <= {args.target} s"
+    )
     return 0 if max(worst_per_run) <= args.target else 1
 
 

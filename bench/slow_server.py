@@ -5,15 +5,17 @@
 One asyncio loop: a request waits with `asyncio.sleep`, so thousands can be in flight at once
 without a thread each. Every call is counted by its path (the benchmarks POST to
 `/<step>/<message key>`), with the calls in flight now and their peak. `GET /_stats` answers
-{"calls", "keys", "max_per_key", "in_flight", "peak"} (and starts a new peak); `POST /_reset`
-forgets everything. Each step of every message called exactly once means calls == keys ==
-3 x messages and max_per_key == 1.
+{"calls", "keys", "max_per_key", "in_flight", "peak"} (and starts a new peak); `GET /_done` answers
+{key: time.time() when the answer to its `/third/<key>` call went out} and forgets them (the last
+step's end, for bench/peers.py --rate); `POST /_reset` forgets everything. Each step of every message
+called exactly once means calls == keys == 3 x messages and max_per_key == 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 
 from bench.wire import read_message
@@ -30,10 +32,16 @@ def serve_slow(port: int, latency_ms: float) -> None:
     delay = latency_ms / 1000
     calls: Counter[bytes] = Counter()
     flight = {"now": 0, "peak": 0}
+    done: dict[str, float] = {}  # message key -> when its last step's call was answered
 
     def stats() -> bytes:
-        body = {"calls": sum(calls.values()), "keys": len(calls), "max_per_key": max(calls.values(), default=0),
-                "in_flight": flight["now"], "peak": flight["peak"]}
+        body = {
+            "calls": sum(calls.values()),
+            "keys": len(calls),
+            "max_per_key": max(calls.values(), default=0),
+            "in_flight": flight["now"],
+            "peak": flight["peak"],
+        }
         flight["peak"] = flight["now"]
         return json.dumps(body).encode()
 
@@ -44,8 +52,12 @@ def serve_slow(port: int, latency_ms: float) -> None:
                 method, path = head.split(b" ", 2)[:2]
                 if path == b"/_stats":
                     writer.write(_answer(stats()))
+                elif path == b"/_done":
+                    writer.write(_answer(json.dumps(done).encode()))
+                    done.clear()
                 elif path == b"/_reset":
                     calls.clear()
+                    done.clear()
                     flight["peak"] = flight["now"]
                     writer.write(OK)
                 else:
@@ -58,6 +70,8 @@ def serve_slow(port: int, latency_ms: float) -> None:
                     finally:
                         flight["now"] -= 1
                     writer.write(OK)
+                    if path.startswith(b"/third/"):
+                        done[path[7:].decode()] = time.time()
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()

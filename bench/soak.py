@@ -34,11 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import openhub  # noqa: E402
-from openhub.states import FINAL  # noqa: E402
-from openhub.testing import ExternalSystem  # noqa: E402
-from tests.support import backends  # noqa: E402
-from tests.support.workers import Worker  # noqa: E402
+import openhub
+from openhub.core.states import FINAL
+from openhub.testing import ExternalSystem
+from tests.support import backends
+from tests.support.workers import Worker
 
 P = "/soak"
 KINDS = ["flow", "entity", "custom", "split", "funnel", "ordered", "wait"]
@@ -63,24 +63,30 @@ def payload(kind: str, i: int) -> tuple[str, dict]:
     return "test.wait", {"prefix": P, "wait": 3600}
 
 
-def quiet(fn, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
+def quiet(fn, *a, **kw):
     """Call fn; a fault of ours (store restarting, broker flushed) only skips this attempt."""
     try:
         return fn(*a, **kw)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return exc
 
 
-def rows(sql: str, *params):  # noqa: ANN001, ANN002, ANN201
-    from openhub.db import transaction
+def rows(sql: str, *params):
+    from openhub.store.db import transaction
 
     with transaction() as conn:
         return conn.exec_driver_sql(sql, params).all() if params else conn.exec_driver_sql(sql).all()
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, backend: backends.Backend, pg: backends.PostgresServer,
-                 external: ExternalSystem, workdir: Path) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        backend: backends.Backend,
+        pg: backends.PostgresServer,
+        external: ExternalSystem,
+        workdir: Path,
+    ) -> None:
         self.args, self.b, self.pg, self.ext, self.workdir = args, backend, pg, external, workdir
         self.rng = random.Random(args.seed)
         self.faults: Counter = Counter()
@@ -107,8 +113,9 @@ class Soak:
         name = victim.name if same else f"soak{uuid.uuid4().hex[:4]}"
         self.retired.append(victim)
         self.log("kill", f"{victim.name} -> {'same name' if same else name}")
-        self.workers[i] = Worker(self.b.env, self.workdir / f"w-{name}-{len(self.retired)}", beat=True,
-                                 name=name).start(timeout=120)
+        self.workers[i] = Worker(
+            self.b.env, self.workdir / f"w-{name}-{len(self.retired)}", beat=True, name=name
+        ).start(timeout=120)
 
     def restart_pg(self) -> None:
         self.log("pg_restart")
@@ -126,8 +133,11 @@ class Soak:
             self.to_resume.append((time.monotonic() + self.rng.uniform(3, 20), route))
 
     def cancel_some(self) -> None:
-        found = quiet(rows, "SELECT id FROM messages WHERE state NOT IN ('OK','FAILED','CANCEL','SKIPPED') "
-                            "ORDER BY random() LIMIT %d" % self.rng.randint(1, 3))
+        found = quiet(
+            rows,
+            "SELECT id FROM messages WHERE state NOT IN ('OK','FAILED','CANCEL','SKIPPED') "
+            "ORDER BY random() LIMIT %d" % self.rng.randint(1, 3),
+        )
         live = [] if isinstance(found, Exception) else [i for (i,) in found]
         for i in live:
             if not isinstance(quiet(openhub.cancel, i), Exception):
@@ -169,8 +179,9 @@ class Soak:
                 self.log("worker_exited_by_itself", f"{w.name} rc={w.process.returncode}")
                 self.retired.append(w)
                 workdir = self.workdir / f"w-{w.name}-r{len(self.retired)}"
-                self.workers[self.workers.index(w)] = Worker(self.b.env, workdir, beat=True,
-                                                             name=w.name).start(timeout=120)
+                self.workers[self.workers.index(w)] = Worker(self.b.env, workdir, beat=True, name=w.name).start(
+                    timeout=120
+                )
 
     # --- run --------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -180,8 +191,14 @@ class Soak:
         submit_end = start + a.minutes * 60 * 0.75
         batches = max(1, a.messages // 50)
         next_fault = start + self.rng.uniform(5, 15)
-        faults = [(self.kill_worker, 3), (self.restart_pg, 1), (self.flush_redis, 1), (self.pause_route, 2),
-                  (self.cancel_some, 2), (self.slow_confirmer, 1)]
+        faults = [
+            (self.kill_worker, 3),
+            (self.restart_pg, 1),
+            (self.flush_redis, 1),
+            (self.pause_route, 2),
+            (self.cancel_some, 2),
+            (self.slow_confirmer, 1),
+        ]
         submitted = 0
         n = 0
         while time.monotonic() < chaos_end or submitted < a.messages:
@@ -193,8 +210,14 @@ class Soak:
                 for _ in range(min(50, a.messages - submitted - len(items))):
                     kind = KINDS[n % len(KINDS)]
                     route, pl = payload(kind, n)
-                    items.append({"route": route, "payload": pl, "source_system": "CONFIRMED",
-                                  "correlation_id": f"soak-{a.seed}-{n}"})
+                    items.append(
+                        {
+                            "route": route,
+                            "payload": pl,
+                            "source_system": "CONFIRMED",
+                            "correlation_id": f"soak-{a.seed}-{n}",
+                        }
+                    )
                     n += 1
                 r = quiet(openhub.submit_many, items)
                 if isinstance(r, Exception):
@@ -207,7 +230,7 @@ class Soak:
                 fn = self.rng.choices([f for f, _ in faults], [w for _, w in faults])[0]
                 try:
                     fn()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     print(f"  fault {fn.__name__} raised {exc!r}", flush=True)
                 next_fault = time.monotonic() + self.rng.uniform(a.fault_every * 0.5, a.fault_every * 1.5)
             self.upkeep()
@@ -240,14 +263,22 @@ def classify(calls: list, events: list[tuple[float, str, str]]) -> tuple[list, l
     for (path, key), cs in by_key.items():
         cs.sort(key=lambda c: c.started)
         for first, again in zip(cs, cs[1:]):
-            causes = [(k, d) for t, k, d in events if first.started <= t <= again.started
-                      and k in ("kill", "pg_restart", "cancel", "restart", "worker_exited_by_itself")]
+            causes = [
+                (k, d)
+                for t, k, d in events
+                if first.started <= t <= again.started
+                and k in ("kill", "pg_restart", "cancel", "restart", "worker_exited_by_itself")
+            ]
             # "during": a fault while the first call was under way or within 2 s after it (before
             # its outcome could be recorded): the tight explanation; otherwise the window is loose.
-            during = any(first.started <= t <= first.ended + 2 for t, k, _ in events
-                         if k in ("kill", "pg_restart", "worker_exited_by_itself"))
-            (explained if causes else unexplained).append((path, key, first.started, first.ended, again.started,
-                                                           during, causes[:3]))
+            during = any(
+                first.started <= t <= first.ended + 2
+                for t, k, _ in events
+                if k in ("kill", "pg_restart", "worker_exited_by_itself")
+            )
+            (explained if causes else unexplained).append(
+                (path, key, first.started, first.ended, again.started, during, causes[:3])
+            )
     return explained, unexplained
 
 
@@ -268,8 +299,9 @@ def main() -> int:
     soak = None
     violations: list[str] = []
     try:
-        with backends.backend("redis-pg", out / "hub", {"OPENHUB_TEST_EXTERNAL_URL": external.url},
-                              pg_server=pg.url) as b:
+        with backends.backend(
+            "redis-pg", out / "hub", {"OPENHUB_TEST_EXTERNAL_URL": external.url}, pg_server=pg.url
+        ) as b:
             soak = Soak(a, b, pg, external, out)
             try:
                 times = soak.run()
@@ -279,7 +311,7 @@ def main() -> int:
             ids = sorted(set(soak.ids))
             states = Counter()
             not_final = []
-            for (i, s) in rows("SELECT id, state FROM messages"):
+            for i, s in rows("SELECT id, state FROM messages"):
                 states[s] += 1
                 if s not in {str(f) for f in FINAL}:
                     not_final.append((i, s))
@@ -290,24 +322,35 @@ def main() -> int:
             ex_conf, bad_conf = classify(confirms, soak.events)
             overlaps = list(external.overlaps)
             failed = rows("SELECT id, service, operation, failed_step, failed_error FROM messages WHERE state='FAILED'")
-            evidence = {"not_final": not_final, "unexplained_repeats": bad_calls,
-                        "unexplained_confirm_repeats": bad_conf,
-                        "explained_repeats": ex_calls, "explained_confirm_repeats": ex_conf, "overlaps": overlaps,
-                        "failed": [list(map(str, r)) for r in failed], "events": soak.events}
+            evidence = {
+                "not_final": not_final,
+                "unexplained_repeats": bad_calls,
+                "unexplained_confirm_repeats": bad_conf,
+                "explained_repeats": ex_calls,
+                "explained_confirm_repeats": ex_conf,
+                "overlaps": overlaps,
+                "failed": [list(map(str, r)) for r in failed],
+                "events": soak.events,
+            }
             for key in ("not_final", "unexplained_repeats", "unexplained_confirm_repeats"):
                 for item in evidence[key][:20]:
                     mid = item[0] if key == "not_final" else None
                     if key != "not_final":
                         k = item[1]
                         try:
-                            mid = int(str(k).split(":")[0]) if key.startswith("unexplained_confirm") else \
-                                rows('SELECT message_id FROM ext_calls WHERE "key" = %s LIMIT 1', k)[0][0]
-                        except Exception:  # noqa: BLE001
+                            mid = (
+                                int(str(k).split(":")[0])
+                                if key.startswith("unexplained_confirm")
+                                else rows('SELECT message_id FROM ext_calls WHERE "key" = %s LIMIT 1', k)[0][0]
+                            )
+                        except Exception:
                             mid = None
                     if mid is not None:
                         evidence.setdefault("histories", {})[str(mid)] = [
-                            list(map(str, r)) for r in quiet(
-                                rows, f"SELECT * FROM transitions WHERE message_id = {int(mid)} ORDER BY id") or []]
+                            list(map(str, r))
+                            for r in quiet(rows, f"SELECT * FROM transitions WHERE message_id = {int(mid)} ORDER BY id")
+                            or []
+                        ]
             (out / "evidence.json").write_text(json.dumps(evidence, indent=1, default=str))
             if len(ids) != a.messages:
                 violations.append(f"submitted {len(ids)} ids for {a.messages} messages")
@@ -324,13 +367,19 @@ def main() -> int:
             print(f"routes                 {dict(kinds)}")
             print(f"final states           {dict(states)}")
             print(f"faults injected        {dict(soak.faults)}")
-            print(f"external calls         {len(ok_calls)} (2xx: {sum(c.status < 400 for c in ok_calls)}), "
-                  f"effects {len({(c.path, c.key) for c in ok_calls if c.status < 400})}")
-            print(f"repeats of a success   explained by a fault between them: {len(ex_calls)} "
-                  f"(a kill/restart during the first call: {sum(e[5] for e in ex_calls)}); "
-                  f"unexplained: {len(bad_calls)}")
-            print(f"confirmations          {len(confirms)} calls; duplicates explained {len(ex_conf)} "
-                  f"(during the first: {sum(e[5] for e in ex_conf)}), unexplained {len(bad_conf)}")
+            print(
+                f"external calls         {len(ok_calls)} (2xx: {sum(c.status < 400 for c in ok_calls)}), "
+                f"effects {len({(c.path, c.key) for c in ok_calls if c.status < 400})}"
+            )
+            print(
+                f"repeats of a success   explained by a fault between them: {len(ex_calls)} "
+                f"(a kill/restart during the first call: {sum(e[5] for e in ex_calls)}); "
+                f"unexplained: {len(bad_calls)}"
+            )
+            print(
+                f"confirmations          {len(confirms)} calls; duplicates explained {len(ex_conf)} "
+                f"(during the first: {sum(e[5] for e in ex_conf)}), unexplained {len(bad_conf)}"
+            )
             print(f"funnel overlaps        {len(overlaps)}")
             print(f"time                   chaos {times['chaos_seconds']:.0f} s, total {times['total_seconds']:.0f} s")
             print(f"evidence               {out / 'evidence.json'}")

@@ -37,10 +37,13 @@ def report(conn: sqlalchemy.Connection, n: int, title: str) -> None:
         heap = conn.exec_driver_sql(f"SELECT tuple_count, tuple_len, dead_tuple_len FROM pgstattuple('{table}')").one()
         indexes = conn.exec_driver_sql(
             f"SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
-            f"WHERE indrelid = '{table}'::regclass ORDER BY 2 DESC").all()
+            f"WHERE indrelid = '{table}'::regclass ORDER BY 2 DESC"
+        ).all()
         total += size
-        print(f"| {table} | {size / n:.0f} | {heap.tuple_count / n:.1f} | {heap.tuple_len / n:.0f} | "
-              f"{heap.dead_tuple_len / n:.0f} | " + ", ".join(f"{name} {b / n:.0f}" for name, b in indexes) + " |")
+        print(
+            f"| {table} | {size / n:.0f} | {heap.tuple_count / n:.1f} | {heap.tuple_len / n:.0f} | "
+            f"{heap.dead_tuple_len / n:.0f} | " + ", ".join(f"{name} {b / n:.0f}" for name, b in indexes) + " |"
+        )
     print(f"| all three | **{total / n:.0f}** | | | | |")
 
 
@@ -53,17 +56,21 @@ def main() -> None:
     from openhub.testing import LocalHub
 
     try:
-        with postgres_database("openhub_bench_store") as url, \
-                LocalHub("bench.flows", OPENHUB_DATABASE_URL=url, BENCH_HTTP_URL=f"http://127.0.0.1:{port}/") as hub:
+        with (
+            postgres_database("openhub_bench_store") as url,
+            LocalHub("bench.flows", OPENHUB_DATABASE_URL=url, BENCH_HTTP_URL=f"http://127.0.0.1:{port}/") as hub,
+        ):
             import openhub
 
             for start in range(0, args.messages, 500):
-                openhub.submit_many([{"route": args.route, "payload": {"i": i}, "source_system": "BENCH",
-                                      "correlation_id": f"m-{i}"}
-                                     for i in range(start, min(start + 500, args.messages))])
+                openhub.submit_many(
+                    [
+                        {"route": args.route, "payload": {"i": i}, "source_system": "BENCH", "correlation_id": f"m-{i}"}
+                        for i in range(start, min(start + 500, args.messages))
+                    ]
+                )
                 hub.run()
-            admin = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool,
-                                             isolation_level="AUTOCOMMIT")
+            admin = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT")
             with admin.connect() as conn:
                 conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pgstattuple")
                 report(conn, args.messages, f"Right after {args.messages} messages of {args.route}:")

@@ -23,13 +23,13 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.support.waiting import wait_for  # noqa: E402
-
 from bench.wire import read_message  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 
 def serve_noop(port: int) -> None:
     """A minimal keep-alive HTTP server answering 200 {} to everything (runs in its own process)."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -57,18 +57,20 @@ def noop_server() -> tuple[int, multiprocessing.Process]:
     return port, server
 
 
-def run_plain(n: int, counter) -> float:  # noqa: ANN001
+def run_plain(n: int, counter) -> float:
     from celery import chain
 
-    from openhub.dispatch import celery_app
+    from openhub.celery.dispatch import celery_app
 
     app = celery_app()
     counter.delete("bench:plain:done")
     started = time.perf_counter()
     for i in range(n):
-        chain(app.signature("bench.plain.first", args=(i,), immutable=True),
-              app.signature("bench.plain.second", args=(i,), immutable=True),
-              app.signature("bench.plain.third", args=(i,), immutable=True)).apply_async()
+        chain(
+            app.signature("bench.plain.first", args=(i,), immutable=True),
+            app.signature("bench.plain.second", args=(i,), immutable=True),
+            app.signature("bench.plain.third", args=(i,), immutable=True),
+        ).apply_async()
     wait_for(lambda: int(counter.get("bench:plain:done") or 0) >= n, 600, "plain chains")
     return n / (time.perf_counter() - started)
 
@@ -77,20 +79,31 @@ def run_openhub(n: int) -> float:
     from sqlalchemy import func, select
 
     import openhub
-    from openhub.db import transaction
-    from openhub.schema import messages
+    from openhub.store.db import transaction
+    from openhub.store.schema import messages
 
     started = time.perf_counter()
     first_id = None
     for start in range(0, n, 100):
-        views = openhub.submit_many([{"route": "bench.flow", "payload": {"i": i}, "source_system": "BENCH",
-                                      "correlation_id": f"b-{started}-{i}"} for i in range(start, min(n, start + 100))])
+        views = openhub.submit_many(
+            [
+                {
+                    "route": "bench.flow",
+                    "payload": {"i": i},
+                    "source_system": "BENCH",
+                    "correlation_id": f"b-{started}-{i}",
+                }
+                for i in range(start, min(n, start + 100))
+            ]
+        )
         first_id = first_id or views[0].id
 
     def all_ok() -> bool:  # this run's messages only, not the warm-up's
         with transaction() as conn:
-            return conn.execute(select(func.count()).where(messages.c.state == "OK",
-                                                           messages.c.id >= first_id)).scalar() >= n
+            return (
+                conn.execute(select(func.count()).where(messages.c.state == "OK", messages.c.id >= first_id)).scalar()
+                >= n
+            )
 
     wait_for(all_ok, 600, "openhub messages")
     return n / (time.perf_counter() - started)
@@ -122,13 +135,15 @@ def fill_final(url: str, rows: int) -> None:
 
 
 def time_ticks(repeat: int = 50) -> tuple[float, float]:
-    from openhub.poller import tick
+    from openhub.engine.hub import current
+    from openhub.engine.poller import tick
 
-    tick()  # warm the connection pool and caches
+    hub = current()
+    tick(hub)  # warm the connection pool and caches
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
-        tick()
+        tick(hub)
         samples.append((time.perf_counter() - started) * 1000)
     return statistics.median(samples), max(samples)
 
@@ -136,8 +151,8 @@ def time_ticks(repeat: int = 50) -> tuple[float, float]:
 def explain(url: str) -> str:
     import sqlalchemy
 
-    from openhub.db import utcnow
-    from openhub.poller import _due_query
+    from openhub.engine.poller import _due_query
+    from openhub.store.db import utcnow
 
     engine = sqlalchemy.create_engine(url)
     query = _due_query(utcnow(), set(), None).compile(engine, compile_kwargs={"literal_binds": True})
@@ -161,14 +176,18 @@ def main() -> None:
     redis_server = RedisServer.start(workdir / "redis")
     try:
         with postgres_database("openhub_bench") as url:
-            env = {"OPENHUB_DATABASE_URL": url, "OPENHUB_BROKER_URL": redis_server.url,
-                   "OPENHUB_ROUTES": "bench.flows", "OPENHUB_VAR_DIR": str(workdir / "var"),
-                   "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
-                   "BENCH_COUNTER_URL": f"redis://127.0.0.1:{redis_server.port}/1"}
+            env = {
+                "OPENHUB_DATABASE_URL": url,
+                "OPENHUB_BROKER_URL": redis_server.url,
+                "OPENHUB_ROUTES": "bench.flows",
+                "OPENHUB_VAR_DIR": str(workdir / "var"),
+                "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
+                "BENCH_COUNTER_URL": f"redis://127.0.0.1:{redis_server.port}/1",
+            }
             from tests.support.backends import activate
 
-            activate(env)
-            from openhub.migrate import upgrade
+            activate({k: v for k, v in env.items() if k.startswith("OPENHUB_")})  # BENCH_*: the workers'
+            from openhub.store.migrate import upgrade
 
             upgrade(url)
             from tests.support.workers import Worker
@@ -184,8 +203,9 @@ def main() -> None:
                 hub = run_openhub(args.messages)
             finally:
                 worker.stop()
-            print(f"messages: {args.messages}, worker concurrency: {args.concurrency} (prefork), "
-                  f"{os.cpu_count()} cores")
+            print(
+                f"messages: {args.messages}, worker concurrency: {args.concurrency} (prefork), {os.cpu_count()} cores"
+            )
             print(f"plain Celery chain : {plain:8.1f} chains/s")
             print(f"openhub route      : {hub:8.1f} messages/s")
             print(f"ratio              : {hub / plain:8.2f}")

@@ -7,19 +7,48 @@ worker` and `celery -A tasks beat`, and every message reaches the state README.m
 from importlib import import_module
 from typing import Any
 
-from .context import MessageInfo, MessageView, Outcome, StepContext
-from .errors import (ConfigurationError, Holdback, InputError, NotFound, OpenHubError, PayloadTooLarge, Postpone,
-                     Reject, StateConflict, StoreUnavailable, TransientError, UnknownRouteError)
-from .model import Child, RetryPolicy, Route, Split, Step, step
-from .registry import confirmation, on_state
-from .states import State
+from openhub.core.context import MessageInfo, MessageView, Outcome, StepContext
+from openhub.core.errors import (
+    ConfigurationError,
+    Holdback,
+    InputError,
+    NotFound,
+    OpenHubError,
+    PayloadTooLarge,
+    Postpone,
+    Reject,
+    StateConflict,
+    StoreUnavailable,
+    TransientError,
+    UnknownRouteError,
+)
+from openhub.core.model import Child, RetryPolicy, Route, Soap, Split, Step, step
+from openhub.core.registry import confirmation, on_state
+from openhub.core.states import State
+from openhub.core.topics import Topic
 
 # What needs the store (SQLAlchemy) is imported on first use, so that a route module, or anything
 # importing only the routing model, loads no database library.
-_LAZY = {"list_confirmations": "confirm", "cancel": "operator", "pause": "operator", "paused": "operator",
-         "respond": "operator", "restart": "operator", "resume": "operator", "restart_matching": "operator",
-         "cancel_matching": "operator", "get_message": "producer", "list_messages": "producer",
-         "count_messages": "producer", "submit": "producer", "submit_many": "producer", "HttpCall": "http"}
+_LAZY = {
+    "list_confirmations": "outbound.confirm",
+    "cancel": "service.actions",
+    "pause": "service.actions",
+    "paused": "service.actions",
+    "respond": "service.actions",
+    "restart": "service.actions",
+    "restart_from": "service.actions",
+    "retry_now": "service.actions",
+    "edit_payload": "service.actions",
+    "resume": "service.actions",
+    "restart_matching": "service.actions",
+    "cancel_matching": "service.actions",
+    "get_message": "service.reads",
+    "list_messages": "service.reads",
+    "count_messages": "service.reads",
+    "submit": "service.messages",
+    "submit_many": "service.messages",
+    "HttpCall": "outbound.http",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -29,10 +58,49 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Child", "ConfigurationError", "Holdback", "HttpCall", "InputError", "MessageInfo", "MessageView", "NotFound",
-    "OpenHubError", "Outcome", "PayloadTooLarge", "Postpone", "Reject", "RetryPolicy", "Route", "Split",
-    "State", "StateConflict", "Step", "StepContext", "StoreUnavailable", "TransientError",
-    "UnknownRouteError", "cancel", "cancel_matching", "confirmation", "count_messages", "get_message",
-    "list_confirmations", "list_messages", "on_state", "pause", "paused", "respond", "restart", "restart_matching",
-    "resume", "step", "submit", "submit_many",
+    "Child",
+    "ConfigurationError",
+    "Holdback",
+    "HttpCall",
+    "InputError",
+    "MessageInfo",
+    "MessageView",
+    "NotFound",
+    "OpenHubError",
+    "Outcome",
+    "PayloadTooLarge",
+    "Postpone",
+    "Reject",
+    "RetryPolicy",
+    "Route",
+    "Soap",
+    "Split",
+    "State",
+    "StateConflict",
+    "Step",
+    "StepContext",
+    "StoreUnavailable",
+    "Topic",
+    "TransientError",
+    "UnknownRouteError",
+    "cancel",
+    "cancel_matching",
+    "confirmation",
+    "count_messages",
+    "get_message",
+    "list_confirmations",
+    "list_messages",
+    "on_state",
+    "pause",
+    "paused",
+    "respond",
+    "restart",
+    "restart_matching",
+    "restart_from",
+    "retry_now",
+    "edit_payload",
+    "resume",
+    "step",
+    "submit",
+    "submit_many",
 ]

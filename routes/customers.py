@@ -4,7 +4,7 @@
 customer version, and an older message for the same customer that is retried after a newer
 one succeeded is SKIPPED as obsolete instead of overwriting newer data.
 
-Both calls go through `openhub.http.HttpCall`: it sends the idempotency key and correlation id,
+Both calls go through `openhub.outbound.http.HttpCall`: it sends the idempotency key and correlation id,
 retries 5xx and timeouts, and records each request and response with the message (shown in
 /admin and `openhub messages show`).
 """
@@ -14,11 +14,10 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from openhub import Outcome, Route, RetryPolicy, StepContext, confirmation, step
-from openhub.http import HttpCall
+from openhub import RetryPolicy, Route, StepContext, step
+from openhub.outbound.http import HttpCall
 
 EXTERNAL = os.environ.get("OPENHUB_EXAMPLE_URL", "http://127.0.0.1:8765")
 
@@ -51,15 +50,19 @@ class CustomerUpdate(BaseModel):
 
 
 routes = [
-    Route("customer.setCustomer", steps=[update_billing, activate_sim],
-          object_id=lambda p: p["externalCustomerId"], entity_type="customer", validate=CustomerUpdate,
-          sources=["CRM"],
-          retry=RetryPolicy(max_fails=5, interval=timedelta(seconds=5), backoff=2,
-                            max_interval=timedelta(minutes=5))),
+    Route(
+        "customer.setCustomer",
+        steps=[update_billing, activate_sim],
+        object_id=lambda p: p["externalCustomerId"],
+        entity_type="customer",
+        validate=CustomerUpdate,
+        sources=["CRM"],
+        errors={"E410": "billing already holds a newer version of the customer (HTTP 409)"},
+        retry=RetryPolicy(max_fails=5, interval=timedelta(seconds=5), backoff=2, max_interval=timedelta(minutes=5)),
+    ),
 ]
 
-
-@confirmation("CRM")
-def confirm_crm(outcome: Outcome) -> None:
-    """Tell the CRM how its message ended."""
-    httpx.post(f"{EXTERNAL}/crm/confirmations", json=outcome.as_dict(), timeout=10).raise_for_status()
+# The CRM hears how each message ended by the stock confirmation protocol, set up without code:
+# OPENHUB_CONFIRM_ENDPOINTS=CRM=https://crm.example/openhub/confirm and its signing secret in
+# OPENHUB_CONFIRM_SECRETS (README, "Confirmation protocol"; `openhub dev` sets both up). A
+# `@confirmation("CRM")` function here would override it.

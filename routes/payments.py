@@ -25,8 +25,12 @@ HUB = os.environ.get("OPENHUB_EXAMPLE_HUB_URL", "http://127.0.0.1:8000")  # wher
 @step(timeout=timedelta(seconds=30))
 def authorize(ctx: StepContext) -> None:
     """Ask the bank to authorise; it answers asynchronously."""
-    r = httpx.post(f"{EXTERNAL}/bank/authorizations", json={**ctx.payload, "callback": ctx.response_url(HUB)},
-                   headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10)
+    r = httpx.post(
+        f"{EXTERNAL}/bank/authorizations",
+        json={**ctx.payload, "callback": ctx.response_url(HUB)},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+        timeout=10,
+    )
     if r.status_code == 423:
         raise Holdback("the bank is in maintenance")
     r.raise_for_status()
@@ -38,10 +42,22 @@ def capture(ctx: StepContext) -> None:
     """Capture an approved payment; a declined one is refused for good."""
     if not (ctx.response or {}).get("approved"):
         raise Reject("payment declined by the bank", code="E402")
-    httpx.post(f"{EXTERNAL}/bank/captures", json={"payment": ctx.payload["paymentId"]},
-               headers={"Idempotency-Key": ctx.idempotency_key}, timeout=10).raise_for_status()
+    httpx.post(
+        f"{EXTERNAL}/bank/captures",
+        json={"payment": ctx.payload["paymentId"]},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+        timeout=10,
+    ).raise_for_status()
 
 
 # The shop (or CRM) asks; only the bank (or an operator) may answer: the asker cannot approve itself.
-routes = [Route("payment.authorize", steps=[authorize, capture], object_id=lambda p: p.get("paymentId"),
-                sources=["CRM", "SHOP"], responders=["BANK"])]
+routes = [
+    Route(
+        "payment.authorize",
+        steps=[authorize, capture],
+        object_id=lambda p: p.get("paymentId"),
+        sources=["CRM", "SHOP"],
+        responders=["BANK"],
+        errors={"E402": "the bank declined the payment"},
+    )
+]

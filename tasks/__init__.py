@@ -9,17 +9,19 @@ import logging
 
 from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
 
-from openhub import concurrency, logs, tracing
-from openhub.dispatch import celery_app
-from openhub.hub import current
+from openhub.celery.dispatch import celery_app
+from openhub.core import concurrency, logs, tracing
+from openhub.engine.hub import current
 
+from . import (
+    heartbeat,  # noqa: F401 - worker liveness file
+    poll,  # noqa: F401 - registers openhub.poll and openhub.chain_failed
+)
 from .pool import GeventPatched
 from .steps import register_step_tasks
 from .store_gate import StoreGate
-from . import poll  # noqa: F401 - registers openhub.poll and openhub.chain_failed
-from . import heartbeat  # noqa: F401 - worker liveness file
 
-# `-P gevent`: Celery's default app imported kombu before gevent finished patching (openhub/concurrency.py);
+# `-P gevent`: Celery's default app imported kombu before gevent finished patching (openhub/core/concurrency.py);
 # rebind what it took unpatched (time.sleep of connection retries, queue.LifoQueue of its pools).
 concurrency.repair_early_imports()
 
@@ -27,7 +29,7 @@ concurrency.repair_early_imports()
 HUB = current()
 app = celery_app()
 register_step_tasks(app, HUB)
-# Workers and beat trace when OTEL_TRACES_EXPORTER says so (openhub/tracing.py); a prefork pool's
+# Workers and beat trace when OTEL_TRACES_EXPORTER says so (openhub/core/tracing.py); a prefork pool's
 # children inherit the instrumentation, and the SDK starts its export thread anew in each.
 tracing.setup("openhub-worker")
 app.steps["consumer"].add(StoreGate)  # no task taken while the message store is away
@@ -38,9 +40,8 @@ app.steps["worker"].add(GeventPatched)  # -P gevent in a process gevent did not 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-
 def _message_fields(logger: logging.Logger, **_: object) -> None:
-    # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/logs.py).
+    # Lines about a message carry its ids, as text or JSON (OPENHUB_LOG_FORMAT; openhub/core/logs.py).
     logs.install(logger.handlers, HUB.settings.log_format)
 
 

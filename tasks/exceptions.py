@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
-from openhub.errors import Interrupted
+from openhub.core.errors import Interrupted
 
 # Celery's exception -> openhub's. A subclass is read as its closest mapped class.
 FOREIGN: dict[type[BaseException], type[Exception]] = {

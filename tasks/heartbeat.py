@@ -6,7 +6,7 @@ connection), not only when the process dies. Kubernetes probes its age.
 
 The main process takes the broker's deliveries (the Redis broker notes it as their holder), so it
 heartbeats in the store like the pool processes that run steps: when it is witnessed dead, the
-poller hands what it had taken back to the queue (openhub.redisbroker).
+poller hands what it had taken back to the queue (openhub.celery.redisbroker).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from celery.signals import heartbeat_sent, worker_ready
 
-from openhub import workers
+from openhub.store import workers
 
 
 def _touch(**_: object) -> None:
@@ -25,7 +25,8 @@ def _touch(**_: object) -> None:
 
 def _ready(**_: object) -> None:
     _touch()
-    workers.start_heartbeat(keep_trying=True)  # a store away at start: no task is taken until it is back
+    # A store away at start: no task is taken until it is back; each beat reads whether an operator holds it.
+    workers.start_heartbeat(keep_trying=True, consumer=True)
 
 
 worker_ready.connect(_ready, weak=False)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from openhub import poller, workers
-from openhub.confirm import send_confirmations
-from openhub.errors import StepFailed
-from openhub.hub import current
-from openhub.store import record_crash
-from openhub.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app
+from openhub.celery.dispatch import CHAIN_FAILED_TASK, CONFIRM_TASK, POLL_TASK, celery_app
+from openhub.core.errors import StepFailed
+from openhub.engine import poller
+from openhub.engine.hub import current
+from openhub.outbound.confirm import send_confirmations
+from openhub.store import workers
+from openhub.store.queries import record_crash
 
 from .steps import confirmer_deadline
 
@@ -29,7 +30,8 @@ class _PollTicksAtDebug(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         data = getattr(record, "data", None)
         about_poll = (isinstance(data, dict) and data.get("name") == POLL_TASK) or (
-            isinstance(record.args, tuple) and POLL_TASK in record.args)
+            isinstance(record.args, tuple) and POLL_TASK in record.args
+        )
         if record.levelno != logging.INFO or not about_poll:
             return True
         if self.keep_first:
@@ -40,8 +42,12 @@ class _PollTicksAtDebug(logging.Filter):
 
 
 # request: "Discarding revoked task" for a tick that expired unrun behind a busy worker (by design).
-for _name, _keep_first in (("celery.beat", True), ("celery.worker.strategy", False), ("celery.app.trace", False),
-                           ("celery.worker.request", False)):
+for _name, _keep_first in (
+    ("celery.beat", True),
+    ("celery.worker.strategy", False),
+    ("celery.app.trace", False),
+    ("celery.worker.request", False),
+):
     logging.getLogger(_name).addFilter(_PollTicksAtDebug(_keep_first))
 
 
@@ -51,19 +57,28 @@ for _name, _keep_first in (("celery.beat", True), ("celery.worker.strategy", Fal
 def poll() -> dict:
     """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
     workers.start_heartbeat()  # a poller's process is a witness of the others' heartbeats
-    report = poller.tick(confirm_deadline=confirmer_deadline())
+    hub = current()
+    report = poller.tick(hub, confirm_deadline=confirmer_deadline())
     try:
         # What dead workers had taken and not started: back on the queue now, not after the visibility
         # timeout (the hub's lease grace would repair those messages later still).
-        restored = current().publisher.restore_orphans(report.dead_workers)
-    except Exception as exc:  # noqa: BLE001 - the broker is away: the next tick tries again
+        restored = hub.publisher.restore_orphans(report.dead_workers)
+    except Exception as exc:
         log.warning("could not hand dead workers' deliveries back: %s", exc)
         restored = 0
-    done = {"redriven": report.redriven, "repaired": report.repaired, "confirmations": report.confirmations,
-            "expired": report.expired, "restored": restored}
-    log.log(logging.INFO if any(done.values()) else logging.DEBUG,
-            "poller tick: re-drove %(redriven)s, repaired %(repaired)s, sent %(confirmations)s confirmations, "
-            "expired %(expired)s, handed back %(restored)s deliveries", done)
+    done = {
+        "redriven": report.redriven,
+        "repaired": report.repaired,
+        "confirmations": report.confirmations,
+        "expired": report.expired,
+        "restored": restored,
+    }
+    log.log(
+        logging.INFO if any(done.values()) else logging.DEBUG,
+        "poller tick: re-drove %(redriven)s, repaired %(repaired)s, sent %(confirmations)s confirmations, "
+        "expired %(expired)s, handed back %(restored)s deliveries",
+        done,
+    )
     return {**done, "seconds": round(report.seconds, 4)}
 
 
@@ -75,7 +90,7 @@ def confirm(message_id: int) -> int:
 
 
 @app.task(name=CHAIN_FAILED_TASK)
-def chain_failed(request, exc, traceback, message_id: int, token: str) -> None:  # noqa: ANN001
+def chain_failed(request, exc, traceback, message_id: int, token: str) -> None:
     """A step task itself crashed (not the step: the engine records those); note it in the history.
 
     The message keeps its state: its lease expires and the poller repairs it as a lost chain.
@@ -83,9 +98,13 @@ def chain_failed(request, exc, traceback, message_id: int, token: str) -> None: 
     if isinstance(exc, StepFailed):  # a failed attempt the engine recorded, shown as such in Flower
         return
     task = getattr(request, "task", "?")
-    log.error("message %s: task %s crashed outside the step (%r); the poller repairs it when its lease expires",
-              message_id, task, exc)
+    log.error(
+        "message %s: task %s crashed outside the step (%r); the poller repairs it when its lease expires",
+        message_id,
+        task,
+        exc,
+    )
     try:
         record_crash(message_id, f"{task}: {exc!r}")
-    except Exception:  # noqa: BLE001 - the store may be what failed; the lease still repairs the message
+    except Exception:
         log.exception("message %s: could not record the crash", message_id)

@@ -1,4 +1,4 @@
-"""A gevent pool only in a process gevent patched first (openhub/concurrency.py).
+"""A gevent pool only in a process gevent patched first (openhub/core/concurrency.py).
 
 `celery -A tasks worker -P gevent` patches the standard library before it imports anything else. The
 same pool chosen any other way (`worker_pool = "gevent"` in a configuration, `app.worker_main([...,
@@ -13,12 +13,14 @@ from typing import Any
 
 from celery import bootsteps
 
-from openhub import concurrency
-from openhub.errors import ConfigurationError
+from openhub.core import concurrency
+from openhub.core.errors import ConfigurationError
 
-NOT_PATCHED = ("the gevent pool needs the process monkey-patched before anything else is imported, and this one "
-               "is not: start the worker with `celery -A tasks worker -P gevent` (Celery's command line patches "
-               "first), not with worker_pool in a configuration or app.worker_main()")
+NOT_PATCHED = (
+    "the gevent pool needs the process monkey-patched before anything else is imported, and this one "
+    "is not: start the worker with `celery -A tasks worker -P gevent` (Celery's command line patches "
+    "first), not with worker_pool in a configuration or app.worker_main()"
+)
 
 
 class GeventPatched(bootsteps.Step):

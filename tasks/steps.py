@@ -1,5 +1,5 @@
 """One Celery task per route step (per run of steps for a fused route; one per batch route, carrying many
-messages); the engine (openhub.batch for a batch) does the work."""
+messages); the engine (openhub.engine.batch for a batch) does the work."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Queue
 
-from openhub import batch, concurrency, engine, workers
-from openhub.dispatch import batch_options, batch_task_name, task_end, task_name, task_options
-from openhub.errors import ConfigurationError, StepFailed, StoreUnavailable
-from openhub.hub import Hub
-from openhub.model import Route
+from openhub.celery.dispatch import batch_options, batch_task_name, task_end, task_name, task_options
+from openhub.core import concurrency
+from openhub.core.errors import ConfigurationError, StepFailed, StoreUnavailable
+from openhub.core.model import Route
+from openhub.engine import batch, engine
+from openhub.engine.hub import Hub
+from openhub.store import workers
 
 from .exceptions import translate
-
 
 STORE_RETRY_SECONDS = 2
 STORE_RETRIES = 30
@@ -55,8 +56,7 @@ def step_alarm(seconds: float, what: str = "the step") -> Iterator[None]:
 def step_greenlet_limit(seconds: float, what: str = "the step") -> Iterator[None]:
     """One step's soft time limit in the gevent pool, which keeps only Celery's hard limit: a
     gevent.Timeout in the step's own greenlet, raising what Celery's soft limit raises elsewhere."""
-    with concurrency.step_time_limit(seconds, SoftTimeLimitExceeded,
-                                     f"{what} ran over its timeout of {seconds:g} s"):
+    with concurrency.step_time_limit(seconds, SoftTimeLimitExceeded, f"{what} ran over its timeout of {seconds:g} s"):
         yield
 
 
@@ -96,18 +96,26 @@ def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
 
     def run(self: Task, message_id: int, token: str) -> str:
         limit = step_limit(end - index)  # chosen when the task runs: the pool is known by then
-        step, report = _carried(self, lambda redelivered: engine.run_steps(
-            route.name, index, end, message_id, token, redelivered, hub, limit, translate=translate))
+        step, report = _carried(
+            self,
+            lambda redelivered: engine.run_steps(
+                route.name, index, end, message_id, token, redelivered, hub, limit, translate=translate
+            ),
+        )
         if not report.go_on:
             self.request.chain = None  # the message left PROCESSING (or this chain is stale): stop here
         if report.failed:
-            raise StepFailed(f"message {message_id}: {route.steps[step].key}: {report.outcome}: "
-                             f"{report.error or ''}".strip())
+            raise StepFailed(
+                f"message {message_id}: {route.steps[step].key}: {report.outcome}: {report.error or ''}".strip()
+            )
         return report.shown  # what Flower lists as the task's result: "skipped: already done ..." for a step done
 
     run.__name__ = route.steps[index].key
-    run.__doc__ = (f"Step {route.steps[index].key} of route {route.name}." if end - index == 1 else
-                   f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused).")
+    run.__doc__ = (
+        f"Step {route.steps[index].key} of route {route.name}."
+        if end - index == 1
+        else f"Steps {', '.join(s.key for s in route.steps[index:end])} of route {route.name} (fused)."
+    )
     # Not shared: a process with two apps (tests) would otherwise register each step task in both.
     return app.task(name=task_name(route, route.steps[index]), bind=True, throws=(StepFailed,), shared=False)(run)
 
@@ -116,21 +124,40 @@ def _batch_task(app: Celery, hub: Hub, route: Route) -> Task:
     def run(self: Task, pairs: list[tuple[int, str]], start: int = 0) -> dict[str, int]:
         # Every step run of the batch keeps its own timeout: the task's limit covers them all.
         limit = step_limit(len(pairs) * (len(route.steps) - start))
-        reports = _carried(self, lambda redelivered: batch.run_batch(
-            route.name, start, [(m, t) for m, t in pairs], redelivered, hub, limit, translate=translate))
+        reports = _carried(
+            self,
+            lambda redelivered: batch.run_batch(
+                route.name, start, [(m, t) for m, t in pairs], redelivered, hub, limit, translate=translate
+            ),
+        )
         # What Flower shows: how many of its messages came to what, or StepFailed naming those that failed.
         return batch.summary(reports)
 
     run.__name__ = f"{route.operation}_batch"
-    run.__doc__ = f"Batches of up to {route.batch} messages through steps {', '.join(s.key for s in route.steps)} " \
-                  f"of route {route.name}."
+    run.__doc__ = (
+        f"Batches of up to {route.batch} messages through steps {', '.join(s.key for s in route.steps)} "
+        f"of route {route.name}."
+    )
     return app.task(name=batch_task_name(route), bind=True, throws=(StepFailed,), shared=False)(run)
+
+
+def redelivery_limit(app: Celery, hub: Hub) -> tuple[float, str]:
+    """How long a task may stay unacknowledged before the broker hands it to another worker (Redis: the
+    visibility timeout) or takes it from its worker (RabbitMQ: `consumer_timeout`, which closes the
+    worker's channel and requeues what it held), and what to call it in an error. The worker refuses to
+    start with a route whose task may run that long: a step still running would be run again."""
+    if hub.settings.broker == "amqp":
+        return (
+            hub.settings.consumer_timeout.total_seconds(),
+            "broker's consumer_timeout (RabbitMQ's rabbitmq.conf; OPENHUB_CONSUMER_TIMEOUT says what it is)",
+        )
+    return app.conf.get("visibility_timeout") or 3600, "broker's visibility timeout (OPENHUB_VISIBILITY_TIMEOUT)"
 
 
 def register_step_tasks(app: Celery, hub: Hub) -> None:
     """Register every step of the hub's routes (and a batch route's batch task), and declare the queues
     the routes name."""
-    limit = app.conf.get("visibility_timeout") or 3600
+    limit, what = redelivery_limit(app, hub)
     queues = {app.conf.task_default_queue}
     for route in hub.registry.routes.values():
         if route.batch:
@@ -138,17 +165,19 @@ def register_step_tasks(app: Celery, hub: Hub) -> None:
             if timeout >= limit:
                 raise ConfigurationError(
                     f"task {batch_task_name(route)} may run {timeout:.0f} s ({route.batch} messages, each through "
-                    f"steps that may take {timeout / route.batch:.0f} s), longer than the broker's visibility "
-                    f"timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT): give the steps shorter timeouts or "
-                    "the route a smaller batch")
+                    f"steps that may take {timeout / route.batch:.0f} s), longer than the {what} {limit:.0f} s: "
+                    "give the steps shorter timeouts or the route a smaller batch"
+                )
             _batch_task(app, hub, route)
         for index, item in enumerate(route.steps):
             timeout = task_options(route, index, hub.settings)["soft_time_limit"]
             if timeout >= limit:
-                raise ConfigurationError(f"task {task_name(route, item)} may run {timeout:.0f} s, longer than the "
-                                         f"broker's visibility timeout {limit:.0f} s (OPENHUB_VISIBILITY_TIMEOUT)")
+                raise ConfigurationError(
+                    f"task {task_name(route, item)} may run {timeout:.0f} s, longer than the {what} {limit:.0f} s"
+                )
             queues.add(route.step_queue(item) or app.conf.task_default_queue)
             _step_task(app, hub, route, index)
     confirm = hub.settings.confirm_queue  # openhub.confirm's own queue, bound by its name alone
     app.conf.task_queues = [Queue(q) for q in sorted(queues - {confirm})] + (
-        [Queue(confirm, routing_key=confirm)] if confirm and confirm not in queues else [])
+        [Queue(confirm, routing_key=confirm)] if confirm and confirm not in queues else []
+    )

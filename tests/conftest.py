@@ -8,6 +8,7 @@ imported to shadow them.
 
 from __future__ import annotations
 
+import signal
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +24,15 @@ from tests.support.workers import Worker
 BACKENDS = ["embedded", "redis-pg"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` starts three of its four pytest processes with `&`, and a non-interactive shell starts
+    those with SIGINT ignored (POSIX), which Python then keeps and every process a test starts inherits: the
+    `openhub status --watch` a test ends with Ctrl-C (SIGINT) ran on for ever in those streams. A terminal's
+    Ctrl-C is what the tests mean: Python's own handler, as in a foreground run."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(scope="session")
 def external() -> Iterator[ExternalSystem]:
     """A real HTTP external system on 127.0.0.1 with counters and failure injection."""
@@ -32,8 +42,9 @@ def external() -> Iterator[ExternalSystem]:
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
-def backend(request: pytest.FixtureRequest, external: ExternalSystem,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[backends.Backend]:
+def backend(
+    request: pytest.FixtureRequest, external: ExternalSystem, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[backends.Backend]:
     """A fresh, migrated store and broker, activated in this process."""
     workdir = tmp_path_factory.mktemp(request.param)
     with backends.backend(request.param, workdir, {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
@@ -45,7 +56,7 @@ def backend(request: pytest.FixtureRequest, external: ExternalSystem,
 @pytest.fixture(scope="session")
 def local_store() -> Iterator[str]:
     """A migrated PostgreSQL database for LocalHub tests that also run on PostgreSQL (each empties it)."""
-    from openhub.migrate import upgrade
+    from openhub.store.migrate import upgrade
 
     with backends.postgres_database("openhub_local") as url:
         upgrade(url)

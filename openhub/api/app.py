@@ -20,27 +20,58 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from .. import tracing
-from ..config import Settings, get_settings
-from ..hub import current
-from ..errors import ConfigurationError, InputError
-from ..producer import identifier
-from . import confirmations, health, messages, metrics, overview, problems, routes
-from .auth import Credentials, FailureLimit, scraper, weaknesses
-from .batcher import AcceptBatcher
-from .throttle import Throttle
+from openhub.api import (
+    breakers,
+    codes,
+    confirmations,
+    health,
+    messages,
+    metrics,
+    oidc,
+    operators,
+    overview,
+    problems,
+    routes,
+    soap,
+    workers,
+)
+from openhub.api.auth import Credentials, FailureLimit, scraper, weaknesses
+from openhub.api.batcher import AcceptBatcher
+from openhub.api.throttle import Throttle
+from openhub.core import tracing
+from openhub.core.config import Settings, get_settings
+from openhub.core.errors import ConfigurationError, InputError
+from openhub.engine.hub import current
+from openhub.engine.intake import identifier
 
 log = logging.getLogger("openhub.api")
 access_log = logging.getLogger("openhub.api.access")
 ADMIN_DIR = Path(__file__).with_name("admin")
-ROUTERS = [messages.router, confirmations.router, routes.router, routes.drain_router, overview.router, health.router]
+ROUTERS = [
+    messages.router,
+    soap.router,
+    confirmations.router,
+    confirmations.schemas_router,
+    routes.router,
+    routes.drain_router,
+    overview.router,
+    health.router,
+    operators.router,
+    breakers.router,
+    workers.router,
+    codes.router,
+]
 
 
 class AdminFiles(StaticFiles):
     """The admin page's static files, served with headers that keep it from being framed or injected into."""
 
-    HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
-               "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"}
+    HEADERS = {
+        "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "no-referrer",
+        "X-Content-Type-Options": "nosniff",
+    }
 
     async def get_response(self, path: str, scope: dict) -> Response:  # type: ignore[override]
         response = await super().get_response(path, scope)
@@ -75,9 +106,15 @@ class RequestLog:
             metrics.http_request(scope["method"], template, status)
             state = scope.get("state") or {}
             correlation_id = state.get("correlation_id") or _header(scope, b"x-correlation-id")
-            access_log.info("%s %s %s %.1fms correlation_id=%s message_id=%s", scope["method"],
-                            loggable(scope["path"], 200), status, (time.perf_counter() - started) * 1000,
-                            loggable_id(correlation_id), state.get("message_id") or "-")
+            access_log.info(
+                "%s %s %s %.1fms correlation_id=%s message_id=%s",
+                scope["method"],
+                loggable(scope["path"], 200),
+                status,
+                (time.perf_counter() - started) * 1000,
+                loggable_id(correlation_id),
+                state.get("message_id") or "-",
+            )
 
 
 PLAIN = re.compile(r"[A-Za-z0-9._:#@/+-]+")
@@ -112,8 +149,14 @@ def _header(scope: dict, name: bytes) -> str | None:
     return None
 
 
-def create_app(dev: bool = False, *, settings: Settings | None = None, credentials: Credentials | None = None,
-               throttle: Throttle | None = None, announce: Any = print) -> FastAPI:
+def create_app(
+    dev: bool = False,
+    *,
+    settings: Settings | None = None,
+    credentials: Credentials | None = None,
+    throttle: Throttle | None = None,
+    announce: Any = print,
+) -> FastAPI:
     """The ingress app serving the process's hub (with `settings` in place of its own, when given). In
     `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed.
 
@@ -126,33 +169,46 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
         credentials = Credentials.from_settings(settings)
         unsafe = [] if dev else weaknesses(credentials, settings.database_url)
         if unsafe:  # only `openhub dev` runs with example or weak secrets
-            raise ConfigurationError("refusing to serve with unsafe secrets: " + "; ".join(unsafe)
-                                     + ". Generate each with e.g. `python -c 'import secrets; "
-                                       "print(secrets.token_urlsafe(32))'`.")
+            raise ConfigurationError(
+                "refusing to serve with unsafe secrets: "
+                + "; ".join(unsafe)
+                + ". Generate each with e.g. `python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'`."
+            )
         if dev and not credentials.api_keys:
             generated = Credentials.for_development()
-            credentials = Credentials(generated.api_keys, settings.admin_token or generated.admin_token,
-                                      metrics_token=settings.metrics_token)
-            announce("openhub dev: no OPENHUB_API_KEYS set, generated development credentials:\n"
-                     f"  API key for source system CRM: {credentials.api_keys['CRM']}\n"
-                     f"  admin token (for /admin):      {credentials.admin_token}\n"
-                     "  curl -X POST http://127.0.0.1:8000/api/v1/messages/customer/setCustomer \\\n"
-                     f"    -H 'Authorization: Bearer {credentials.api_keys['CRM']}' -H 'X-Correlation-Id: c-1' \\\n"
-                     "    -H 'Content-Type: application/json' -d '{\"externalCustomerId\": \"42\"}'")
+            credentials = Credentials(
+                generated.api_keys, settings.admin_token or generated.admin_token, metrics_token=settings.metrics_token
+            )
+            announce(
+                "openhub dev: no OPENHUB_API_KEYS set, generated development credentials:\n"
+                f"  API key for source system CRM: {credentials.api_keys['CRM']}\n"
+                f"  admin token (for /admin):      {credentials.admin_token}\n"
+                "  curl -X POST http://127.0.0.1:8000/api/v1/messages/customer/setCustomer \\\n"
+                f"    -H 'Authorization: Bearer {credentials.api_keys['CRM']}' -H 'X-Correlation-Id: c-1' \\\n"
+                "    -H 'Content-Type: application/json' -d '{\"externalCustomerId\": \"42\"}'"
+            )
     if not credentials.api_keys:
         log.warning("no OPENHUB_API_KEYS configured: every submission will be refused (401)")
-    if not credentials.admin_token:
+    if not credentials.admin_token and not settings.oidc_issuer:
         log.warning("no OPENHUB_ADMIN_TOKEN configured: the operator endpoints and /admin are closed")
     if not credentials.admin_token and not credentials.metrics_token:
         log.warning("neither OPENHUB_METRICS_TOKEN nor OPENHUB_ADMIN_TOKEN configured: /metrics is closed")
-    app = FastAPI(title="openhub", version="1", description=(
-        "Asynchronous integration hub: source systems submit messages, which are persisted and carried "
-        "through their route by Celery workers. Authenticate with `Authorization: Bearer <key>`: a source "
-        "system's API key (OPENHUB_API_KEYS) to submit and read its own messages, the admin token "
-        "(OPENHUB_ADMIN_TOKEN) for everything else."))
+    app = FastAPI(
+        title="openhub",
+        version="1",
+        description=(
+            "Asynchronous integration hub: source systems submit messages, which are persisted and carried "
+            "through their route by Celery workers. Authenticate with `Authorization: Bearer <key>`: a source "
+            "system's API key (OPENHUB_API_KEYS) to submit and read its own messages, an operator's token for "
+            "everything else as far as its role allows: viewer (reads), operator (actions), admin (tokens, "
+            "configuration; OPENHUB_ADMIN_TOKEN is one)."
+        ),
+    )
     app.state.hub = hub  # what the endpoints serve (openhub.api.served)
     app.state.credentials = credentials
     app.state.auth_failures = FailureLimit(settings.auth_failures, settings.auth_window.total_seconds())
+    app.state.oidc = oidc.verifier(settings)
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
     app.state.batcher = AcceptBatcher()
     _warm_up_celery()
@@ -161,9 +217,17 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
     for router in ROUTERS:
         app.include_router(router)
 
-    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,
-             dependencies=[Depends(scraper)], responses={401: {"description": "Missing or invalid credentials"},
-                                                         403: {"description": "Needs the metrics or admin token"}})
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        dependencies=[Depends(scraper)],
+        responses={
+            401: {"description": "Missing or invalid credentials"},
+            403: {"description": "Needs the metrics or admin token"},
+        },
+    )
     def prometheus_metrics() -> Response:
         """Every openhub metric in the Prometheus text format (the metrics token or the admin token)."""
         data, content_type = metrics.render()
@@ -183,11 +247,11 @@ def create_app(dev: bool = False, *, settings: Settings | None = None, credentia
 def _warm_up_celery() -> None:
     # Celery's top-level module loads its members lazily, and that is not thread-safe: the
     # application (which loads them under a lock) is built here, in one thread, before requests come.
-    from ..dispatch import celery_app
+    from openhub.celery.dispatch import celery_app
 
     try:
         celery_app()
-    except Exception as exc:  # noqa: BLE001 - /readyz reports a broken broker configuration
+    except Exception as exc:
         log.warning("Celery could not be loaded at start-up: %s", exc)
 
 

@@ -1,7 +1,11 @@
-"""Who is calling: a source system's API key or the operators' admin token (Bearer).
+"""Who is calling: a source system's API key or an operator's token (Bearer).
 
 A source system's key (OPENHUB_API_KEYS) lets it submit messages as itself and read its own
-messages; the admin token (OPENHUB_ADMIN_TOKEN) opens the operator endpoints and /admin's data;
+messages; an operator's token opens the operator endpoints and /admin's data as far as its role
+allows (`viewer` reads, `operator` acts on messages, routes, the drain and breakers, `admin` also
+changes tokens and configuration): the static admin token (OPENHUB_ADMIN_TOKEN) is one `admin`
+named "admin", named tokens with a role each are kept hashed in the store (`openhub.store.tokens`), and an
+OpenID Connect provider's JWTs carry their role in a claim (`openhub.api.oidc`);
 the metrics token (OPENHUB_METRICS_TOKEN) opens /metrics only, so Prometheus holds no more than that.
 Secrets are compared with `hmac.compare_digest` and never logged: a refusal names the reason,
 never the key.
@@ -9,6 +13,8 @@ never the key.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import math
@@ -20,13 +26,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Counter
 
-from .problems import ApiError
+from openhub.api.problems import ApiError
+from openhub.store import audit, tokens
 
-AUTH_FAILURES = Counter("openhub_auth_failures", "Requests refused for their credentials: refused (401), "
-                        "limited (429: too many refused from the address, or of the secret).", ["outcome"])
+AUTH_FAILURES = Counter(
+    "openhub_auth_failures",
+    "Requests refused for their credentials: refused (401), "
+    "limited (429: too many refused from the address, or of the secret).",
+    ["outcome"],
+)
 for _outcome in ("refused", "limited"):  # exported at 0 from the start (in multiprocess mode too), so the
     AUTH_FAILURES.labels(outcome=_outcome)  # alert's rate() has a series before the first failure
 
@@ -45,8 +57,9 @@ class FailureLimit:
     failure left the window is dropped when met.
     """
 
-    def __init__(self, failures: int, window: float, capacity: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, failures: int, window: float, capacity: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.failures, self.window, self.capacity, self.clock = max(1, failures), window, capacity, clock
         # subject -> times of its last `failures` refusals, least recently failing first
         self._seen: OrderedDict[str, deque[float]] = OrderedDict()
@@ -112,8 +125,7 @@ class Credentials:
     def from_settings(cls, settings: Any) -> "Credentials":
         """The secrets OPENHUB_API_KEYS (every key of a system named twice), OPENHUB_ADMIN_TOKEN and
         OPENHUB_METRICS_TOKEN name."""
-        return cls(dict(settings.api_keys), settings.admin_token, tuple(settings.api_key_pairs),
-                   settings.metrics_token)
+        return cls(dict(settings.api_keys), settings.admin_token, tuple(settings.api_key_pairs), settings.metrics_token)
 
     @classmethod
     def for_development(cls) -> "Credentials":
@@ -135,8 +147,9 @@ def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
     from sqlalchemy.engine import make_url
 
     problems = []
-    pairs = list(credentials.api_keys.items()) + [p for p in credentials.rotated
-                                                   if p not in credentials.api_keys.items()]
+    pairs = list(credentials.api_keys.items()) + [
+        p for p in credentials.rotated if p not in credentials.api_keys.items()
+    ]
     named = [(f"OPENHUB_API_KEYS key of {system}", key) for system, key in pairs]
     if credentials.admin_token:
         named.append(("OPENHUB_ADMIN_TOKEN", credentials.admin_token))
@@ -152,7 +165,7 @@ def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
     problems += [f"{' and '.join(names)} are the same secret" for names in holders.values() if len(names) > 1]
     try:
         password = make_url(database_url).password if database_url else None
-    except Exception:  # noqa: BLE001 - a malformed URL is reported when the store is opened
+    except Exception:
         password = None
     if password and PLACEHOLDER in str(password).lower():
         problems.append(f"the password in OPENHUB_DATABASE_URL is the example placeholder ({PLACEHOLDER}…)")
@@ -161,10 +174,22 @@ def weaknesses(credentials: Credentials, database_url: str = "") -> list[str]:
 
 @dataclass(frozen=True)
 class Caller:
-    """The authenticated caller: a source system, or an operator (admin)."""
+    """The authenticated caller: a source system, or an operator (`admin`: any operator token, which reads
+    every message) with its token's `name` and `role`."""
 
     source_system: str | None = None
     admin: bool = False
+    role: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.admin and self.role is None:  # the static admin token
+            object.__setattr__(self, "role", "admin")
+            object.__setattr__(self, "name", self.name or "admin")
+
+    def may(self, role: str) -> bool:
+        """Whether the caller's role is `role` or one above it."""
+        return self.role is not None and audit.ROLES.index(self.role) >= audit.ROLES.index(role)
 
 
 def _digest(secret: str) -> bytes:
@@ -188,17 +213,48 @@ def _match(secret: str, credentials: Credentials) -> Caller | None:
     return found
 
 
-async def authenticate(request: Request) -> Caller:
-    """The caller behind the request's Bearer token; 401 without a valid one, 429 when the refused
+def _basic(request: Request) -> tuple[str, str] | None:
+    """(user, password) of an `Authorization: Basic` header; None without one (or a malformed one)."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, colon, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, ValueError):
+        return None
+    return (user, password) if colon else None
+
+
+async def authenticate(request: Request, basic: bool = False) -> Caller:
+    """The caller behind the request's Bearer token (with `basic`, also HTTP Basic: the source system's name
+    and its key, as SOAP clients send them); 401 without a valid one, 429 when the refused
     credentials of its address or of the very secret it presents passed OPENHUB_AUTH_FAILURES within
     OPENHUB_AUTH_WINDOW. The secret is matched first: a valid one is never limited."""
     creds: HTTPAuthorizationCredentials | None = await bearer(request)
+    pair = _basic(request) if basic and creds is None else None
+    if pair is not None:
+        creds = HTTPAuthorizationCredentials(scheme="Basic", credentials=pair[1])
+    challenge = {"WWW-Authenticate": 'Bearer, Basic realm="openhub"' if basic else "Bearer"}
     if creds is None or not creds.credentials:  # no guess: not counted (a page before its token is pasted)
-        raise ApiError(401, "missing credentials: send Authorization: Bearer <API key or admin token>",
-                       {"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401,
+            "missing credentials: send Authorization: Bearer <API key or admin token>"
+            + (" or Basic <source system>:<API key>" if basic else ""),
+            challenge,
+        )
     caller = _match(creds.credentials, request.app.state.credentials)
+    if caller is not None and pair is not None and caller.source_system != pair[0]:
+        caller = None  # a key presented under another system's name is refused like a wrong key
+    if caller is None:
+        found = await run_in_threadpool(tokens.lookup, creds.credentials)
+        oidc = getattr(request.app.state, "oidc", None)
+        if found is None and oidc is not None:  # an operator signed in at the OpenID Connect provider
+            found = await run_in_threadpool(oidc.identify, creds.credentials)
+        if found is not None:
+            caller = Caller(admin=True, name=found[0], role=found[1])
     if caller is not None:
         request.state.caller = caller
+        _act_as(request, caller)
         return caller
     limit: FailureLimit | None = getattr(request.app.state, "auth_failures", None)
     # The address is the client's as the trusted proxies (OPENHUB_TRUSTED_PROXIES) forward it; the secret is
@@ -208,28 +264,70 @@ async def authenticate(request: Request) -> Caller:
     wait = limit.retry_after(*subjects) if limit is not None else None
     if wait is not None:
         AUTH_FAILURES.labels(outcome="limited").inc()
-        raise ApiError(429, f"too many refused credentials from {address} or with this secret; retry in {wait} s",
-                       {"Retry-After": str(wait)})
+        raise ApiError(
+            429,
+            f"too many refused credentials from {address} or with this secret; retry in {wait} s",
+            {"Retry-After": str(wait)},
+        )
     AUTH_FAILURES.labels(outcome="refused").inc()
     if limit is not None:
         limit.failed(*subjects)
-    raise ApiError(401, "invalid API key or admin token", {"WWW-Authenticate": "Bearer"})
+    raise ApiError(401, "invalid API key or admin token", challenge)
+
+
+def _act_as(request: Request, caller: Caller) -> None:
+    """What the request does is audited as the caller's (openhub.store.audit), with its address and request id."""
+    request_id = request.headers.get("x-request-id", "")[:100]
+    if not request_id or not request_id.isprintable():
+        request_id = secrets.token_hex(8)
+    request.state.request_id = request_id
+    name = caller.name if caller.role is not None else f"system:{caller.source_system}"
+    audit.set_actor(
+        audit.Actor(name or "?", caller.role or "source", request.client.host if request.client else None, request_id)
+    )
 
 
 async def source_system(request: Request) -> str:
     """Dependency of the submit endpoints: the source system whose key was presented."""
-    caller = await authenticate(request)
+    return await submitter(request)
+
+
+async def submitter(request: Request, basic: bool = False) -> str:
+    """The source system whose key was presented (with `basic`, as the SOAP ingress asks, also by HTTP
+    Basic); 403 for the admin token."""
+    caller = await authenticate(request, basic)
     if caller.source_system is None:
         raise ApiError(403, "messages are submitted with a source system's API key, not the admin token")
     return caller.source_system
 
 
-async def admin(request: Request) -> Caller:
-    """Dependency of the operator endpoints: the admin token, 403 for a source system's key."""
-    caller = await authenticate(request)
-    if not caller.admin:
-        raise ApiError(403, "this endpoint needs the admin token (OPENHUB_ADMIN_TOKEN)")
-    return caller
+def requires(role: str) -> Callable[[Request], Any]:
+    """The dependency of an operator endpoint: a token of `role` or above; 403 for a lower role or a source
+    system's key. Every operator endpoint has one (tests/integration/api/test_roles_api.py checks the
+    OpenAPI document's mutating endpoints against it)."""
+
+    async def needs_role(request: Request) -> Caller:
+        caller = await authenticate(request)
+        if not caller.may(role):
+            if caller.role is None:
+                raise ApiError(
+                    403,
+                    f"this endpoint needs an operator token with the role {role} or the admin "
+                    "token (OPENHUB_ADMIN_TOKEN), not a source system's key",
+                )
+            raise ApiError(403, f"this endpoint needs the role {role}; the token {caller.name!r} is a {caller.role}")
+        return caller
+
+    needs_role.__name__ = f"needs_{role}"
+    return needs_role
+
+
+viewer = requires("viewer")
+"""Reads of the operators (messages of every system, routes, overview, workers, confirmations, audit)."""
+operator = requires("operator")
+"""Actions on messages, routes, the drain, confirmations and breakers."""
+admin = requires("admin")
+"""Tokens and configuration."""
 
 
 async def reader(request: Request) -> Caller:
@@ -245,9 +343,13 @@ async def scraper(request: Request) -> None:
     """
     digest = request.app.state.credentials.metrics_digest
     creds: HTTPAuthorizationCredentials | None = await bearer(request)
-    if digest is not None and creds is not None and creds.credentials \
-            and hmac.compare_digest(hashlib.sha256(creds.credentials.encode()).digest(), digest):
+    if (
+        digest is not None
+        and creds is not None
+        and creds.credentials
+        and hmac.compare_digest(hashlib.sha256(creds.credentials.encode()).digest(), digest)
+    ):
         return
     caller = await authenticate(request)
     if not caller.admin:
-        raise ApiError(403, "/metrics needs the metrics token (OPENHUB_METRICS_TOKEN) or the admin token")
+        raise ApiError(403, "/metrics needs the metrics token (OPENHUB_METRICS_TOKEN) or an operator token")

@@ -24,10 +24,10 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from .. import producer
-from ..context import MessageView
-from ..db import store_now
-from ..errors import StoreUnavailable
+from openhub.core.context import MessageView
+from openhub.core.errors import StoreUnavailable
+from openhub.service import messages as producer
+from openhub.store.db import store_now
 
 log = logging.getLogger("openhub.api.batcher")
 
@@ -42,7 +42,7 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
         try:
             rows[i] = producer.prepare_item(item, now)
             valid.append(i)
-        except Exception as exc:  # noqa: BLE001 - the item's own refusal, answered to its request
+        except Exception as exc:
             outcomes[i] = exc
     if valid:
         try:
@@ -51,14 +51,14 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
         except StoreUnavailable as exc:
             for i in valid:
                 outcomes[i] = exc
-        except Exception:  # noqa: BLE001 - isolate whichever item caused it
+        except Exception:
             if len(valid) == 1:
                 raise
             log.warning("a batch of %d submissions failed as a whole; storing them one by one", len(valid))
             for i in valid:
                 try:
                     outcomes[i] = producer.store_new([rows[i]])[0]
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     outcomes[i] = exc
     return outcomes  # type: ignore[return-value]
 
@@ -88,7 +88,7 @@ class AcceptBatcher:
     async def _drain(self) -> None:
         try:
             while self._pending:
-                batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
                 self.largest_batch = max(self.largest_batch, len(batch))
                 try:
                     outcomes = await run_in_threadpool(store_items, [item for item, _ in batch])
@@ -96,7 +96,7 @@ class AcceptBatcher:
                     for _, future in batch:
                         future.cancel()
                     raise
-                except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
+                except Exception as exc:
                     outcomes = [exc] * len(batch)
                 for (_, future), outcome in zip(batch, outcomes):
                     if future.done():
@@ -107,4 +107,3 @@ class AcceptBatcher:
                         future.set_result(outcome)
         finally:
             self._flushes -= 1
-

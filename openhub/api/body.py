@@ -15,13 +15,27 @@ from typing import Any
 
 from fastapi import Request
 
-from .problems import ApiError
+from openhub.api.problems import ApiError
 
 TEXT_TYPES = {"text/plain", "text/xml", "application/xml"}
 # Charsets a body may declare, by Python codec name. Others are refused (415): some codecs are
 # slow on hostile input (punycode is quadratic) and none is needed by a source system.
-CHARSETS = {"utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be",
-            "ascii", "latin-1", "iso8859-1", "iso8859-15", "cp1250", "cp1252"}
+CHARSETS = {
+    "utf-8",
+    "utf-8-sig",
+    "utf-16",
+    "utf-16-le",
+    "utf-16-be",
+    "utf-32",
+    "utf-32-le",
+    "utf-32-be",
+    "ascii",
+    "latin-1",
+    "iso8859-1",
+    "iso8859-15",
+    "cp1250",
+    "cp1252",
+}
 
 
 def decode_text(data: bytes, charset: str) -> str:

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from ..db import transaction
+from openhub.store.db import transaction
 
 log = logging.getLogger("openhub.api.health")
 router = APIRouter(tags=["health"])
@@ -18,8 +18,9 @@ router = APIRouter(tags=["health"])
 def _reason(what: str, exc: Exception) -> str:
     # Driver messages name hosts, ports, users and databases: they go to the log, not to whoever
     # asks /readyz.
-    log.warning("readiness: %s unavailable: %s: %s", what, type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "")
+    log.warning(
+        "readiness: %s unavailable: %s: %s", what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""
+    )
     return "unavailable"
 
 
@@ -29,19 +30,19 @@ def check_database() -> str | None:
         with transaction() as conn:
             conn.execute(text("SELECT 1"))
         return None
-    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+    except Exception as exc:
         return _reason("database", exc)
 
 
 def check_broker() -> str | None:
     """None when a broker connection can be opened (one retry), else a generic reason (the detail is logged)."""
-    from ..dispatch import celery_app
+    from openhub.celery.dispatch import celery_app
 
     try:
         with celery_app().connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, timeout=2)
         return None
-    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+    except Exception as exc:
         return _reason("broker", exc)
 
 
@@ -51,12 +52,17 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: database and broker reachable",
-            responses={503: {"description": "The database or the broker is unreachable"}})
+@router.get(
+    "/readyz",
+    summary="Readiness: database and broker reachable",
+    responses={503: {"description": "The database or the broker is unreachable"}},
+)
 def readyz() -> JSONResponse:
     """200 when both the message store and the broker answer, 503 (naming which is unavailable) otherwise."""
     checks: dict[str, Any] = {"database": check_database(), "broker": check_broker()}
     ready = all(v is None for v in checks.values())
-    body = {"status": "ready" if ready else "unavailable",
-            "checks": {k: ("ok" if v is None else v) for k, v in checks.items()}}
+    body = {
+        "status": "ready" if ready else "unavailable",
+        "checks": {k: ("ok" if v is None else v) for k, v in checks.items()},
+    }
     return JSONResponse(body, status_code=200 if ready else 503)

@@ -41,25 +41,31 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Iterator
 
-from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy import and_, func, or_, select
 
-from ..config import get_settings
-from ..db import store_now, transaction
-from ..model import route_name
-from ..registry import get_registry
-from ..schema import confirmations, ext_calls, messages, transitions
-from ..states import FINAL, NON_FINAL, CallState, ConfirmationState, Event
+from openhub.core.config import get_settings
+from openhub.core.model import route_name
+from openhub.core.registry import get_registry
+from openhub.core.states import FINAL, NON_FINAL, CallState, ConfirmationState, Event
+from openhub.store.db import store_now, transaction
+from openhub.store.schema import confirmations, ext_calls, messages, transitions
 
 log = logging.getLogger("openhub.api.metrics")
 disable_created_metrics()  # the _created series double the output and no dashboard reads them
 
-HTTP_REQUESTS = Counter("openhub_http_requests", "HTTP requests served by the ingress.",
-                        ["method", "route", "status"])
-ACCEPTED = Counter("openhub_messages_accepted", "Messages accepted (stored) through the HTTP ingress.",
-                   ["route", "source_system"])
+HTTP_REQUESTS = Counter("openhub_http_requests", "HTTP requests served by the ingress.", ["method", "route", "status"])
+ACCEPTED = Counter(
+    "openhub_messages_accepted", "Messages accepted (stored) through the HTTP ingress.", ["route", "source_system"]
+)
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 CONFIRMATION_STATES = tuple(s for s in ConfirmationState if s != ConfirmationState.OK)
@@ -132,22 +138,29 @@ class StoreCollector:
                     self._start(conn, database)
                 self._tail_transitions(conn)
                 self._tail_calls(conn)
-        except Exception as exc:  # noqa: BLE001 - a scrape must not fail because the store is down
+        except Exception as exc:
             log.warning("metrics: message store not readable: %s", type(exc).__name__)
         return [*gauges, *self._counters(routes)]
 
     # --- gauges: current non-final rows -------------------------------------------------------
-    def _gauges(self, conn, routes: list[str]) -> list[Metric]:  # noqa: ANN001
+    def _gauges(self, conn, routes: list[str]) -> list[Metric]:
         M = messages.c
         now = store_now()
-        by_state = GaugeMetricFamily("openhub_messages", "Messages in each non-final state, by route.",
-                                     labels=["route", "state"])
-        oldest = GaugeMetricFamily("openhub_oldest_message_age_seconds",
-                                   "Age of the oldest non-final message of each route (0 when none).", labels=["route"])
+        by_state = GaugeMetricFamily(
+            "openhub_messages", "Messages in each non-final state, by route.", labels=["route", "state"]
+        )
+        oldest = GaugeMetricFamily(
+            "openhub_oldest_message_age_seconds",
+            "Age of the oldest non-final message of each route (0 when none).",
+            labels=["route"],
+        )
         counts: dict[tuple[str, str], int] = {(r, s.value): 0 for r in routes for s in NON_FINAL}
         first: dict[str, object] = {}
-        query = (select(M.service, M.operation, M.state, func.count(), func.min(M.received_at))
-                 .where(M.state.in_([s.value for s in NON_FINAL])).group_by(M.service, M.operation, M.state))
+        query = (
+            select(M.service, M.operation, M.state, func.count(), func.min(M.received_at))
+            .where(M.state.in_([s.value for s in NON_FINAL]))
+            .group_by(M.service, M.operation, M.state)
+        )
         for service, operation, state, n, received in conn.execute(query):
             route = route_name(service, operation)
             counts[(route, state)] = n
@@ -159,32 +172,40 @@ class StoreCollector:
             received = first.get(route)
             oldest.add_metric([route], max(0.0, (now - received).total_seconds()) if received else 0.0)
         C = confirmations.c
-        pending = GaugeMetricFamily("openhub_confirmations", "Confirmations not (yet) delivered, by state.",
-                                    labels=["state"])
-        found = dict(conn.execute(select(C.state, func.count()).where(C.state.in_(CONFIRMATION_STATES))
-                                  .group_by(C.state)).all())
+        pending = GaugeMetricFamily(
+            "openhub_confirmations", "Confirmations not (yet) delivered, by state.", labels=["state"]
+        )
+        found = dict(
+            conn.execute(select(C.state, func.count()).where(C.state.in_(CONFIRMATION_STATES)).group_by(C.state)).all()
+        )
         for state in CONFIRMATION_STATES:
             pending.add_metric([state], found.get(state, 0))
         return [by_state, oldest, pending]
 
     # --- counters: tails of append-only history and of finished ext calls ----------------------
-    def _start(self, conn, database: str) -> None:  # noqa: ANN001
+    def _start(self, conn, database: str) -> None:
         """First scrape: the counters count from now on (or from when a sibling worker's started)."""
         mark = conn.execute(select(func.max(transitions.c.id))).scalar() or 0
         born_transition, born_call = shared_start(database, mark, store_now())
         self._transition_mark = self._transition_born = born_transition
         self._call_mark = self._call_born = born_call
 
-
-    def _tail_transitions(self, conn) -> None:  # noqa: ANN001
+    def _tail_transitions(self, conn) -> None:
         T, M = transitions.c, messages.c
         mark = conn.execute(select(func.max(T.id))).scalar() or 0
         assert self._transition_mark is not None
         low = max(self._transition_born, self._transition_mark - TRANSITION_LAG)
-        query = (select(T.id, M.service, M.operation, T.to_state, T.event, T.step_key)
-                 .join(messages, M.id == T.message_id)
-                 .where(and_(T.id > low, T.id <= mark,
-                             or_(T.to_state.in_([s.value for s in FINAL]), T.event == Event.TRANSIENT.value))))
+        query = (
+            select(T.id, M.service, M.operation, T.to_state, T.event, T.step_key)
+            .join(messages, M.id == T.message_id)
+            .where(
+                and_(
+                    T.id > low,
+                    T.id <= mark,
+                    or_(T.to_state.in_([s.value for s in FINAL]), T.event == Event.TRANSIENT.value),
+                )
+            )
+        )
         for tid, service, operation, state, event, step_key in conn.execute(query):
             if tid in self._seen_transitions:
                 continue
@@ -197,14 +218,16 @@ class StoreCollector:
         self._transition_mark = mark
         self._seen_transitions = {t for t in self._seen_transitions if t > mark - TRANSITION_LAG}
 
-    def _tail_calls(self, conn) -> None:  # noqa: ANN001
+    def _tail_calls(self, conn) -> None:
         X, M = ext_calls.c, messages.c
         now = store_now()
         assert self._call_mark is not None
         since = max(self._call_born, self._call_mark - CALL_LAG)
-        query = (select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)
-                 .join(messages, M.id == X.message_id)
-                 .where(and_(X.updated_at > since, X.state == CallState.OK)))
+        query = (
+            select(X.id, X.attempts, X.state, X.duration_ms, X.step_key, X.updated_at, M.service, M.operation)
+            .join(messages, M.id == X.message_id)
+            .where(and_(X.updated_at > since, X.state == CallState.OK))
+        )
         for cid, attempts, state, duration_ms, step_key, updated_at, service, operation in conn.execute(query):
             key = (cid, attempts, state)
             if key in self._seen_calls:
@@ -222,16 +245,18 @@ class StoreCollector:
         self._seen_calls = {k: v for k, v in self._seen_calls.items() if v > now - 2 * CALL_LAG}
 
     def _counters(self, routes: list[str]) -> list[Metric]:
-        finished = CounterMetricFamily("openhub_messages_finished", "Messages that reached a final state, by route.",
-                                       labels=["route", "state"])
+        finished = CounterMetricFamily(
+            "openhub_messages_finished", "Messages that reached a final state, by route.", labels=["route", "state"]
+        )
         keys = {(r, s.value) for r in routes for s in FINAL} | set(self._finished)
         for route, state in sorted(keys):
             finished.add_metric([route, state], self._finished.get((route, state), 0))
-        duration = HistogramMetricFamily("openhub_step_duration_seconds",
-                                         "Duration of successful external-call steps.",
-                                         labels=["route", "step"])
-        failures = CounterMetricFamily("openhub_ext_call_failures", "Transient failures of steps (each is retried).",
-                                       labels=["route", "step"])
+        duration = HistogramMetricFamily(
+            "openhub_step_duration_seconds", "Duration of successful external-call steps.", labels=["route", "step"]
+        )
+        failures = CounterMetricFamily(
+            "openhub_ext_call_failures", "Transient failures of steps (each is retried).", labels=["route", "step"]
+        )
         for label in sorted(self._buckets):
             buckets = self._buckets[label]
             bounds = ["+Inf" if b == float("inf") else repr(b) for b in BUCKETS]

@@ -1,6 +1,6 @@
 """/api/v1/overview and /api/v1/workers: what the admin page opens on (admin token).
 
-The store figures are cheap (see `openhub.overview`) and refreshed every few seconds; the worker
+The store figures are cheap (see `openhub.service.overview`) and refreshed every few seconds; the worker
 ping costs its whole timeout, so it has its own endpoint that the page asks less often.
 """
 
@@ -10,22 +10,33 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 
-from .. import overview as figures
-from .auth import Caller, admin
+from openhub.api.auth import Caller, viewer
+from openhub.api.served import ServedHub
+from openhub.service import overview as figures
+from openhub.service import worker_states
 
 router = APIRouter(prefix="/api/v1", tags=["overview"])
-_ERRORS = {401: {"description": "Missing or invalid credentials"}, 403: {"description": "Needs the admin token"},
-           503: {"description": "Message store unavailable"}}
+_ERRORS = {
+    401: {"description": "Missing or invalid credentials"},
+    403: {"description": "Needs a higher role"},
+    503: {"description": "Message store unavailable"},
+}
 
 
-@router.get("/overview", summary="Messages by route and state, throughput, failures, oldest live messages",
-            responses=_ERRORS)
-def get_overview(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
-    """The overview's store figures: see `openhub.overview` for what each one counts."""
-    return figures.overview()
+@router.get(
+    "/overview", summary="Messages by route and state, throughput, failures, oldest live messages", responses=_ERRORS
+)
+def get_overview(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> dict[str, Any]:
+    """The overview's store figures: see `openhub.service.overview` for what each one counts."""
+    return figures.overview(hub=hub)
 
 
-@router.get("/workers", summary="Celery workers answering a ping", responses=_ERRORS)
-def get_workers(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
-    """Workers that answered within half a second; `available: false` when the broker could not be asked."""
-    return figures.workers(timeout=0.5)
+@router.get("/workers", summary="Celery workers answering a ping, and each worker's state", responses=_ERRORS)
+def get_workers(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> dict[str, Any]:
+    """Workers that answered within half a second; `available: false` when the broker could not be asked.
+    `states`: each worker's main process as its heartbeats show it (taking work, finishing, stopped, store
+    away, gone; see `openhub.service.worker_states`), `held_hosts`: the hosts an operator holds."""
+    # The store's states first: they judge each heartbeat's age as of their read, and the ping below may
+    # take seconds on a loaded box (a CI run read a worker that had just beaten as "store away" after it).
+    states, held = worker_states.worker_states(hub=hub), worker_states.held_hosts(hub=hub)
+    return {**figures.workers(timeout=0.5, hub=hub), "states": states, "held_hosts": held}

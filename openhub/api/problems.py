@@ -2,7 +2,7 @@
 
 Each OpenHubError subclass the API can meet maps to one status code; the most specific class
 wins (UnknownRouteError is an InputError but answers 404). `tests/integration/api` checks
-that every error class in `openhub.errors` has an entry, so a new error cannot fall through
+that every error class in `openhub.core.errors` has an entry, so a new error cannot fall through
 to a 500.
 """
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 
-from .. import errors
+from openhub.core import errors
 
 log = logging.getLogger("openhub.api")
 
@@ -34,6 +34,7 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.StateConflict: 409,
     errors.StoreUnavailable: 503,
     errors.Draining: 503,
+    errors.Backlogged: 429,
     errors.WebhookSignatureError: 400,  # raised by receivers' verify_signature, never by the hub's own API
     errors.ConfigurationError: 500,  # a broken route module: the operator's problem, not the caller's
 }
@@ -89,12 +90,17 @@ def install(app: FastAPI) -> None:
         status = status_for(exc)
         if isinstance(exc, errors.Draining):  # an operator's decision, said plainly: retry later
             return problem(status, str(exc), {"Retry-After": "60"})
+        if isinstance(exc, errors.Backlogged):  # back-pressure: the backlog drains as its messages end
+            return problem(status, str(exc), {"Retry-After": str(exc.retry_after)})
         if status >= 500:
             # The text of a 5xx comes from a driver or a route module (host names, user names,
             # paths): it goes to the log, and the caller gets the generic reason.
             log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-            return problem(status, GENERIC_REASONS.get(status, "internal error"),
-                           {"Retry-After": "5"} if isinstance(exc, errors.StoreUnavailable) else None)
+            return problem(
+                status,
+                GENERIC_REASONS.get(status, "internal error"),
+                {"Retry-After": "5"} if isinstance(exc, errors.StoreUnavailable) else None,
+            )
         return problem(status, str(exc))
 
     @app.exception_handler(ApiError)
@@ -118,8 +124,11 @@ def install(app: FastAPI) -> None:
             loc = tuple(str(p) for p in e.get("loc", ()))
             if len(loc) == 2 and loc[0] == "header":  # said as the caller wrote it: X-Correlation-Id
                 header = "-".join(w.capitalize() for w in loc[1].replace("_", "-").split("-"))
-                parts.append(f"the {header} header is required" if e.get("type") == "missing"
-                             else f"the {header} header: {e.get('msg')}")
+                parts.append(
+                    f"the {header} header is required"
+                    if e.get("type") == "missing"
+                    else f"the {header} header: {e.get('msg')}"
+                )
             else:
                 parts.append(f"{'.'.join(loc)}: {e.get('msg')}")
         return problem(400, "; ".join(parts) or "invalid request")
@@ -129,8 +138,12 @@ def allowed_methods(request: Request) -> list[str]:
     """The methods the API documents for the request's path (FastAPI makes a route per method, and
     Starlette's 405 names only those of the first route whose path matched)."""
     path = request.scope.get("path", "")
-    return sorted(method.upper() for template, operations in request.app.openapi().get("paths", {}).items()
-                  if compile_path(template)[0].match(path) for method in operations)
+    return sorted(
+        method.upper()
+        for template, operations in request.app.openapi().get("paths", {}).items()
+        if compile_path(template)[0].match(path)
+        for method in operations
+    )
 
 
 PROBLEM_REF = "#/components/schemas/Problem"

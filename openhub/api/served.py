@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ..hub import Hub
+from openhub.engine.hub import Hub
 
 
 def served(request: Request) -> Hub:

@@ -35,7 +35,7 @@ LINGER_IDLE = 2.0
 
 def uvicorn_options() -> dict[str, Any]:
     """The connection-level options of every uvicorn the hub starts (`serve` and `dev` alike)."""
-    from ..config import get_settings
+    from openhub.core.config import get_settings
 
     settings = get_settings()
     # Over OPENHUB_MAX_CONCURRENCY connections or requests (per worker) uvicorn answers 503 at once,
@@ -127,15 +127,19 @@ class HubHTTPProtocol(_Base):  # type: ignore[misc, valid-type]
 
     def _refuse_headers(self) -> None:
         body = b'{"status":431,"detail":"request line and headers are over the limit of %d bytes"}' % MAX_HEADER_BYTES
-        self._lingering.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                              b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self._lingering.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
         self._lingering.abort_lingering()
 
     # --- lingering close --------------------------------------------------------------------
     def start_lingering(self) -> None:
         """Drain for at most LINGER_SECONDS, LINGER_IDLE without data, LINGER_BYTES in all."""
-        self._linger_timers = [self.loop.call_later(LINGER_SECONDS, self._lingering.abort_lingering),
-                               self.loop.call_later(LINGER_IDLE, self._lingering.abort_lingering)]
+        self._linger_timers = [
+            self.loop.call_later(LINGER_SECONDS, self._lingering.abort_lingering),
+            self.loop.call_later(LINGER_IDLE, self._lingering.abort_lingering),
+        ]
 
     def _drain(self, size: int) -> None:
         self._drained += size

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import ConfigurationError
+from openhub.core.errors import ConfigurationError
 
 log = logging.getLogger("openhub.api.throttle")
 
@@ -59,7 +59,8 @@ def parse_rules(text: str) -> list[Rule]:
             rule = Rule(system.strip(), operation.strip(), int(limit_text), int(interval_text))
         except ValueError:
             raise ConfigurationError(
-                f"OPENHUB_THROTTLING: expected system.operation=limit/seconds, got {part!r}") from None
+                f"OPENHUB_THROTTLING: expected system.operation=limit/seconds, got {part!r}"
+            ) from None
         if not rule.system or not rule.operation or rule.limit < 0 or rule.interval <= 0:
             raise ConfigurationError(f"OPENHUB_THROTTLING: bad rule {part!r} (limit >= 0, interval > 0 seconds)")
         if (rule.system, rule.operation) in seen:
@@ -154,7 +155,7 @@ class Throttle:
                 return Verdict(True)
             try:
                 count, remaining = self.counters.hit(f"{system}.{operation}", rule.interval, 0)
-            except Exception as exc:  # noqa: BLE001 - Redis down: let traffic through, say so
+            except Exception as exc:
                 log.warning("throttling counters unavailable (%s); request not throttled", type(exc).__name__)
                 return Verdict(True)
             if count < rule.limit:
@@ -170,7 +171,7 @@ class Throttle:
         key = f"{system}.{operation}"
         try:
             count, remaining = self.counters.hit(key, rule.interval, hits)
-        except Exception as exc:  # noqa: BLE001 - Redis down: let traffic through, say so
+        except Exception as exc:
             log.warning("throttling counters unavailable (%s); request not throttled", type(exc).__name__)
             return Verdict(True)
         if count > rule.limit:

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, delete, select
 
-from .. import schema
-from ..db import is_postgres, store_now, transaction, utcnow
-from ..errors import ConfigurationError
-from ..states import FINAL, SETTLED_CONFIRMATIONS
-from .ledger import DEPENDANT_TABLES, ArchiveDir, Manifest
-from .source import Source, id_list, read_database
+from openhub.core.errors import ConfigurationError
+from openhub.core.states import FINAL, SETTLED_CONFIRMATIONS
+from openhub.pipeline.ledger import DEPENDANT_TABLES, ArchiveDir, Manifest
+from openhub.pipeline.source import Source, id_list, read_database
+from openhub.store import schema
+from openhub.store.db import is_postgres, store_now, transaction, utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -102,12 +102,23 @@ def find_eligible(spark: SparkSession, source: Source, cutoff: datetime) -> list
     # reads it to tell an obsolete message from a new one, so its current owner must stay.
     shared = read_database(spark, source, "ext_calls", "scope <> 'message'", ["message_id"])
     held = unsettled.unionByName(shared).distinct().select(F.col("message_id").alias("id"), F.lit(True).alias("held"))
-    parents = m.where(F.col("parent_id").isNotNull()).select(F.col("parent_id").alias("id")).distinct() \
+    parents = (
+        m.where(F.col("parent_id").isNotNull())
+        .select(F.col("parent_id").alias("id"))
+        .distinct()
         .withColumn("is_parent", F.lit(True))
-    ok = (F.col("state").isin(FINAL_STATES) & F.col("finished_at").isNotNull()
-          & (F.col("finished_at") < _ts_literal(cutoff)) & F.col("held").isNull())
-    judged = (m.join(held, "id", "left").join(parents, "id", "left")
-              .select("id", "parent_id", ok.alias("ok"), F.col("is_parent").isNotNull().alias("is_parent")))
+    )
+    ok = (
+        F.col("state").isin(FINAL_STATES)
+        & F.col("finished_at").isNotNull()
+        & (F.col("finished_at") < _ts_literal(cutoff))
+        & F.col("held").isNull()
+    )
+    judged = (
+        m.join(held, "id", "left")
+        .join(parents, "id", "left")
+        .select("id", "parent_id", ok.alias("ok"), F.col("is_parent").isNotNull().alias("is_parent"))
+    )
     relevant = judged.where(F.col("ok") | F.col("parent_id").isNotNull() | F.col("is_parent"))
     table = relevant.select("id", "parent_id", "ok").toArrow()
     ids, parent_ids, oks = (table.column(c).to_pylist() for c in ("id", "parent_id", "ok"))
@@ -137,8 +148,11 @@ def _whole_families(parent_of: dict[int, int | None], ok: dict[int, bool]) -> li
 
     located = {mid: locate(mid) for mid in parent_of}
     blocked = {where[0] if where else mid for mid, where in located.items() if where is None or not ok[mid]}
-    members = [Member(mid, where[0], where[1]) for mid, where in located.items()
-               if where is not None and where[0] not in blocked]
+    members = [
+        Member(mid, where[0], where[1])
+        for mid, where in located.items()
+        if where is not None and where[0] not in blocked
+    ]
     return sorted(members, key=lambda m: (m.root, m.depth, m.id))
 
 
@@ -157,23 +171,32 @@ def plan_batches(members: list[Member], batch_size: int) -> list[list[Member]]:
     return batches
 
 
-def stage_batch(spark: SparkSession, source: Source, archive: ArchiveDir, batch: str,
-                members: list[Member], cutoff: datetime) -> Manifest:
+def stage_batch(
+    spark: SparkSession, source: Source, archive: ArchiveDir, batch: str, members: list[Member], cutoff: datetime
+) -> Manifest:
     """Write one batch's rows under staging with Spark and describe them from the files written."""
     from pyspark.sql import functions as F
 
     ids = id_list(m.id for m in members)
     messages = read_database(spark, source, "messages", f"id IN ({ids})", partitioned=False)
-    (messages.withColumn("date", F.date_format("received_at", "yyyy-MM-dd"))
-     .withColumn("route", F.concat_ws(".", "service", "operation"))
-     .write.mode("overwrite").partitionBy("date", "route").parquet(str(archive.stage_path(batch, "messages"))))
+    (
+        messages.withColumn("date", F.date_format("received_at", "yyyy-MM-dd"))
+        .withColumn("route", F.concat_ws(".", "service", "operation"))
+        .write.mode("overwrite")
+        .partitionBy("date", "route")
+        .parquet(str(archive.stage_path(batch, "messages")))
+    )
     # Partition keys come from the staged copy, so each call lands beside the message version archived.
     staged = spark.read.parquet(str(archive.stage_path(batch, "messages")))
     keys = staged.select(F.col("id").alias("message_id"), "date", "route")
     for table in DEPENDANT_TABLES:
         rows = read_database(spark, source, table, f"message_id IN ({ids})", partitioned=False)
-        (rows.join(keys, "message_id").write.mode("overwrite").partitionBy("date", "route")
-         .parquet(str(archive.stage_path(batch, table))))
+        (
+            rows.join(keys, "message_id")
+            .write.mode("overwrite")
+            .partitionBy("date", "route")
+            .parquet(str(archive.stage_path(batch, table)))
+        )
     return _describe(archive, batch, members, cutoff)
 
 
@@ -190,8 +213,10 @@ def _read_columns(paths: list[Path], columns: list[str]) -> dict[str, list[Any]]
 def _describe(archive: ArchiveDir, batch: str, members: list[Member], cutoff: datetime) -> Manifest:
     family = {m.id: m for m in members}
     staged = _read_columns(archive.staged_files(batch, "messages"), ["id", "updated_at", "state"])
-    messages = [[i, family[i].root, family[i].depth, updated.isoformat(), state]
-                for i, updated, state in zip(staged["id"], staged["updated_at"], staged["state"])]
+    messages = [
+        [i, family[i].root, family[i].depth, updated.isoformat(), state]
+        for i, updated, state in zip(staged["id"], staged["updated_at"], staged["state"])
+    ]
     rows = {}
     for table in DEPENDANT_TABLES:
         found = _read_columns(archive.staged_files(batch, table), ["id", "message_id"])
@@ -202,7 +227,7 @@ def _describe(archive: ArchiveDir, batch: str, members: list[Member], cutoff: da
 def _chunks(ids: Iterable[int]) -> Iterable[list[int]]:
     ids = list(ids)
     for start in range(0, len(ids), _CHUNK):
-        yield ids[start:start + _CHUNK]
+        yield ids[start : start + _CHUNK]
 
 
 def _changed_roots(conn: Connection, manifest: Manifest, info: dict[int, list[Any]]) -> tuple[set[int], set[int]]:
@@ -274,9 +299,15 @@ def settle(archive: ArchiveDir, url: str, manifest: Manifest) -> int:
     return len(changed)
 
 
-def run_archive(spark: SparkSession, source: Source, out: Path, older_than: timedelta,
-                batch_size: int = 10_000, now: datetime | None = None,
-                progress: Progress = lambda done, total, note: None) -> ArchiveResult:
+def run_archive(
+    spark: SparkSession,
+    source: Source,
+    out: Path,
+    older_than: timedelta,
+    batch_size: int = 10_000,
+    now: datetime | None = None,
+    progress: Progress = lambda done, total, note: None,
+) -> ArchiveResult:
     """Archive every eligible message older than `older_than` from `source` into `out`."""
     if not source.is_database:
         raise ConfigurationError(f"cannot archive from {source}: the source must be a database")

@@ -10,15 +10,23 @@ import io
 from collections import defaultdict
 from typing import Any
 
-from ..states import State
-from .report import Report
+from openhub.core.states import State
+from openhub.pipeline.report import Report
 
 Rows = list[dict[str, Any]]
 # One distinct colour per state, in the state machine's order, so a chart reads the same every time.
 STATE_COLOURS = {
-    State.NEW: "#90caf9", State.IN_QUEUE: "#1e88e5", State.PROCESSING: "#7e57c2", State.WAITING: "#26a69a",
-    State.WAITING_FOR_RES: "#80deea", State.PARTLY_FAILED: "#fb8c00", State.POSTPONED: "#fdd835",
-    State.OK: "#2e7d32", State.FAILED: "#c62828", State.CANCEL: "#6d4c41", State.SKIPPED: "#9e9e9e",
+    State.NEW: "#90caf9",
+    State.IN_QUEUE: "#1e88e5",
+    State.PROCESSING: "#7e57c2",
+    State.WAITING: "#26a69a",
+    State.WAITING_FOR_RES: "#80deea",
+    State.PARTLY_FAILED: "#fb8c00",
+    State.POSTPONED: "#fdd835",
+    State.OK: "#2e7d32",
+    State.FAILED: "#c62828",
+    State.CANCEL: "#6d4c41",
+    State.SKIPPED: "#9e9e9e",
 }
 
 
@@ -106,14 +114,24 @@ def _grouped_bars(rows: Rows, label: str, series: list[tuple[str, str]], title: 
 
 def rates_by_route(rows: Rows) -> bytes:
     """Grouped bars: failure and retry rate per route."""
-    return _grouped_bars(rows, "route", [("failure_rate", "failure rate"), ("retry_rate", "retry rate")],
-                         "Failure and retry rates per route", "share of messages")
+    return _grouped_bars(
+        rows,
+        "route",
+        [("failure_rate", "failure rate"), ("retry_rate", "retry rate")],
+        "Failure and retry rates per route",
+        "share of messages",
+    )
 
 
 def processing_percentiles(rows: Rows) -> bytes:
     """Grouped bars: p50/p95/p99 processing time per route."""
-    return _grouped_bars(rows, "route", [("p50_s", "p50"), ("p95_s", "p95"), ("p99_s", "p99")],
-                         "Processing time, received to final", "seconds")
+    return _grouped_bars(
+        rows,
+        "route",
+        [("p50_s", "p50"), ("p95_s", "p95"), ("p99_s", "p99")],
+        "Processing time, received to final",
+        "seconds",
+    )
 
 
 def throughput(rows: Rows) -> bytes:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import OpenHubError
+from openhub.core.errors import OpenHubError
 
 ARCHIVED_TABLES = ("messages", "ext_calls", "transitions", "confirmations", "http_exchanges", "waits")
 DEPENDANT_TABLES = ARCHIVED_TABLES[1:]

@@ -12,28 +12,58 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .charts import draw_charts
-from .report import Report
+from openhub.pipeline.charts import draw_charts
+from openhub.pipeline.report import Report
 
 SECTIONS = [
     # (chart key, table, heading, what the figures mean)
-    ("counts", "counts", "Messages by source system, route and state",
-     "Every message received in the range, in its current state."),
+    (
+        "counts",
+        "counts",
+        "Messages by source system, route and state",
+        "Every message received in the range, in its current state.",
+    ),
     ("sources", None, "Messages by source system", "The same counts summed per source system."),
-    ("route_rates", "route_rates", "Failure and retry rates",
-     ("failure rate = FAILED / messages in a final state; retry rate = messages that needed more "
-      "than one attempt / messages.")),
-    ("processing_time", "processing_time", "Processing time",
-     "Seconds from received to a final state, exact percentiles; route * is all routes together."),
-    ("throughput_hourly", "throughput_hourly", "Throughput per hour",
-     "Messages received, and messages (of those received in the range) reaching a final state, per hour."),
-    ("ext_call_failures", "ext_call_failures", "External calls per step",
-     "failure rate = calls whose record ended FAILED / calls; attempts summed over calls."),
+    (
+        "route_rates",
+        "route_rates",
+        "Failure and retry rates",
+        (
+            "failure rate = FAILED / messages in a final state; retry rate = messages that needed more "
+            "than one attempt / messages."
+        ),
+    ),
+    (
+        "processing_time",
+        "processing_time",
+        "Processing time",
+        "Seconds from received to a final state, exact percentiles; route * is all routes together.",
+    ),
+    (
+        "throughput_hourly",
+        "throughput_hourly",
+        "Throughput per hour",
+        "Messages received, and messages (of those received in the range) reaching a final state, per hour.",
+    ),
+    (
+        "ext_call_failures",
+        "ext_call_failures",
+        "External calls per step",
+        "failure rate = calls whose record ended FAILED / calls; attempts summed over calls.",
+    ),
     (None, "slowest_routes", "Slowest routes", "The routes with the highest p95 processing time."),
-    ("business_errors", "business_errors", "Business errors",
-     "Codes recorded with ctx.business_error: occurrences and distinct messages."),
-    (None, "http_statuses", "HTTP answers per step",
-     "Exchanges recorded by HttpCall(record=True) per route, step and status (empty status: no response)."),
+    (
+        "business_errors",
+        "business_errors",
+        "Business errors",
+        "Codes recorded with ctx.business_error: occurrences and distinct messages.",
+    ),
+    (
+        None,
+        "http_statuses",
+        "HTTP answers per step",
+        "Exchanges recorded by HttpCall(record=True) per route, step and status (empty status: no response).",
+    ),
 ]
 
 CSS = """
@@ -60,6 +90,7 @@ def _table(rows: list[dict[str, Any]], table: str) -> str:
         return f'<p class="note" data-table="{table}">No rows.</p>'
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+
     def td(value: Any) -> str:
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         return f'<td class="n">{_cell(value)}</td>' if numeric else f"<td>{_cell(value)}</td>"
@@ -79,8 +110,10 @@ def render_page(report: Report) -> str:
     finished = sum(int(r["finished"] or 0) for r in report.tables.get("route_rates", []))
     failed = sum(int(r["failed"] or 0) for r in report.tables.get("route_rates", []))
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        "<title>openhub message report</title>", f"<style>{CSS}</style></head><body>",
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>openhub message report</title>",
+        f"<style>{CSS}</style></head><body>",
         "<h1>openhub message report</h1>",
         '<table class="summary">',
         f"<tr><td>source</td><td>{html.escape(report.source)}</td></tr>",
@@ -92,7 +125,7 @@ def render_page(report: Report) -> str:
         "</table>",
     ]
     for chart, table, heading, note in SECTIONS:
-        parts.append(f"<h2>{html.escape(heading)}</h2><p class=\"note\">{html.escape(note)}</p>")
+        parts.append(f'<h2>{html.escape(heading)}</h2><p class="note">{html.escape(note)}</p>')
         if chart is not None:
             data = base64.b64encode(charts[chart]).decode("ascii")
             parts.append(f'<img alt="{html.escape(heading)}" data-chart="{chart}" src="data:image/png;base64,{data}">')

@@ -26,22 +26,40 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..states import FINAL, State
-from .source import Source, read_dependants, read_messages
+from openhub.core.states import FINAL, State
+from openhub.pipeline.source import Source, read_dependants, read_messages
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-MESSAGE_COLUMNS = ["id", "source_system", "service", "operation", "state", "attempts", "failed_count",
-                   "received_at", "finished_at", "business_errors"]
+MESSAGE_COLUMNS = [
+    "id",
+    "source_system",
+    "service",
+    "operation",
+    "state",
+    "attempts",
+    "failed_count",
+    "received_at",
+    "finished_at",
+    "business_errors",
+]
 EXT_CALL_COLUMNS = ["id", "message_id", "step_key", "state", "attempts", "duration_ms"]
 EXCHANGE_COLUMNS = ["id", "message_id", "step_key", "status", "duration_ms"]
 FINAL_STATES = sorted(s.value for s in FINAL)
 PERCENTILES = (0.5, 0.95, 0.99)
 SLOWEST = 10
 # The order of the stages is the order of the progress bar and of the page's sections.
-TABLES = ("counts", "route_rates", "processing_time", "throughput_hourly", "ext_call_failures",
-          "slowest_routes", "business_errors", "http_statuses")
+TABLES = (
+    "counts",
+    "route_rates",
+    "processing_time",
+    "throughput_hourly",
+    "ext_call_failures",
+    "slowest_routes",
+    "business_errors",
+    "http_statuses",
+)
 
 
 @dataclass
@@ -69,16 +87,21 @@ def _prepared_messages(messages: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     seconds = F.expr("timestampdiff(MICROSECOND, received_at, finished_at)") / F.lit(1_000_000.0)
-    return (messages
-            .withColumn("route", F.concat_ws(".", "service", "operation"))
-            .withColumn("final", F.col("state").isin(FINAL_STATES))
-            .withColumn("duration_s", F.when(F.col("state").isin(FINAL_STATES), seconds)))
+    return (
+        messages.withColumn("route", F.concat_ws(".", "service", "operation"))
+        .withColumn("final", F.col("state").isin(FINAL_STATES))
+        .withColumn("duration_s", F.when(F.col("state").isin(FINAL_STATES), seconds))
+    )
 
 
 def counts(m: DataFrame) -> DataFrame:
     """Messages per source system, route and state."""
-    return (m.groupBy("source_system", "route", "state").count().withColumnRenamed("count", "messages")
-            .orderBy("source_system", "route", "state"))
+    return (
+        m.groupBy("source_system", "route", "state")
+        .count()
+        .withColumnRenamed("count", "messages")
+        .orderBy("source_system", "route", "state")
+    )
 
 
 def route_rates(m: DataFrame) -> DataFrame:
@@ -91,8 +114,11 @@ def route_rates(m: DataFrame) -> DataFrame:
         F.sum((F.col("state") == State.FAILED.value).cast("long")).alias("failed"),
         F.sum((F.col("attempts") > 1).cast("long")).alias("retried"),
     )
-    return (agg.withColumn("failure_rate", _rate(F.col("failed"), F.col("finished")))
-            .withColumn("retry_rate", _rate(F.col("retried"), F.col("messages"))).orderBy("route"))
+    return (
+        agg.withColumn("failure_rate", _rate(F.col("failed"), F.col("finished")))
+        .withColumn("retry_rate", _rate(F.col("retried"), F.col("messages")))
+        .orderBy("route")
+    )
 
 
 def processing_time(m: DataFrame) -> DataFrame:
@@ -100,9 +126,11 @@ def processing_time(m: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     done = m.where(F.col("duration_s").isNotNull())
-    aggs = [F.count("duration_s").alias("finished"),
-            F.percentile("duration_s", F.array(*[F.lit(p) for p in PERCENTILES])).alias("p"),
-            F.max("duration_s").alias("max_s")]
+    aggs = [
+        F.count("duration_s").alias("finished"),
+        F.percentile("duration_s", F.array(*[F.lit(p) for p in PERCENTILES])).alias("p"),
+        F.max("duration_s").alias("max_s"),
+    ]
     per_route = done.groupBy("route").agg(*aggs)
     overall = done.agg(*aggs).withColumn("route", F.lit("*")).where(F.col("finished") > 0)
     both = per_route.unionByName(overall)
@@ -120,7 +148,7 @@ def throughput_hourly(m: DataFrame) -> DataFrame:
 
     received = per_hour("received_at", "received")
     finished = per_hour("finished_at", "finished")
-    return (received.join(finished, "hour", "full").fillna(0, ["received", "finished"]).orderBy("hour"))
+    return received.join(finished, "hour", "full").fillna(0, ["received", "finished"]).orderBy("hour")
 
 
 def ext_call_failures(m: DataFrame, calls: DataFrame) -> DataFrame:
@@ -150,10 +178,12 @@ def business_errors(m: DataFrame) -> DataFrame:
 
     parsed = F.from_json("business_errors", "array<struct<code:string,text:string>>")
     errors = m.where(F.col("business_errors").isNotNull()).select("id", F.explode(parsed).alias("e"))
-    return (errors.where(F.col("e.code").isNotNull())
-            .groupBy(F.col("e.code").alias("code"))
-            .agg(F.count("*").alias("occurrences"), F.countDistinct("id").alias("messages"))
-            .orderBy(F.desc("occurrences"), "code"))
+    return (
+        errors.where(F.col("e.code").isNotNull())
+        .groupBy(F.col("e.code").alias("code"))
+        .agg(F.count("*").alias("occurrences"), F.countDistinct("id").alias("messages"))
+        .orderBy(F.desc("occurrences"), "code")
+    )
 
 
 def http_statuses(m: DataFrame, exchanges: DataFrame) -> DataFrame:
@@ -161,10 +191,15 @@ def http_statuses(m: DataFrame, exchanges: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     routed = exchanges.join(m.select(F.col("id").alias("message_id"), "route"), "message_id")
-    return (routed.groupBy("route", "step_key", "status")
-            .agg(F.count("*").alias("exchanges"), F.avg("duration_ms").alias("avg_duration_ms"),
-                 F.max("duration_ms").alias("max_duration_ms"))
-            .orderBy("route", "step_key", "status"))
+    return (
+        routed.groupBy("route", "step_key", "status")
+        .agg(
+            F.count("*").alias("exchanges"),
+            F.avg("duration_ms").alias("avg_duration_ms"),
+            F.max("duration_ms").alias("max_duration_ms"),
+        )
+        .orderBy("route", "step_key", "status")
+    )
 
 
 def _write_table(table: Any, directory: Path) -> None:
@@ -178,11 +213,17 @@ def _write_table(table: Any, directory: Path) -> None:
     pq.write_table(table, directory / "part-00000.parquet")
 
 
-def build_report(spark: SparkSession, source: Source, out: Path, start: datetime | None = None,
-                 end: datetime | None = None, progress: Callable[[str], None] = lambda stage: None,
-                 generated_at: datetime | None = None) -> Report:
+def build_report(
+    spark: SparkSession,
+    source: Source,
+    out: Path,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    progress: Callable[[str], None] = lambda stage: None,
+    generated_at: datetime | None = None,
+) -> Report:
     """Compute every table, write each as Parquet under `out/<table>/`, and return them."""
-    from ..db import utcnow
+    from openhub.store.db import utcnow
 
     out.mkdir(parents=True, exist_ok=True)
     progress("reading messages")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigurationError, OpenHubError
+from openhub.core.errors import ConfigurationError, OpenHubError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -33,10 +33,10 @@ class JdbcDriver:
 
 
 DRIVERS = {
-    "postgresql": JdbcDriver("postgresql", "org.postgresql.Driver", ("postgresql.jar",),
-                             "libpostgresql-jdbc-java"),
-    "sqlite": JdbcDriver("sqlite", "org.sqlite.JDBC", ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar"),
-                         "libxerial-sqlite-jdbc-java"),
+    "postgresql": JdbcDriver("postgresql", "org.postgresql.Driver", ("postgresql.jar",), "libpostgresql-jdbc-java"),
+    "sqlite": JdbcDriver(
+        "sqlite", "org.sqlite.JDBC", ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar"), "libxerial-sqlite-jdbc-java"
+    ),
 }
 
 
@@ -57,12 +57,14 @@ def find_java() -> str:
         candidate = Path(java_home) / "bin" / "java"
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
-        raise ConfigurationError(f"Java not found: JAVA_HOME={java_home} has no bin/java; "
-                                 "point JAVA_HOME at a JRE 17 or unset it")
+        raise ConfigurationError(
+            f"Java not found: JAVA_HOME={java_home} has no bin/java; point JAVA_HOME at a JRE 17 or unset it"
+        )
     found = shutil.which("java")
     if found is None:
-        raise ConfigurationError("Java not found: install a JRE 17 "
-                                 "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+        raise ConfigurationError(
+            "Java not found: install a JRE 17 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
     return found
 
 
@@ -80,15 +82,38 @@ def find_jdbc_jar(kind: str, explicit: str | None = None) -> str:
                 return str(candidate.resolve())
     raise ConfigurationError(
         f"{kind} JDBC driver not found in {', '.join(map(str, JAR_DIRS))}: install it "
-        f"(apt-get install {driver.debian_package}) or give its jar with --jdbc-jar PATH")
+        f"(apt-get install {driver.debian_package}) or give its jar with --jdbc-jar PATH"
+    )
 
 
-def spark_session(master: str = "local[*]", jars: tuple[str, ...] | list[str] = (),
-                  app_name: str = "openhub") -> SparkSession:
+DEFAULT_MASTER = "local[*]"
+
+
+def spark_master(explicit: str | None = None) -> str:
+    """The Spark master a job runs on: `--master`, else OPENHUB_SPARK_MASTER, else local[*].
+
+    `local[N]`/`local[*]` runs in this process; `spark://host:7077` on a standalone cluster;
+    `k8s://https://api:6443` on Kubernetes (executor pods); `yarn` on Hadoop.
+    """
+    master = (explicit or os.environ.get("OPENHUB_SPARK_MASTER") or DEFAULT_MASTER).strip()
+    if not master.startswith(("local", "spark://", "k8s://", "yarn")):
+        raise ConfigurationError(
+            f"unsupported Spark master {master!r}: use local[*], spark://HOST:7077, "
+            "k8s://https://HOST:PORT or yarn (--master or OPENHUB_SPARK_MASTER)"
+        )
+    return master
+
+
+def spark_session(
+    master: str = DEFAULT_MASTER, jars: tuple[str, ...] | list[str] = (), app_name: str = "openhub"
+) -> SparkSession:
     """Start (or reuse) the SparkSession with the given driver jars on its classpath.
 
     Timestamps in the store are naive UTC, so the JVM and the SQL session both run in UTC: a JDBC
-    read then neither shifts nor reinterprets them.
+    read then neither shifts nor reinterprets them. On a cluster, `spark.jars` is what ships the
+    JDBC driver to the executors (the driver serves the jar; executors fetch it at start), and
+    anything else (executor memory and cores, S3A credentials) comes from spark-defaults.conf in
+    SPARK_CONF_DIR, which Spark reads before these settings.
     """
     require_pyspark()
     find_java()
@@ -96,7 +121,8 @@ def spark_session(master: str = "local[*]", jars: tuple[str, ...] | list[str] = 
 
     utc = "-Duser.timezone=UTC"
     builder = (
-        SparkSession.builder.master(master).appName(app_name)
+        SparkSession.builder.master(master)
+        .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # the commands show their own progress
         .config("spark.sql.session.timeZone", "UTC")

@@ -2,7 +2,7 @@
 
 A source is the database (PostgreSQL or SQLite, read through JDBC) or an archive written by
 `openhub archive` (Parquet). Whatever the source, a table comes out with the columns and types
-derived from `openhub.schema`: integers as bigint, text as string, timestamps as timestamp_ntz
+derived from `openhub.store.schema`: integers as bigint, text as string, timestamps as timestamp_ntz
 (the store keeps naive UTC). So the report cannot tell a live store from an archive, and archive
 batches written from SQLite and from PostgreSQL share one Parquet schema.
 
@@ -12,6 +12,7 @@ Source specs (`--source`): a SQLAlchemy URL (`postgresql+psycopg://…`, `sqlite
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,11 +22,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import DateTime, Integer, Table, text
 from sqlalchemy.engine import make_url
 
-from .. import schema
-from ..config import get_settings
-from ..db import get_engine
-from ..errors import ConfigurationError
-from .session import DRIVERS, find_jdbc_jar
+from openhub.core.config import get_settings
+from openhub.core.errors import ConfigurationError
+from openhub.pipeline.session import DRIVERS, find_jdbc_jar
+from openhub.store import schema
+from openhub.store.db import get_engine
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -38,9 +39,13 @@ TABLES: dict[str, Table] = {
     "http_exchanges": schema.http_exchanges,
     "waits": schema.waits,
 }
-# Rows a PostgreSQL read partition should hold at least: below this, another JDBC connection
-# and task cost more than they save.
+# A PostgreSQL read is cut into ranges of `id`, each one Spark task on its own JDBC connection,
+# of about ROWS_PER_PARTITION rows (a read of a few seconds), and into no more than MAX_PARTITIONS.
+# Connections open at once: min(partitions, the executors' cores), plus the driver's one for the
+# min/max query (closed before the read starts).
 ROWS_PER_PARTITION = 100_000
+MAX_PARTITIONS = 64
+FETCH_SIZE = 10_000  # rows per round trip: a partition streams through a cursor, never all in memory
 _TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # SQLAlchemy's SQLite storage format, so text compares as time
 
 
@@ -86,7 +91,7 @@ class Source:
             if url.password:
                 options["password"] = url.password
             # Without a fetch size the PostgreSQL driver loads a whole partition into memory.
-            options["fetchsize"] = "10000"
+            options["fetchsize"] = str(read_settings().fetch_size)
         return options
 
     def __str__(self) -> str:
@@ -95,25 +100,56 @@ class Source:
         return self.location
 
 
+@dataclass(frozen=True)
+class ReadSettings:
+    """How a database read is partitioned (OPENHUB_SPARK_JDBC_*; see the module's constants)."""
+
+    rows_per_partition: int = ROWS_PER_PARTITION
+    max_partitions: int = MAX_PARTITIONS
+    fetch_size: int = FETCH_SIZE
+
+    def partitions(self, rows: int) -> int:
+        """How many id ranges a read of `rows` rows is cut into."""
+        return max(1, min(-(-rows // self.rows_per_partition), self.max_partitions))
+
+
+def _positive(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigurationError(f"{name} must be a positive whole number, got {value!r}")
+    return int(value)
+
+
+def read_settings() -> ReadSettings:
+    """The partitioning of JDBC reads, from OPENHUB_SPARK_JDBC_PARTITION_ROWS, _PARTITIONS, _FETCHSIZE."""
+    return ReadSettings(
+        _positive("OPENHUB_SPARK_JDBC_PARTITION_ROWS", ROWS_PER_PARTITION),
+        _positive("OPENHUB_SPARK_JDBC_PARTITIONS", MAX_PARTITIONS),
+        _positive("OPENHUB_SPARK_JDBC_FETCHSIZE", FETCH_SIZE),
+    )
+
+
 def parse_source(spec: str | None) -> Source:
     """Turn a `--source` value (default: OPENHUB_DATABASE_URL) into a Source."""
     spec = spec or get_settings().database_url
     if spec.startswith("parquet:"):
-        return Source("parquet", str(Path(spec[len("parquet:"):]).absolute()))
+        return Source("parquet", str(Path(spec[len("parquet:") :]).absolute()))
     if spec.startswith("postgresql"):
         return Source("postgresql", spec)
     if spec.startswith("sqlite"):
         return Source("sqlite", spec)
     if "://" in spec:
-        raise ConfigurationError(f"unsupported source {spec!r}: use a postgresql:// or sqlite:/// URL "
-                                 "or parquet:DIR")
+        raise ConfigurationError(f"unsupported source {spec!r}: use a postgresql:// or sqlite:/// URL or parquet:DIR")
     path = Path(spec)
     if path.is_dir():
         return Source("parquet", str(path.absolute()))
     if path.is_file():
         return Source("sqlite", f"sqlite:///{path.absolute()}")
-    raise ConfigurationError(f"source not found: {spec} is neither a database URL, a SQLite file "
-                             "nor an archive directory")
+    raise ConfigurationError(
+        f"source not found: {spec} is neither a database URL, a SQLite file nor an archive directory"
+    )
 
 
 def jars_for(source: Source, explicit: str | None = None) -> list[str]:
@@ -165,12 +201,21 @@ def _id_bounds(source: Source, table: str, where: str) -> tuple[int, int, int]:
     return int(row[0] or 0), int(row[1] or 0), int(row[2])
 
 
-def read_database(spark: SparkSession, source: Source, table: str, where: str = "1 = 1",
-                  columns: list[str] | None = None, partitioned: bool = True) -> DataFrame:
+def read_database(
+    spark: SparkSession,
+    source: Source,
+    table: str,
+    where: str = "1 = 1",
+    columns: list[str] | None = None,
+    partitioned: bool = True,
+) -> DataFrame:
     """Read `table` rows matching the SQL condition `where` through JDBC, canonically typed.
 
-    On PostgreSQL the read is split into ranges of `id`, each its own JDBC connection and
-    Spark task; SQLite is one file behind one lock, so it is read in one piece.
+    On PostgreSQL the read is split into ranges of `id` between the rows' min and max (one quick
+    indexed query on the driver), each its own JDBC connection and Spark task: a plain SELECT
+    under MVCC that takes no row lock, so the hub's inserts and updates never wait for it, and
+    whose snapshot lives only as long as its range takes to stream. SQLite is one file behind
+    one lock, so it is read in one piece.
     """
     columns = columns or columns_of(table)
     query = f"(SELECT {_select_list(source, table, columns)} FROM {table} WHERE {where}) AS src"
@@ -179,16 +224,20 @@ def read_database(spark: SparkSession, source: Source, table: str, where: str = 
     if source.kind == "sqlite":
         # SQLite types by value, so its driver guesses a column's type from what it sees (a NULL
         # timestamp becomes DECIMAL); pin every column, timestamps as text parsed by Spark.
-        reader = reader.option("customSchema", ", ".join(
-            f"{n} {'string' if spark_type(TABLES[table].c[n]) == 'timestamp_ntz' else spark_type(TABLES[table].c[n])}"
-            for n in columns))
+        reader = reader.option(
+            "customSchema",
+            ", ".join(
+                f"{n} {'string' if (kind := spark_type(TABLES[table].c[n])) == 'timestamp_ntz' else kind}"
+                for n in columns
+            ),
+        )
     if partitioned and source.kind == "postgresql" and "id" in columns:
         low, high, count = _id_bounds(source, table, where)
-        wanted = max(1, count // ROWS_PER_PARTITION)
-        partitions = min(wanted, 4 * spark.sparkContext.defaultParallelism)
+        partitions = read_settings().partitions(count)
         if partitions > 1:
-            reader = reader.options(partitionColumn="id", lowerBound=str(low), upperBound=str(high + 1),
-                                    numPartitions=str(partitions))
+            reader = reader.options(
+                partitionColumn="id", lowerBound=str(low), upperBound=str(high + 1), numPartitions=str(partitions)
+            )
     return canonical(reader.load(), table, columns)
 
 
@@ -199,8 +248,14 @@ def empty_table(spark: SparkSession, table: str, columns: list[str] | None = Non
     return spark.createDataFrame([], ddl)
 
 
-def read_archive(spark: SparkSession, source: Source, table: str, columns: list[str] | None = None,
-                 start: datetime | None = None, end: datetime | None = None) -> DataFrame:
+def read_archive(
+    spark: SparkSession,
+    source: Source,
+    table: str,
+    columns: list[str] | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> DataFrame:
     """Read `table` from an archive directory, without its `date`/`route` partition columns.
 
     With a range, only the `date=` partitions that can hold messages received in it are read
@@ -221,8 +276,9 @@ def read_archive(spark: SparkSession, source: Source, table: str, columns: list[
     return canonical(df, table, columns)
 
 
-def read_messages(spark: SparkSession, source: Source, start: datetime | None, end: datetime | None,
-                  columns: list[str] | None = None) -> DataFrame:
+def read_messages(
+    spark: SparkSession, source: Source, start: datetime | None, end: datetime | None, columns: list[str] | None = None
+) -> DataFrame:
     """Messages received in [start, end) from any source."""
     if source.is_database:
         return read_database(spark, source, "messages", range_condition(start, end), columns)
@@ -236,15 +292,24 @@ def read_messages(spark: SparkSession, source: Source, start: datetime | None, e
     return df
 
 
-def read_dependants(spark: SparkSession, source: Source, table: str, messages: DataFrame,
-                    start: datetime | None, end: datetime | None,
-                    columns: list[str] | None = None) -> DataFrame:
+def read_dependants(
+    spark: SparkSession,
+    source: Source,
+    table: str,
+    messages: DataFrame,
+    start: datetime | None,
+    end: datetime | None,
+    columns: list[str] | None = None,
+) -> DataFrame:
     """Rows of `table` (ext_calls, transitions, confirmations) that belong to `messages`."""
     if source.is_database:
         # Filter in the database: only the calls of messages in range cross the wire. Without a
         # range, no filter: every partition would otherwise repeat a semi-join over all messages.
-        where = "1 = 1" if start is None and end is None else \
-            f"message_id IN (SELECT id FROM messages WHERE {range_condition(start, end)})"
+        where = (
+            "1 = 1"
+            if start is None and end is None
+            else f"message_id IN (SELECT id FROM messages WHERE {range_condition(start, end)})"
+        )
         return read_database(spark, source, table, where, columns)
     df = read_archive(spark, source, table, columns, start, end)
     if start is None and end is None:

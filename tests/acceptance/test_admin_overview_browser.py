@@ -16,7 +16,7 @@ from urllib.parse import urljoin
 
 import pytest
 
-from openhub.db import utcnow
+from openhub.store.db import utcnow
 from tests.support.traffic import EXPECTED, fresh_store, write_known_traffic
 
 from .test_admin_browser import CHROMIUM, CHROMIUM_ARGS, served_ingress
@@ -53,7 +53,7 @@ def admin_page(known: dict) -> Iterator[tuple]:
             browser.close()
 
 
-def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> None:  # noqa: ANN001
+def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> None:
     from playwright.sync_api import expect
 
     page, ids = admin_page
@@ -82,8 +82,12 @@ def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> N
         assert d.count("L") >= 59, (chart, d[:80])  # one point per bucket: 60 (hour) or 96 (day)
         assert "latest" in (svg.get_attribute("aria-label") or "")
     # The hour's throughput line rises above the axis where the 8 messages finished 5 minutes ago.
-    ys = [float(p.split(",")[1]) for p in
-          (page.locator("#chart-hour-throughput path.series").get_attribute("d") or "").replace("M", "").split(" L")]
+    ys = [
+        float(p.split(",")[1])
+        for p in (page.locator("#chart-hour-throughput path.series").get_attribute("d") or "")
+        .replace("M", "")
+        .split(" L")
+    ]
     assert min(ys) < max(ys)
     # The day's axis names dates (its ends are a day apart), the hour's the time only.
     day_axis = page.locator("#chart-day-throughput text.axis").all_text_contents()
@@ -100,7 +104,7 @@ def test_overview_shows_the_known_traffic_and_draws_every_chart(admin_page) -> N
     page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
 
 
-def test_message_detail_shows_its_recorded_request_and_response(admin_page) -> None:  # noqa: ANN001
+def test_message_detail_shows_its_recorded_request_and_response(admin_page) -> None:
     from playwright.sync_api import expect
 
     page, ids = admin_page
@@ -118,7 +122,7 @@ def test_message_detail_shows_its_recorded_request_and_response(admin_page) -> N
     page.screenshot(path=str(SCREENSHOTS / "message-detail.png"), full_page=True)
 
 
-def test_parked_confirmations_are_sent_again_from_the_overview(admin_page) -> None:  # noqa: ANN001
+def test_parked_confirmations_are_sent_again_from_the_overview(admin_page) -> None:
     from playwright.sync_api import expect
 
     page, ids = admin_page

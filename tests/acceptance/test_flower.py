@@ -19,12 +19,16 @@ from tests.support.workers import PROJECT
 
 
 @pytest.fixture
-def flower(hub):  # noqa: ANN001, ANN201
+def flower(hub):
     port = free_port()
     env = dict(os.environ, **hub.env, FLOWER_UNAUTHENTICATED_API="true")
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
-                             "--address=127.0.0.1"], env=env, cwd=PROJECT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}", "--address=127.0.0.1"],
+        env=env,
+        cwd=PROJECT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -35,12 +39,15 @@ def flower(hub):  # noqa: ANN001, ANN201
 
     def following() -> bool:
         """Flower answers before its event receiver is connected: a warm-up message must show up first."""
-        m = openhub.submit("test.flow", {"prefix": f"/flower-warmup-{uuid.uuid4().hex[:8]}"}, source_system="CRM",
-                           correlation_id=f"fl-warmup-{uuid.uuid4().hex}")
+        m = openhub.submit(
+            "test.flow",
+            {"prefix": f"/flower-warmup-{uuid.uuid4().hex[:8]}"},
+            source_system="CRM",
+            correlation_id=f"fl-warmup-{uuid.uuid4().hex}",
+        )
         wait_final(m.id)
         try:
-            return bool(wait_for(lambda: _tasks_of(url, m.id) or None, 10, "Flower to see the warm-up",
-                                     interval=0.5))
+            return bool(wait_for(lambda: _tasks_of(url, m.id) or None, 10, "Flower to see the warm-up", interval=0.5))
         except AssertionError:
             return False
 
@@ -59,7 +66,7 @@ def _tasks_of(url: str, message_id: int) -> list[dict]:
     return [t for t in tasks.values() if re.search(rf"\b{message_id}\b", str(t.get("args")))]
 
 
-def test_flower_lists_step_tasks_by_name(flower, prefix) -> None:  # noqa: ANN001
+def test_flower_lists_step_tasks_by_name(flower, prefix) -> None:
     m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
     assert wait_final(m.id).state == "OK"
 
@@ -70,7 +77,7 @@ def test_flower_lists_step_tasks_by_name(flower, prefix) -> None:  # noqa: ANN00
     assert names == {"openhub.test.flow.a", "openhub.test.flow.b", "openhub.test.flow.c"}
 
 
-def test_flower_does_not_list_the_pollers_ticks(flower, prefix) -> None:  # noqa: ANN001
+def test_flower_does_not_list_the_pollers_ticks(flower, prefix) -> None:
     # Beat sends one every 0.3 s here: listed, they would crowd out the steps of messages.
     m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
     assert wait_final(m.id).state == "OK"
@@ -79,7 +86,7 @@ def test_flower_does_not_list_the_pollers_ticks(flower, prefix) -> None:  # noqa
     assert "openhub.poll" not in names and "openhub.test.flow.a" in names
 
 
-def test_flower_lists_one_task_per_message_of_a_fused_route(flower, prefix) -> None:  # noqa: ANN001
+def test_flower_lists_one_task_per_message_of_a_fused_route(flower, prefix) -> None:
     m = openhub.submit("fused.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
     done = wait_final(m.id)
     assert done.state == "OK" and [c.step for c in done.ext_calls] == ["a", "b", "c"]  # every step recorded
@@ -92,7 +99,7 @@ def test_flower_lists_one_task_per_message_of_a_fused_route(flower, prefix) -> N
     assert [(t["name"], t["state"]) for t in tasks] == [("openhub.fused.flow.a", "SUCCESS")]
 
 
-def test_flower_shows_a_failed_attempt_as_a_failed_task(flower, prefix, external) -> None:  # noqa: ANN001
+def test_flower_shows_a_failed_attempt_as_a_failed_task(flower, prefix, external) -> None:
     external.fail(f"{prefix}/b", times=1)  # billing answers 503 once: the hub retries, Flower must not say SUCCESS
     m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"fl-{uuid.uuid4().hex}")
     assert wait_final(m.id).state == "OK"
@@ -108,7 +115,7 @@ def test_flower_shows_a_failed_attempt_as_a_failed_task(flower, prefix, external
     assert "transient" in failure and "503" in failure, failure
 
 
-def test_flower_shows_a_step_skipped_on_a_retry_as_skipped_not_as_a_fresh_success(flower, prefix, external) -> None:  # noqa: ANN001
+def test_flower_shows_a_step_skipped_on_a_retry_as_skipped_not_as_a_fresh_success(flower, prefix, external) -> None:
     # Issue 40: the retry's chain starts at step a again, which finds its call recorded OK and makes none;
     # Flower listed it as one more SUCCESS, as if a were called twice.
     external.fail(f"{prefix}/b", times=1)

@@ -36,7 +36,7 @@ def _assert_no_successful_call_repeated(external: ExternalSystem) -> None:
 
 
 @pytest.mark.parametrize("pool", ["prefork", "gevent"])
-def test_redis_restarted_empty_ten_times_under_load_kills_no_worker(pool, tmp_path) -> None:  # noqa: ANN001
+def test_redis_restarted_empty_ten_times_under_load_kills_no_worker(pool, tmp_path) -> None:
     with _hub(tmp_path) as (backend, external, _pg):
         assert backend.redis is not None
         prefix = f"/restart-{pool}"
@@ -51,8 +51,11 @@ def test_redis_restarted_empty_ten_times_under_load_kills_no_worker(pool, tmp_pa
             backend.redis.restart(down=DOWN)
         _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
         _assert_no_successful_call_repeated(external)
-        exited = [(w.name, w.process.returncode, w.log()[-3000:]) for w in workers
-                  if w.process is not None and w.process.poll() is not None]
+        exited = [
+            (w.name, w.process.returncode, w.log()[-3000:])
+            for w in workers
+            if w.process is not None and w.process.poll() is not None
+        ]
         assert not exited, exited
 
 
@@ -65,17 +68,20 @@ def _published_again(ids: list[int]) -> int:
     """How many chains of these messages were published again (lost, or thought lost)."""
     from sqlalchemy import func, select
 
-    from openhub.db import transaction
-    from openhub.schema import transitions
+    from openhub.store.db import transaction
+    from openhub.store.schema import transitions
 
     t = transitions.c
     with transaction() as conn:
-        return conn.execute(select(func.count()).select_from(transitions).where(
-            t.message_id.in_(ids), t.event.in_(("chain_lost", "redriven")))).scalar_one()
+        return conn.execute(
+            select(func.count())
+            .select_from(transitions)
+            .where(t.message_id.in_(ids), t.event.in_(("chain_lost", "redriven")))
+        ).scalar_one()
 
 
 @pytest.mark.parametrize("pool", ["prefork", "gevent"])
-def test_chains_lost_with_redis_are_carried_on_within_poll_intervals(pool, tmp_path) -> None:  # noqa: ANN001
+def test_chains_lost_with_redis_are_carried_on_within_poll_intervals(pool, tmp_path) -> None:
     # A lease grace of ten minutes: what is carried on within seconds was found lost by another way.
     with _hub(tmp_path, OPENHUB_LEASE_GRACE="600", OPENHUB_POLL_INTERVAL=str(POLL)) as (backend, external, _pg):
         assert backend.redis is not None
@@ -98,13 +104,13 @@ def test_chains_lost_with_redis_are_carried_on_within_poll_intervals(pool, tmp_p
             wait_for(lambda: not unfinished(), WITHIN_POLLS * POLL, "every message, those lost with Redis too")
         except AssertionError:
             raise AssertionError(f"not OK {WITHIN_POLLS} poll intervals after the restart: {unfinished()}") from None
-        print(f"every message OK {time.monotonic() - restarted:.1f} s after the restart")  # noqa: T201
+        print(f"every message OK {time.monotonic() - restarted:.1f} s after the restart")
         _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
         _assert_no_successful_call_repeated(external)
         assert _published_again(ids), "no chain was lost: the restart missed what this test is about"
 
 
-def test_chains_lost_with_the_embedded_broker_are_carried_on_within_poll_intervals(tmp_path) -> None:  # noqa: ANN001
+def test_chains_lost_with_the_embedded_broker_are_carried_on_within_poll_intervals(tmp_path) -> None:
     """The embedded default's broker emptied mid-run (its folder's files deleted), the same way."""
     external = ExternalSystem().start()
     env = {"OPENHUB_TEST_EXTERNAL_URL": external.url, "OPENHUB_LEASE_GRACE": "600", "OPENHUB_POLL_INTERVAL": str(POLL)}
@@ -120,9 +126,12 @@ def test_chains_lost_with_the_embedded_broker_are_carried_on_within_poll_interva
                 for path in folder.iterdir():  # every message waiting in it, and the hub's mark
                     path.unlink(missing_ok=True)
                 emptied = time.monotonic()
-                wait_for(lambda: all(openhub.get_message(i).state == "OK" for i in ids), WITHIN_POLLS * POLL,
-                         "every message, those lost with the broker's files too")
-                print(f"every message OK {time.monotonic() - emptied:.1f} s after the broker was emptied")  # noqa: T201
+                wait_for(
+                    lambda: all(openhub.get_message(i).state == "OK" for i in ids),
+                    WITHIN_POLLS * POLL,
+                    "every message, those lost with the broker's files too",
+                )
+                print(f"every message OK {time.monotonic() - emptied:.1f} s after the broker was emptied")
                 _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
                 _assert_no_successful_call_repeated(external)
                 assert _published_again(ids), "no chain was lost: the emptying missed what this test is about"

@@ -9,22 +9,23 @@ from typing import Iterator
 import pytest
 
 import openhub
-from openhub.db import transaction
-from openhub.http import HttpCall
-from openhub.schema import breakers
-from openhub.overview import overview
+from openhub.outbound.http import HttpCall
+from openhub.service.overview import overview
+from openhub.store.db import transaction
+from openhub.store.schema import breakers
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_BREAKER_FAILURES="3", OPENHUB_BREAKER_OPEN="60", OPENHUB_RETRY_INTERVAL="10",
-                          OPENHUB_MAX_FAILS="2") as local:
+    with routes.local_hub(
+        OPENHUB_BREAKER_FAILURES="3", OPENHUB_BREAKER_OPEN="60", OPENHUB_RETRY_INTERVAL="10", OPENHUB_MAX_FAILS="2"
+    ) as local:
         yield local
 
 
-def _billing_down(ctx):  # noqa: ANN001, ANN202
+def _billing_down(ctx):
     raise ConnectionError("billing answered 503")
 
 
@@ -67,7 +68,7 @@ def test_a_failed_trial_opens_the_breaker_again_after_one_call(hub: LocalHub) ->
     assert openhub.list_messages(state="FAILED") == []  # none failed for waiting
 
 
-def _bug_before_any_call(ctx):  # noqa: ANN001, ANN202
+def _bug_before_any_call(ctx):
     return ctx.payload["missing"]  # a KeyError in the step's own code: billing was never called
 
 
@@ -82,16 +83,17 @@ def test_an_error_before_any_call_does_not_count_against_the_system(hub: LocalHu
         assert conn.execute(breakers.select()).all() == []
 
 
-def test_a_request_the_hub_cannot_send_does_not_count_against_the_system(local_store_env, external) -> None:  # noqa: ANN001
+def test_a_request_the_hub_cannot_send_does_not_count_against_the_system(local_store_env, external) -> None:
     """Issue 34 M4: a newline in a payload field a step puts into a header makes httpx refuse the request
     before sending it (LocalProtocolError); five such messages opened billing's breaker for everyone."""
     billing = HttpCall()
 
-    def header_from_payload(ctx):  # noqa: ANN001, ANN202
+    def header_from_payload(ctx):
         billing.post(ctx, f"{external.url}/billing", headers={"X-Customer": ctx.payload["name"]})
 
-    with routes.local_hub(**local_store_env, OPENHUB_BREAKER_FAILURES="3", OPENHUB_BREAKER_OPEN="60",
-                          OPENHUB_RETRY_INTERVAL="10") as hub:
+    with routes.local_hub(
+        **local_store_env, OPENHUB_BREAKER_FAILURES="3", OPENHUB_BREAKER_OPEN="60", OPENHUB_RETRY_INTERVAL="10"
+    ) as hub:
         routes.HOOKS["bill"] = header_from_payload
         bad = [hub.submit("p.billing", {"name": "Ada\nX-Injected: 1"}).id for _ in range(5)]
         hub.run()
@@ -102,3 +104,31 @@ def test_a_request_the_hub_cannot_send_does_not_count_against_the_system(local_s
         assert overview()["open_breakers"] == []
         with transaction() as conn:
             assert [r.failures for r in conn.execute(breakers.select())] in ([], [0])
+
+
+def test_an_operator_forces_the_breaker_open_and_resets_it_with_a_reason_audited(hub: LocalHub) -> None:
+    """Issue 36: billing announced maintenance: the operator opens its breaker before any call fails, and
+    closes it when billing is back; both are in the audit trail with the reason."""
+    from openhub.core.errors import InputError, NotFound
+    from openhub.service import actions as operator
+    from openhub.store import audit
+
+    with pytest.raises(NotFound, match="no step calls a system named 'nope'"):
+        operator.open_breaker("nope", "maintenance")
+    with pytest.raises(InputError, match="give a reason"):
+        operator.open_breaker("billing", " ")
+    opened = operator.open_breaker("billing", "billing maintenance until 10:00", seconds=600)
+    assert opened["open"] and opened["reason"] == "billing maintenance until 10:00"
+    ids = [hub.submit("p.billing", {}).id for _ in range(2)]
+    hub.run()
+    assert [(hub.get(i).state, hub.get(i).failed_count) for i in ids] == [("POSTPONED", 0)] * 2
+    assert routes.calls("bill") == 0
+    assert [b["reason"] for b in overview()["open_breakers"]] == ["billing maintenance until 10:00"]
+    closed = operator.reset_breaker("billing", "billing is back")
+    assert not closed["open"] and closed["failures"] == 0
+    hub.tick(seconds=601)
+    assert [hub.get(i).state for i in ids] == ["OK"] * 2 and routes.calls("bill") == 2
+    [reset, forced] = audit.entries(action=None, limit=2)
+    assert (forced["action"], reset["action"]) == ("breaker.open", "breaker.reset")
+    assert forced["target"] == "system billing" and "billing maintenance until 10:00" in forced["new_value"]
+    assert "billing is back" in reset["new_value"] and '"open": true' in reset["old_value"]

@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 
 import openhub
-from openhub.errors import InputError
+from openhub.core.errors import InputError
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 

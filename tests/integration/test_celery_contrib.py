@@ -13,10 +13,10 @@ import pytest
 from celery import Celery
 
 import openhub
-from openhub import dispatch
-from openhub.hub import current
 from openhub.api.detail import message_detail
-from openhub.workers import current_node, stop_heartbeat
+from openhub.celery import dispatch
+from openhub.engine.hub import current
+from openhub.store.workers import current_node, stop_heartbeat
 from tasks.steps import register_step_tasks
 from tests.support import backends
 from tests.support.checks import assert_each_step_ok_once
@@ -47,7 +47,7 @@ def celery_worker_parameters() -> dict:
 
 
 @pytest.mark.parametrize("route", ["test.flow", "fused.flow"])
-def test_celerys_in_process_worker_carries_a_route(celery_worker, route: str, prefix: str) -> None:  # noqa: ANN001
+def test_celerys_in_process_worker_carries_a_route(celery_worker, route: str, prefix: str) -> None:
     view = openhub.submit(route, {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)
     assert wait_final(view.id, timeout=60).state == "OK"
     assert_each_step_ok_once([view.id], ["a", "b", "c"])

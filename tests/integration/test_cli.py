@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 import openhub
 from openhub.cli import main
+from openhub.store import audit
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.waiting import wait_final, wait_for, wait_state
@@ -29,12 +30,12 @@ CLI_ADMIN = "cli-admin-" + uuid.uuid4().hex
 
 
 @pytest.fixture
-def cli(backend: backends.Backend):  # noqa: ANN201
+def cli(backend: backends.Backend):
     """Run `openhub ...` in-process against the active backend; returns the click Result."""
     backend.activate()
     runner = CliRunner()
 
-    def run(*args: str):  # noqa: ANN202
+    def run(*args: str):
         return runner.invoke(main, list(args), catch_exceptions=False)
 
     return run
@@ -43,8 +44,9 @@ def cli(backend: backends.Backend):  # noqa: ANN201
 def test_submit_then_duplicate(cli, prefix, tmp_path):
     cid = uuid.uuid4().hex
     payload = json.dumps({"prefix": prefix})
-    first = cli("submit", "test.flow", "--source-system", "CRM", "--correlation-id", cid, "--payload", payload,
-                "--json")
+    first = cli(
+        "submit", "test.flow", "--source-system", "CRM", "--correlation-id", cid, "--payload", payload, "--json"
+    )
     assert first.exit_code == 0, first.output
     accepted = json.loads(first.output)
     assert accepted["duplicate"] is False and openhub.get_message(accepted["id"]).correlation_id == cid
@@ -54,22 +56,51 @@ def test_submit_then_duplicate(cli, prefix, tmp_path):
     assert again.exit_code == 0 and f"duplicate: message {accepted['id']}" in again.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["submit", "no.such", "-s", "CRM", "-c", "x", "--payload", "{}"], "unknown route"),
-    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{nope"], "not JSON"),
-    (["submit", "test.flow", "-s", "CRM", "-c", "x"], "exactly one of --payload and --file"),
-    (["messages", "show", "987654321"], "no message with id 987654321"),
-    (["messages", "restart", "987654321"], "no message"),
-    (["pause", "no.such"], "unknown route"),
-    (["submit", "test.flow", "-s", "CRM", "-c", "a\x1b[2Jb", "--payload", "{}"], "control characters"),
-    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "[" * 100 + "]" * 100], "OPENHUB_MAX_NESTING"),
-    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{}", "--msg-timestamp", "9999-01-01T00:00:00Z"],
-     "OPENHUB_MAX_CLOCK_SKEW"),
-    (["messages", "list", "--from", "yesterday"], "not an ISO 8601 timestamp"),
-    (["messages", "list", "--to", "9999-12-31T23:00:00-05:00"], "out of range"),
-    (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{}", "--msg-timestamp", "0001-01-01T00:00+05:00"],
-     "out of range"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["submit", "no.such", "-s", "CRM", "-c", "x", "--payload", "{}"], "unknown route"),
+        (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "{nope"], "not JSON"),
+        (["submit", "test.flow", "-s", "CRM", "-c", "x"], "exactly one of --payload and --file"),
+        (["messages", "show", "987654321"], "no message with id 987654321"),
+        (["messages", "restart", "987654321"], "no message"),
+        (["pause", "no.such"], "unknown route"),
+        (["submit", "test.flow", "-s", "CRM", "-c", "a\x1b[2Jb", "--payload", "{}"], "control characters"),
+        (["submit", "test.flow", "-s", "CRM", "-c", "x", "--payload", "[" * 100 + "]" * 100], "OPENHUB_MAX_NESTING"),
+        (
+            [
+                "submit",
+                "test.flow",
+                "-s",
+                "CRM",
+                "-c",
+                "x",
+                "--payload",
+                "{}",
+                "--msg-timestamp",
+                "9999-01-01T00:00:00Z",
+            ],
+            "OPENHUB_MAX_CLOCK_SKEW",
+        ),
+        (["messages", "list", "--from", "yesterday"], "not an ISO 8601 timestamp"),
+        (["messages", "list", "--to", "9999-12-31T23:00:00-05:00"], "out of range"),
+        (
+            [
+                "submit",
+                "test.flow",
+                "-s",
+                "CRM",
+                "-c",
+                "x",
+                "--payload",
+                "{}",
+                "--msg-timestamp",
+                "0001-01-01T00:00+05:00",
+            ],
+            "out of range",
+        ),
+    ],
+)
 def test_errors_exit_1_with_a_message_and_no_traceback(backend, args, message):
     backend.activate()
     result = CliRunner().invoke(main, args)
@@ -79,11 +110,13 @@ def test_errors_exit_1_with_a_message_and_no_traceback(backend, args, message):
 
 
 def test_a_payload_refused_by_validation_names_the_field_and_why(backend):
-    backends.activate(dict(backend.env, OPENHUB_ROUTES=f"{backend.env['OPENHUB_ROUTES']},"
-                                                      "tests.integration.api.extra_routes"))
+    backends.activate(
+        dict(backend.env, OPENHUB_ROUTES=f"{backend.env['OPENHUB_ROUTES']},tests.integration.api.extra_routes")
+    )
     try:
-        result = CliRunner().invoke(main, ["submit", "api.typed", "-s", "CRM", "-c", uuid.uuid4().hex,
-                                           "--payload", '{"name": "Ada"}'])
+        result = CliRunner().invoke(
+            main, ["submit", "api.typed", "-s", "CRM", "-c", uuid.uuid4().hex, "--payload", '{"name": "Ada"}']
+        )
     finally:
         backend.activate()
     assert result.exit_code == 1
@@ -91,7 +124,7 @@ def test_a_payload_refused_by_validation_names_the_field_and_why(backend):
 
 
 @pytest.fixture
-def held(backend):  # noqa: ANN001, ANN201
+def held(backend):
     """test.held paused while the test runs: its messages stay live for the commands to act on (the
     suite's worker would otherwise finish one between the test's read of its state and its cancel)."""
     backend.activate()
@@ -120,14 +153,22 @@ def test_messages_list_show_cancel_restart(cli, prefix, held):
     restarted = cli("messages", "restart", str(view.id), "--total")
     assert restarted.exit_code == 0 and f"message {view.id} restarted" in restarted.output
     # The history names the operator's restart, not only its move to PARTLY_FAILED (which reads as a failure).
-    [entry] = [e for e in json.loads(cli("messages", "show", str(view.id), "--json").output)["history"]
-               if e["event"] == "restarted"]
-    assert (entry["from_state"], entry["detail"]) == ("CANCEL", "total restart by an operator: every call made again")
+    [entry] = [
+        e
+        for e in json.loads(cli("messages", "show", str(view.id), "--json").output)["history"]
+        if e["event"] == "restarted"
+    ]
+    # issue 36: by whom (the CLI's local user)
+    assert (entry["from_state"], entry["detail"]) == (
+        "CANCEL",
+        f"total restart by {audit.current_actor().name}: every call made again",
+    )
 
 
 def test_messages_respond_takes_the_waits_token(cli, hub, prefix, external):
-    m = openhub.submit("test.wait", {"prefix": prefix, "wait": 60}, source_system="CRM",
-                       correlation_id=uuid.uuid4().hex)
+    m = openhub.submit(
+        "test.wait", {"prefix": prefix, "wait": 60}, source_system="CRM", correlation_id=uuid.uuid4().hex
+    )
     wait_state(m.id, "WAITING_FOR_RES")
     (url,) = [c.body["url"] for c in external.calls if c.path == f"{prefix}/callback"]
     token = parse_qs(urlsplit(url).query)["token"][0]  # the question gave it to its responder
@@ -142,19 +183,29 @@ def test_messages_respond_takes_the_waits_token(cli, hub, prefix, external):
 
 def test_show_names_the_messages_trace_and_links_it(cli, prefix, held, monkeypatch):
     """Issue 23: a message submitted in a caller's trace shows its trace id, and the link OPENHUB_TRACE_URL makes."""
-    from openhub.config import reset_settings
+    from openhub.core.config import reset_settings
 
     monkeypatch.setenv("OPENHUB_TRACE_URL", "https://jaeger.example/trace/{trace_id}")
     reset_settings()
     trace = uuid.uuid4().hex
     try:
-        view = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex,
-                              traceparent=f"00-{trace}-{'b7ad6b7169203331'}-01")
+        view = openhub.submit(
+            "test.held",
+            {"prefix": prefix},
+            source_system="CLI",
+            correlation_id=uuid.uuid4().hex,
+            traceparent=f"00-{trace}-{'b7ad6b7169203331'}-01",
+        )
         shown = json.loads(cli("messages", "show", str(view.id), "--json").output)
         assert (shown["trace_id"], shown["trace_url"]) == (trace, f"https://jaeger.example/trace/{trace}")
         assert trace in cli("messages", "show", str(view.id)).output
-        untraced = openhub.submit("test.held", {"prefix": prefix}, source_system="CLI",
-                                  correlation_id=uuid.uuid4().hex, traceparent="not a traceparent")
+        untraced = openhub.submit(
+            "test.held",
+            {"prefix": prefix},
+            source_system="CLI",
+            correlation_id=uuid.uuid4().hex,
+            traceparent="not a traceparent",
+        )
         shown = json.loads(cli("messages", "show", str(untraced.id), "--json").output)
         assert (shown["trace_id"], shown["trace_url"]) == (None, None)  # tracing off, and nothing valid given
     finally:
@@ -177,8 +228,12 @@ def test_show_calls_the_error_of_a_message_ok_after_a_retry_an_earlier_attempts(
 
 def test_messages_cancel_and_restart_by_filter(cli, prefix, held):
     process = uuid.uuid4().hex
-    ids = [openhub.submit("test.held", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex,
-                          process_id=process).id for _ in range(2)]
+    ids = [
+        openhub.submit(
+            "test.held", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex, process_id=process
+        ).id
+        for _ in range(2)
+    ]
     listed = cli("messages", "list", "--process-id", process, "--json")
     assert sorted(m["id"] for m in json.loads(listed.output)) == sorted(ids)
     assert json.loads(cli("messages", "count", "--process-id", process, "--json").output) == {"total": 2}
@@ -229,13 +284,25 @@ def _sample(text: str, start: str) -> float:
 def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
     backend.activate()
     port = backends.free_port()
-    env = dict(os.environ, **backend.env, OPENHUB_API_KEYS=f"CRM={CLI_KEY}", OPENHUB_ADMIN_TOKEN=CLI_ADMIN,
-               PYTHONPATH=str(PROJECT))
+    env = dict(
+        os.environ,
+        **backend.env,
+        OPENHUB_API_KEYS=f"CRM={CLI_KEY}",
+        OPENHUB_ADMIN_TOKEN=CLI_ADMIN,
+        PYTHONPATH=str(PROJECT),
+    )
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    server = subprocess.Popen([OPENHUB, "serve", "--port", str(port), "--workers", "2"], env=env, cwd=PROJECT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [OPENHUB, "serve", "--port", str(port), "--workers", "2"],
+        env=env,
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def up() -> bool:
             try:
                 return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
@@ -246,8 +313,11 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
         wait_for(up, 60, "openhub serve to answer /healthz")
         with httpx.Client(base_url=base, timeout=10) as http:
             for _ in range(6):  # connections spread over both workers
-                r = http.post("/api/v1/messages/test/flow", json={"prefix": prefix},
-                              headers={"Authorization": f"Bearer {CLI_KEY}", "X-Correlation-Id": uuid.uuid4().hex})
+                r = http.post(
+                    "/api/v1/messages/test/flow",
+                    json={"prefix": prefix},
+                    headers={"Authorization": f"Bearer {CLI_KEY}", "X-Correlation-Id": uuid.uuid4().hex},
+                )
                 assert r.status_code == 202, r.text
             text = http.get("/metrics", headers={"Authorization": f"Bearer {CLI_ADMIN}"}).text
         assert _sample(text, 'openhub_messages_accepted_total{route="test.flow",source_system="CRM"}') == 6.0
@@ -262,8 +332,9 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
         finally:
             openhub.resume("test.held")
         scrape = {"Authorization": f"Bearer {CLI_ADMIN}"}
-        after = {_sample(httpx.get(f"{base}/metrics", headers=scrape, timeout=10).text, finished)
-                 for _ in range(12)}  # new connections
+        after = {
+            _sample(httpx.get(f"{base}/metrics", headers=scrape, timeout=10).text, finished) for _ in range(12)
+        }  # new connections
         assert after == {before + 1}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -274,22 +345,128 @@ def test_serve_with_two_workers_adds_up_metrics(backend, prefix):
 
 def test_demo_runs_the_example_routes_to_final_states(tmp_path, external: ExternalSystem):
     """`openhub demo` on a fresh embedded hub with the example routes and a real worker."""
-    env = dict(backends.TEST_SETTINGS, OPENHUB_ROUTES="routes", OPENHUB_VAR_DIR=str(tmp_path / "var"),
-               OPENHUB_DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'openhub.db'}",
-               OPENHUB_BROKER_URL="filesystem://", OPENHUB_EXAMPLE_URL=external.url)
+    env = dict(
+        backends.TEST_SETTINGS,
+        OPENHUB_ROUTES="routes",
+        OPENHUB_VAR_DIR=str(tmp_path / "var"),
+        OPENHUB_DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'openhub.db'}",
+        OPENHUB_BROKER_URL="filesystem://",
+        OPENHUB_EXAMPLE_URL=external.url,
+    )
     full = {k: v for k, v in os.environ.items() if not k.startswith("OPENHUB_")}
     full.update(env, PYTHONPATH=str(PROJECT))
     subprocess.run([OPENHUB, "db", "upgrade"], env=full, cwd=PROJECT, check=True, capture_output=True)
     worker = Worker(env, tmp_path).start()
     try:
-        done = subprocess.run([OPENHUB, "demo", "--count", "6", "--timeout", "120", "--json"], env=full, cwd=PROJECT,
-                              capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [OPENHUB, "demo", "--count", "6", "--timeout", "120", "--json"],
+            env=full,
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stdout + done.stderr + worker.log()[-3000:]
         summary = json.loads(done.stdout)
         assert summary["submitted"] == summary["final"] == 6
         assert sum(row["count"] for row in summary["by_route_and_state"]) == 6
-        table = subprocess.run([OPENHUB, "demo", "--count", "2", "--timeout", "120"], env=full, cwd=PROJECT,
-                               capture_output=True, text=True, timeout=180)
+        table = subprocess.run(
+            [OPENHUB, "demo", "--count", "2", "--timeout", "120"],
+            env=full,
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert table.returncode == 0 and "customer.setCustomer" in table.stdout and "2/2 final" in table.stdout
     finally:
         worker.stop()
+
+
+def test_tokens_add_list_revoke_and_the_audit_names_the_cli_user(cli):
+    """Issue 36: named operator tokens from the command line; each change is in `openhub audit`."""
+    from openhub.store import tokens
+
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    made = json.loads(cli("tokens", "add", name, "--role", "viewer", "--json").output)
+    assert made["role"] == "viewer" and tokens.lookup(made["token"]) == (name, "viewer")
+    listed = cli("tokens", "list").output
+    assert name in listed and made["token"] not in listed
+    assert cli("tokens", "revoke", name).output == f"token {name} revoked\n"
+    assert tokens.lookup(made["token"]) is None
+    again = CliRunner().invoke(main, ["tokens", "revoke", name])
+    assert again.exit_code == 1 and "already revoked" in again.output
+    bad = CliRunner().invoke(main, ["tokens", "add", "x", "--role", "root"])
+    assert bad.exit_code == 2
+    trail = json.loads(cli("audit", "--action", "token.revoke", "--json").output)
+    assert trail[0]["target"] == name and trail[0]["who"] == audit.current_actor().name
+    assert f"token.add  {name}" in cli("audit", "--who", audit.current_actor().name).output
+
+
+def test_restart_from_a_step_retry_and_resubmit_from_the_cli(cli, hub, prefix, external):
+    m = openhub.submit("test.flow", {"prefix": prefix}, source_system="CLI", correlation_id=uuid.uuid4().hex).id
+    assert wait_final(m).state == "OK"
+    unknown = CliRunner().invoke(main, ["messages", "restart", str(m), "--from-step", "zz"])
+    assert unknown.exit_code == 1 and "has no step 'zz'" in unknown.output
+    assert f"message {m} restarted from step c" in cli("messages", "restart", str(m), "--from-step", "c").output
+    wait_for(
+        lambda: openhub.get_message(m).state == "OK" and external.count(f"{prefix}/c") == 2, 60, "step c called again"
+    )
+    assert (external.count(f"{prefix}/a"), external.count(f"{prefix}/b")) == (1, 1)
+    held = openhub.submit(
+        "test.flow",
+        {"prefix": prefix, "script": {"a": {"postpone_once": True, "postpone_for": 3600}}},
+        source_system="CLI",
+        correlation_id=uuid.uuid4().hex,
+    ).id
+    wait_state(held, "POSTPONED")
+    assert f"message {held} due now" in cli("messages", "retry", str(held)).output
+    assert wait_final(held, 30).state == "OK"
+    failed = openhub.submit(
+        "test.flow",
+        {"prefix": prefix, "script": {"a": {"reject": True}}},
+        source_system="CLI",
+        correlation_id=uuid.uuid4().hex,
+    ).id
+    assert wait_final(failed).state == "FAILED"
+    assert (
+        f"message {failed} resubmitted"
+        in cli("messages", "resubmit", str(failed), "--payload", json.dumps({"prefix": prefix, "fixed": 1})).output
+    )
+    assert wait_final(failed).state == "OK"
+    assert openhub.get_message(failed).payload == {"prefix": prefix, "fixed": 1}
+
+
+def test_breakers_list_open_reset(cli):
+    listed = json.loads(cli("breakers", "list", "--json").output)
+    assert "test-billing" in [b["system"] for b in listed]
+    assert "open until" in cli("breakers", "open", "test-billing", "--reason", "maintenance", "--seconds", "30").output
+    assert "maintenance" in cli("breakers", "list").output
+    assert cli("breakers", "reset", "test-billing", "--reason", "back").output == "breaker of test-billing closed\n"
+    unknown = CliRunner().invoke(main, ["breakers", "reset", "nope", "--reason", "x"])
+    assert unknown.exit_code == 1 and "no step calls a system named 'nope'" in unknown.output
+
+
+def test_errors_lists_every_code_the_hub_assigns_and_counts_a_failed_messages(cli, hub, prefix):
+    """`openhub errors` (issue 38): every code the source assigns (the scan of tests/unit/test_codes.py), the
+    routes' own, and how many messages carry each; a real worker fails one message with its route's E400."""
+    from openhub.core import codes
+    from tests.unit.test_codes import _assigned
+
+    before = {e["code"]: e for e in json.loads(cli("errors", "--json").output)}
+    view = openhub.submit(
+        "test.flow",
+        {"prefix": prefix, "script": {"a": {"reject": True}}},
+        source_system="CLI",
+        correlation_id=uuid.uuid4().hex,
+    )
+    assert wait_final(view.id).state == "FAILED"
+    listed = {e["code"]: e for e in json.loads(cli("errors", "--json").output)}
+    assert {c for _, _, c in _assigned()} | set(codes.CATALOGUE) <= set(listed)
+    assert listed["E400"]["messages"] == before["E400"]["messages"] + 1 and listed["E400"]["declared"]
+    assert listed["E400"]["search"] == "/api/v1/messages?error_code=E400"
+    table = cli("errors")
+    assert table.exit_code == 0 and "WORKER_LOST" in table.output and "ORDER_TIMEOUT" in table.output
+    assert "E400" in table.output
+    offline = cli("errors", "--no-counts", "--json")
+    assert all(e["messages"] is None for e in json.loads(offline.output))

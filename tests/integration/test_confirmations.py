@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 import openhub
 from openhub.api.app import create_app
 from openhub.cli import main
-from openhub.confirm import resend, resend_parked
-from openhub.errors import NotFound, StateConflict
+from openhub.core.errors import NotFound, StateConflict
+from openhub.outbound.confirm import resend, resend_parked
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -27,11 +27,11 @@ def hub() -> Iterator[LocalHub]:
         yield local
 
 
-def _unreachable(outcome):  # noqa: ANN001, ANN202
+def _unreachable(outcome):
     raise ConnectionError("the CRM is down")
 
 
-def _parked(hub: LocalHub, count: int, confirm=_unreachable) -> list[int]:  # noqa: ANN001
+def _parked(hub: LocalHub, count: int, confirm=_unreachable) -> list[int]:
     """Messages whose confirmation failed its one attempt: parked (FAILED_END)."""
     routes.HOOKS["confirm"] = confirm
     ids = [hub.submit("p.flow", {}).id for _ in range(count)]
@@ -79,14 +79,15 @@ def test_confirmations_over_http(hub: LocalHub) -> None:
 
 
 def test_a_confirmation_refused_by_raise_for_status_is_listed_by_its_status_and_url(hub: LocalHub) -> None:
-    def unavailable(outcome):  # noqa: ANN001, ANN202
+    def unavailable(outcome):
         httpx.Response(503, request=httpx.Request("POST", "https://crm.example/confirmations")).raise_for_status()
 
     (only,) = _parked(hub, 1, unavailable)
     line = "HTTP 503 from https://crm.example/confirmations"
     with TestClient(create_app()) as client:
-        listed = client.get("/api/v1/confirmations", params={"message_id": only},
-                            headers={"Authorization": f"Bearer {ADMIN}"})
+        listed = client.get(
+            "/api/v1/confirmations", params={"message_id": only}, headers={"Authorization": f"Bearer {ADMIN}"}
+        )
         # Issue 40: the overview, the first screen an operator sees, listed the whole traceback.
         overview = client.get("/api/v1/overview", headers={"Authorization": f"Bearer {ADMIN}"}).json()
         detail = client.get(f"/api/v1/messages/{only}", headers={"Authorization": f"Bearer {ADMIN}"}).json()

@@ -24,11 +24,24 @@ def test_ctrl_c_ends_openhub_dev_with_status_0_and_no_traceback(tmp_path: Path) 
     out = tmp_path / "dev.log"
     with out.open("w") as sink:
         # Its own process group, as a terminal's foreground job: Ctrl+C is SIGINT to every process of it.
-        proc = subprocess.Popen([OPENHUB, "dev", "--port", str(backends.free_port()), "--example-port", "0"],
-                                env=env, cwd=PROJECT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [OPENHUB, "dev", "--port", str(backends.free_port()), "--example-port", "0"],
+            env=env,
+            cwd=PROJECT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            wait_for(lambda: "celery@" in out.read_text() and "ready." in out.read_text()
-                     and "Press Ctrl+C to stop" in out.read_text(), 180, "openhub dev to be ready")
+            wait_for(
+                lambda: (
+                    "celery@" in out.read_text()
+                    and "ready." in out.read_text()
+                    and "Press Ctrl+C to stop" in out.read_text()
+                ),
+                180,
+                "openhub dev to be ready",
+            )
             os.killpg(proc.pid, signal.SIGINT)
             time.sleep(0.5)  # the person presses Ctrl+C again while the worker shuts down: what is tested
             os.killpg(proc.pid, signal.SIGINT)

@@ -11,10 +11,11 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import openhub
-from openhub import operator
 from openhub.api.app import create_app
 from openhub.cli import main
-from openhub.errors import Draining
+from openhub.core.errors import Draining
+from openhub.service import actions as operator
+from openhub.store import audit
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -37,7 +38,7 @@ def test_a_drain_lets_the_chain_under_way_finish_and_starts_nothing_new(hub: Loc
     with pytest.raises(Draining, match="release 4.2"):
         hub.submit("p.flow", {}, correlation_id="refused")
     assert openhub.list_messages(correlation_id="refused") == []
-    assert operator.drain_status() == {"draining": True, "reason": "release 4.2", "under_way": 0}
+    assert operator.drain_status() == {"draining": True, "reason": "release 4.2", "hold_retries": True, "under_way": 0}
     assert hub.get(queued.id).state == "OK"  # published and claimed before the drain
 
 
@@ -68,6 +69,46 @@ def test_messages_waiting_during_a_drain_start_when_it_ends(hub: LocalHub) -> No
     assert hub.get(view.id).state == "OK" and routes.calls("first") == 1
 
 
+def test_a_drain_of_new_messages_only_refuses_them_and_lets_the_stored_ones_and_their_retries_go_on(
+    hub: LocalHub,
+) -> None:
+    """The drain split in two (issue 36): `hold_retries=False` refuses new messages only; a message stored
+    before it starts, and one failed before it is retried when due. Draining again switches to holding them."""
+    routes.HOOKS.clear()
+    failed_once: list[int] = []
+
+    def fail_once(ctx) -> None:
+        if ctx.message.id not in failed_once:
+            failed_once.append(ctx.message.id)
+            raise RuntimeError("the system is away for a moment")
+
+    retried = hub.submit("p.flow", {}, correlation_id="retried")
+    routes.HOOKS["first"] = fail_once
+    hub.run()
+    assert hub.get(retried.id).state == "PARTLY_FAILED"
+    stored = hub.submit("p.flow", {}, correlation_id="stored")  # its chain waits in the broker
+    assert operator.drain("release 5", hold_retries=False) == 0
+    assert operator.drain_status()["hold_retries"] is False
+    with pytest.raises(Draining, match="release 5"):
+        hub.submit("p.flow", {}, correlation_id="refused")
+    hub.run()
+    hub.tick(seconds=3600)  # the retry's time has come
+    assert hub.get(stored.id).state == "OK" and hub.get(retried.id).state == "OK"
+    routes.HOOKS.clear()
+    assert operator.undrain() == 0  # it held none back
+    waiting = hub.submit("p.flow", {}, correlation_id="waits")
+    operator.drain("release 5", hold_retries=False)
+    operator.drain("release 5b")  # switched: the stored ones are held back as well
+    assert operator.drain_status() == {"draining": True, "reason": "release 5", "hold_retries": True, "under_way": 0}
+    hub.run()
+    assert hub.get(waiting.id).state == "POSTPONED"
+    assert operator.undrain() == 1
+    hub.run()
+    assert hub.get(waiting.id).state == "OK"
+    drains = [e["new_value"] for e in audit.entries(action="hub.drain", limit=10)]
+    assert '"hold_retries": true' in drains[0] and '"hold_retries": false' in drains[1], drains
+
+
 def test_a_route_paused_on_its_own_stays_paused_after_a_drain(hub: LocalHub) -> None:
     views = [hub.submit("p.flow", {}), hub.submit("p.leaf", {})]
     openhub.pause("p.leaf")
@@ -93,7 +134,16 @@ def test_drain_over_http_and_from_the_command_line(hub: LocalHub) -> None:
         ended = client.delete("/api/v1/drain", headers=admin)
         assert ended.status_code == 200 and ended.json()["draining"] is False
         assert client.post("/api/v1/messages/p/flow", json={}, headers=crm).status_code == 202
+        new_only = client.put("/api/v1/drain", json={"hold_retries": False}, headers=admin)
+        assert new_only.status_code == 200 and new_only.json()["hold_retries"] is False
+        assert client.post("/api/v1/messages/p/flow", json={}, headers=crm).status_code == 503
+        assert client.get("/api/v1/overview", headers=admin).json()["drain_holds_retries"] is False
+        shown = CliRunner().invoke(main, ["status", "--no-workers"]).output
+        assert "new messages are refused, the stored ones go on" in shown, shown
+        assert client.delete("/api/v1/drain", headers=admin).json()["redriven"] == 0
     runner = CliRunner()
+    assert "new messages only" in runner.invoke(main, ["drain", "--new-only"]).output
+    assert runner.invoke(main, ["drain", "--off"]).output.startswith("not draining")
     assert "draining (maintenance)" in runner.invoke(main, ["drain", "--reason", "maintenance"]).output
     assert json.loads(runner.invoke(main, ["drain", "--status", "--json"]).output)["draining"] is True
     assert runner.invoke(main, ["drain", "--off"]).output.startswith("not draining")
@@ -108,9 +158,9 @@ def test_resume_counts_the_messages_a_poller_tick_redrove_in_between(hub: LocalH
     assert {hub.get(m.id).state for m in held} == {"POSTPONED"}
     redrive = operator.redrive_due_messages
 
-    def tick_first(now, only_ids=None):  # noqa: ANN001, ANN202
-        redrive(now)  # the tick, with every due message
-        return redrive(now, only_ids=only_ids)
+    def tick_first(hub, now, only_ids=None):
+        redrive(hub, now)  # the tick, with every due message
+        return redrive(hub, now, only_ids=only_ids)
 
     monkeypatch.setattr(operator, "redrive_due_messages", tick_first)
     assert operator.resume("p.flow") == 2

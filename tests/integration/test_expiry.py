@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 
 import openhub
-from openhub.db import utcnow
-from openhub.errors import InputError
+from openhub.core.errors import InputError
+from openhub.store.db import utcnow
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -40,7 +40,7 @@ def test_a_message_not_started_before_its_routes_expiry_fails_and_is_confirmed(h
 
 
 def test_a_retry_due_after_the_expiry_is_not_made(hub: LocalHub) -> None:
-    def fails_first_time(ctx):  # noqa: ANN001, ANN202
+    def fails_first_time(ctx):
         if ctx.message.failed_count == 0:
             raise RuntimeError("billing answered 503")
 

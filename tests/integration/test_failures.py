@@ -24,13 +24,16 @@ def external() -> Iterator[ExternalSystem]:
     system.stop()
 
 
-@pytest.mark.parametrize("status, state, code, calls", [
-    (422, "FAILED", "HTTP_422", 1),        # the request itself is wrong: retrying cannot help
-    (404, "FAILED", "HTTP_404", 1),
-    (429, "PARTLY_FAILED", "HTTP_429", 1),  # asks to try again
-    (503, "PARTLY_FAILED", "HTTP_503", 1),
-])
-def test_http_4xx_fails_at_once_and_5xx_is_retried(hub, external, status, state, code, calls) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "status, state, code, calls",
+    [
+        (422, "FAILED", "HTTP_422", 1),  # the request itself is wrong: retrying cannot help
+        (404, "FAILED", "HTTP_404", 1),
+        (429, "PARTLY_FAILED", "HTTP_429", 1),  # asks to try again
+        (503, "PARTLY_FAILED", "HTTP_503", 1),
+    ],
+)
+def test_http_4xx_fails_at_once_and_5xx_is_retried(hub, external, status, state, code, calls) -> None:
     external.fail("/billing", times=1, status=status)
     view = hub.submit("p.reserve", {"raise": "http", "url": f"{external.url}/billing"})
     hub.run()
@@ -39,7 +42,7 @@ def test_http_4xx_fails_at_once_and_5xx_is_retried(hub, external, status, state,
     assert external.count("/billing") == calls
 
 
-def test_a_declared_fatal_exception_fails_at_once_and_is_confirmed_with_its_code(hub) -> None:  # noqa: ANN001
+def test_a_declared_fatal_exception_fails_at_once_and_is_confirmed_with_its_code(hub) -> None:
     view = hub.submit("p.reserve", {"raise": "out_of_stock"})
     hub.run()
     done = hub.get(view.id)
@@ -47,7 +50,7 @@ def test_a_declared_fatal_exception_fails_at_once_and_is_confirmed_with_its_code
     assert routes.CONFIRMED == [(view.id, "FAILED")]
 
 
-def test_a_bug_is_retried_and_searchable_by_its_code(hub) -> None:  # noqa: ANN001
+def test_a_bug_is_retried_and_searchable_by_its_code(hub) -> None:
     view = hub.submit("p.reserve", {"raise": "bug"})
     hub.run()
     assert (hub.get(view.id).state, hub.get(view.id).error_code) == ("PARTLY_FAILED", "KeyError")
@@ -55,7 +58,7 @@ def test_a_bug_is_retried_and_searchable_by_its_code(hub) -> None:  # noqa: ANN0
     assert openhub.list_messages(error_code="HTTP_422") == []
 
 
-def test_a_restart_clears_the_error_code(hub) -> None:  # noqa: ANN001
+def test_a_restart_clears_the_error_code(hub) -> None:
     view = hub.submit("p.reserve", {"raise": "out_of_stock"})
     hub.run()
     assert openhub.restart(view.id).error_code is None

@@ -9,22 +9,26 @@ import pytest
 from sqlalchemy import func, select
 
 import openhub
-from openhub.db import transaction
-from openhub.schema import messages, transitions
+from openhub.store.db import transaction
+from openhub.store.schema import messages, transitions
 from tests.support.waiting import wait_final, wait_for, wait_state
 
 pytestmark = pytest.mark.usefixtures("hub")
 
 
-def submit(route: str, prefix: str, source: str = "CRM", **payload) -> openhub.MessageView:  # noqa: ANN003
-    return openhub.submit(route, {"prefix": prefix, **payload}, source_system=source,
-                          correlation_id=f"c-{uuid.uuid4().hex}")
+def submit(route: str, prefix: str, source: str = "CRM", **payload) -> openhub.MessageView:
+    return openhub.submit(
+        route, {"prefix": prefix, **payload}, source_system=source, correlation_id=f"c-{uuid.uuid4().hex}"
+    )
 
 
 def events(message_id: int) -> list[tuple[str, str]]:
     with transaction() as conn:
-        rows = conn.execute(select(transitions.c.event, transitions.c.to_state)
-                            .where(transitions.c.message_id == message_id).order_by(transitions.c.id))
+        rows = conn.execute(
+            select(transitions.c.event, transitions.c.to_state)
+            .where(transitions.c.message_id == message_id)
+            .order_by(transitions.c.id)
+        )
         return [(e, s) for e, s in rows]
 
 
@@ -52,9 +56,15 @@ def test_transient_failure_resumes_at_the_failed_step(svc, prefix, external) -> 
     assert "503" in (done.failed_error or "")
     assert [e for e, _ in events(m.id)].count("transient") == 1
     with transaction() as conn:  # each claim names the step its attempt starts at: the retry's is b
-        claimed = conn.execute(select(transitions.c.step_key).where(transitions.c.message_id == m.id,
-                                                                transitions.c.event == "claimed")
-                               .order_by(transitions.c.id)).scalars().all()
+        claimed = (
+            conn.execute(
+                select(transitions.c.step_key)
+                .where(transitions.c.message_id == m.id, transitions.c.event == "claimed")
+                .order_by(transitions.c.id)
+            )
+            .scalars()
+            .all()
+        )
     assert claimed == ["a", "b"]
 
 
@@ -130,19 +140,22 @@ def _count() -> int:
         return conn.execute(select(func.count()).select_from(messages)).scalar()
 
 
-@pytest.mark.parametrize("route, payload, kwargs, error, text", [
-    ("nope.route", {}, {}, openhub.UnknownRouteError, "unknown route 'nope.route'"),
-    ("test.flow", {"x": {1, 2}}, {}, openhub.InputError, "not JSON-serialisable"),
-    ("test.flow", {"x": float("nan")}, {}, openhub.InputError, "NaN"),
-    ("test.flow", {}, {"correlation_id": ""}, openhub.InputError, "correlation_id is required"),
-    ("test.flow", {}, {"source_system": None}, openhub.InputError, "source_system is required"),
-    ("test.flow", {"big": "x" * 2_000_000}, {}, openhub.PayloadTooLarge, "OPENHUB_MAX_PAYLOAD_BYTES"),
-    ("test.flow", {}, {"msg_timestamp": "yesterday"}, openhub.InputError, "ISO 8601"),
-    ("test.entity", {"noid": 1}, {}, openhub.InputError, "cannot compute object_id"),
-    ("test.flow", {"x": "\ud800"}, {}, openhub.InputError, "not valid Unicode"),
-    ("test.flow", {}, {"msg_timestamp": "9999-12-31T23:59:59-05:00"}, openhub.InputError, "out of range"),
-])
-def test_bad_input_is_refused_and_stores_nothing(route, payload, kwargs, error, text) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "route, payload, kwargs, error, text",
+    [
+        ("nope.route", {}, {}, openhub.UnknownRouteError, "unknown route 'nope.route'"),
+        ("test.flow", {"x": {1, 2}}, {}, openhub.InputError, "not JSON-serialisable"),
+        ("test.flow", {"x": float("nan")}, {}, openhub.InputError, "NaN"),
+        ("test.flow", {}, {"correlation_id": ""}, openhub.InputError, "correlation_id is required"),
+        ("test.flow", {}, {"source_system": None}, openhub.InputError, "source_system is required"),
+        ("test.flow", {"big": "x" * 2_000_000}, {}, openhub.PayloadTooLarge, "OPENHUB_MAX_PAYLOAD_BYTES"),
+        ("test.flow", {}, {"msg_timestamp": "yesterday"}, openhub.InputError, "ISO 8601"),
+        ("test.entity", {"noid": 1}, {}, openhub.InputError, "cannot compute object_id"),
+        ("test.flow", {"x": "\ud800"}, {}, openhub.InputError, "not valid Unicode"),
+        ("test.flow", {}, {"msg_timestamp": "9999-12-31T23:59:59-05:00"}, openhub.InputError, "out of range"),
+    ],
+)
+def test_bad_input_is_refused_and_stores_nothing(route, payload, kwargs, error, text) -> None:
     before = _count()
     args = dict(source_system="CRM", correlation_id=f"bad-{uuid.uuid4().hex}") | kwargs
     with pytest.raises(error, match=text):
@@ -154,8 +167,9 @@ def test_submit_many_is_all_or_nothing(prefix) -> None:
     before = _count()
     good = {"route": "test.flow", "payload": {"prefix": prefix}, "source_system": "CRM"}
     with pytest.raises(openhub.UnknownRouteError, match="message #2"):
-        openhub.submit_many([good | {"correlation_id": f"m-{uuid.uuid4().hex}"},
-                             {**good, "route": "nope.x", "correlation_id": "x"}])
+        openhub.submit_many(
+            [good | {"correlation_id": f"m-{uuid.uuid4().hex}"}, {**good, "route": "nope.x", "correlation_id": "x"}]
+        )
     assert _count() == before
     views = openhub.submit_many([good | {"correlation_id": f"m-{uuid.uuid4().hex}"} for _ in range(3)])
     assert _count() == before + 3
@@ -165,15 +179,30 @@ def test_submit_many_is_all_or_nothing(prefix) -> None:
 def test_entity_message_older_than_a_done_one_is_skipped(svc, prefix, external) -> None:
     entity = uuid.uuid4().hex
     now = datetime.now(timezone.utc)
-    newer = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
-                           correlation_id=f"n-{entity}", msg_timestamp=now)
+    newer = openhub.submit(
+        f"{svc}.entity",
+        {"prefix": prefix, "id": entity},
+        source_system="CRM",
+        correlation_id=f"n-{entity}",
+        msg_timestamp=now,
+    )
     assert wait_final(newer.id).state == "OK"
-    older = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
-                           correlation_id=f"o-{entity}", msg_timestamp=now - timedelta(minutes=5))
+    older = openhub.submit(
+        f"{svc}.entity",
+        {"prefix": prefix, "id": entity},
+        source_system="CRM",
+        correlation_id=f"o-{entity}",
+        msg_timestamp=now - timedelta(minutes=5),
+    )
     assert wait_final(older.id).state == "SKIPPED"
     assert external.count(f"{prefix}/sync") == 1
-    newest = openhub.submit(f"{svc}.entity", {"prefix": prefix, "id": entity}, source_system="CRM",
-                            correlation_id=f"x-{entity}", msg_timestamp=now + timedelta(minutes=5))
+    newest = openhub.submit(
+        f"{svc}.entity",
+        {"prefix": prefix, "id": entity},
+        source_system="CRM",
+        correlation_id=f"x-{entity}",
+        msg_timestamp=now + timedelta(minutes=5),
+    )
     assert wait_final(newest.id).state == "OK"
     assert external.count(f"{prefix}/sync") == 2  # a newer version of the entity is carried again
 
@@ -181,14 +210,29 @@ def test_entity_message_older_than_a_done_one_is_skipped(svc, prefix, external) 
 def test_custom_scope_key_groups_messages(svc, prefix, external) -> None:
     account = uuid.uuid4().hex
     now = datetime.now(timezone.utc)
-    first = openhub.submit(f"{svc}.custom", {"prefix": prefix, "account": account}, source_system="CRM",
-                           correlation_id=f"a-{account}", msg_timestamp=now)
+    first = openhub.submit(
+        f"{svc}.custom",
+        {"prefix": prefix, "account": account},
+        source_system="CRM",
+        correlation_id=f"a-{account}",
+        msg_timestamp=now,
+    )
     assert wait_final(first.id).state == "OK"
-    stale = openhub.submit(f"{svc}.custom", {"prefix": prefix, "account": account}, source_system="CRM",
-                           correlation_id=f"b-{account}", msg_timestamp=now - timedelta(seconds=1))
+    stale = openhub.submit(
+        f"{svc}.custom",
+        {"prefix": prefix, "account": account},
+        source_system="CRM",
+        correlation_id=f"b-{account}",
+        msg_timestamp=now - timedelta(seconds=1),
+    )
     assert wait_final(stale.id).state == "SKIPPED"
-    other = openhub.submit(f"{svc}.custom", {"prefix": prefix, "account": account + "x"}, source_system="CRM",
-                           correlation_id=f"c-{account}", msg_timestamp=now - timedelta(seconds=1))
+    other = openhub.submit(
+        f"{svc}.custom",
+        {"prefix": prefix, "account": account + "x"},
+        source_system="CRM",
+        correlation_id=f"c-{account}",
+        msg_timestamp=now - timedelta(seconds=1),
+    )
     assert wait_final(other.id).state == "OK"
     assert external.count(f"{prefix}/charge") == 2
 
@@ -213,8 +257,10 @@ def test_restart_resumes_and_total_restart_calls_again(svc, prefix, external) ->
 def test_operator_actions_refused_in_wrong_states(svc, prefix) -> None:
     m = submit(f"{svc}.wait", prefix, wait=60)
     wait_state(m.id, "WAITING_FOR_RES")
-    with pytest.raises(openhub.StateConflict, match=f"message {m.id} is WAITING_FOR_RES: only an OK, FAILED or "
-                                                    "CANCEL message can be restarted"):
+    with pytest.raises(
+        openhub.StateConflict,
+        match=f"message {m.id} is WAITING_FOR_RES: only an OK, FAILED or CANCEL message can be restarted",
+    ):
         openhub.restart(m.id)
     assert openhub.cancel(m.id).state == "CANCEL"
     # Issue 40: a second cancel said "cancelled is not allowed in state CANCEL".
@@ -225,8 +271,8 @@ def test_operator_actions_refused_in_wrong_states(svc, prefix) -> None:
 
 
 def test_unpublished_new_message_is_redriven_by_the_poller(svc, prefix, external) -> None:
-    from openhub.db import utcnow
-    from openhub.producer import insert_new, prepare
+    from openhub.engine.intake import insert_new, prepare
+    from openhub.store.db import utcnow
 
     row = prepare(f"{svc}.flow", {"prefix": prefix}, source_system="CRM", correlation_id=f"lost-{uuid.uuid4().hex}")
     row["due_at"] = utcnow()  # as if the publishing process crashed after commit, a grace period ago
@@ -238,22 +284,23 @@ def test_unpublished_new_message_is_redriven_by_the_poller(svc, prefix, external
 
 
 def test_duplicate_and_stale_chains_have_no_effect(svc, prefix, external) -> None:
-    from openhub.hub import current
-    from openhub.registry import get_registry
+    from openhub.core.registry import get_registry
+    from openhub.engine.hub import current
 
     external.delay(f"{prefix}/a", 0.5)
     m = submit(f"{svc}.flow", prefix)
     with transaction() as conn:
         token = conn.execute(select(messages.c.attempt_id).where(messages.c.id == m.id)).scalar()
     route = get_registry().route(f"{svc}.flow")
-    current().publisher.publish_many([(route, m.id, token, 0, None)])  # the same chain delivered twice
-    current().publisher.publish_many([(route, m.id, "stale-token", 0, None)])  # a chain from an earlier attempt
+    current().publisher.publish_many([(route, m.id, token, 0, None, None)])  # the same chain delivered twice
+    current().publisher.publish_many([(route, m.id, "stale-token", 0, None, None)])  # a chain from an earlier attempt
     done = wait_final(m.id)
     assert done.state == "OK"
     assert [external.effects(f"{prefix}/{s}") for s in "abc"] == [1, 1, 1]
     with transaction() as conn:
-        completed = conn.execute(select(func.count()).where(transitions.c.message_id == m.id,
-                                                            transitions.c.event == "completed")).scalar()
+        completed = conn.execute(
+            select(func.count()).where(transitions.c.message_id == m.id, transitions.c.event == "completed")
+        ).scalar()
     assert completed == 1
 
 
@@ -272,12 +319,14 @@ def test_a_non_ascii_correlation_id_is_carried_to_the_external_system(prefix, ex
     from urllib.parse import unquote
 
     cid = f"{base}/{uuid.uuid4().hex[:6]}"
-    m = openhub.submit("test.pooled", {"prefix": prefix}, source_system="CRM", correlation_id=cid,
-                       process_id="prozess-ß")
+    m = openhub.submit(
+        "test.pooled", {"prefix": prefix}, source_system="CRM", correlation_id=cid, process_id="prozess-ß"
+    )
     done = wait_final(m.id)
     assert done.state == "OK" and done.correlation_id == cid, done.failed_error
     [call] = [c for c in external.calls if c.path == f"{prefix}/pooled"]
     assert call.headers["x-correlation-id"].isascii() and unquote(call.headers["x-correlation-id"]) == cid
     assert unquote(call.headers["x-process-id"]) == "prozess-ß"
     assert call.key.isascii() and call.key == f"CRM/{unquote(cid).replace('/', '%2F')}/pooled".replace(
-        base, "".join(c if c.isascii() else "".join(f"%{b:02X}" for b in c.encode()) for c in base))
+        base, "".join(c if c.isascii() else "".join(f"%{b:02X}" for b in c.encode()) for c in base)
+    )

@@ -2,7 +2,7 @@
 process, each still made once, and a step's timeout kept per greenlet.
 
 On main such a worker printed its banner and ran no step: kombu had been imported before gevent
-patched `time` and `select`, and the worker's pidbox greenlet blocked the process (openhub/concurrency.py).
+patched `time` and `select`, and the worker's pidbox greenlet blocked the process (openhub/core/concurrency.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sqlalchemy
 from sqlalchemy import select
 
 import openhub
-from openhub.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines, transaction
-from openhub.schema import workers
+from openhub.store.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines, transaction
+from openhub.store.schema import workers
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.waiting import wait_final, wait_for
@@ -50,21 +50,25 @@ def system() -> Iterator[ExternalSystem]:
 
 
 @contextmanager
-def _gevent_hub(name: str, tmp_path: Path, system: ExternalSystem, concurrency: int) -> Iterator[backends.Backend]:
-    """A store and broker of this test's own with a gevent worker and a standalone beat on them (the
-    session's prefork worker would otherwise take the step tasks)."""
+def _gevent_hub(
+    name: str, tmp_path: Path, system: ExternalSystem, concurrency: int, workers: int = 1, **env: str
+) -> Iterator[backends.Backend]:
+    """A store and broker of this test's own with `workers` gevent workers and a standalone beat on them
+    (the session's prefork worker would otherwise take the step tasks)."""
     saved = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
-    with backends.backend(name, tmp_path / "store", {"OPENHUB_TEST_EXTERNAL_URL": system.url}) as b:
-        worker = Worker(b.env, tmp_path, beat=False, concurrency=concurrency, pool="gevent")
+    with backends.backend(name, tmp_path / "store", {"OPENHUB_TEST_EXTERNAL_URL": system.url, **env}) as b:
+        started = [Worker(b.env, tmp_path, beat=False, concurrency=concurrency, pool="gevent") for _ in range(workers)]
         beat = Beat(b.env, tmp_path)
         try:
-            worker.start()
+            for worker in started:
+                worker.start()
+                b.workers.append(worker)
             beat.start()
-            b.workers.append(worker)
             yield b
         finally:
             beat.stop()
-            worker.stop()
+            for worker in started:
+                worker.stop()
     backends.activate(saved)
 
 
@@ -86,7 +90,8 @@ def _last_heartbeats() -> dict[str, object]:
 
 @pytest.mark.parametrize("svc", ["test", "fused"], ids=["chain", "fused"])
 def test_a_gevent_worker_keeps_many_slow_calls_in_flight_and_makes_each_once(
-        gevent_hub: backends.Backend, system: ExternalSystem, svc: str) -> None:
+    gevent_hub: backends.Backend, system: ExternalSystem, svc: str
+) -> None:
     prefix = f"/t{uuid.uuid4().hex[:10]}"
     system.delay(f"{prefix}/a", CALL_SECONDS)
     system.gather(f"{prefix}/a", MET, MEETING_SECONDS)
@@ -103,13 +108,17 @@ def test_a_gevent_worker_keeps_many_slow_calls_in_flight_and_makes_each_once(
     assert any(seen > before.get(worker, seen) or worker not in before for worker, seen in after.items()), after
 
 
-def test_a_step_over_its_timeout_is_interrupted_in_its_greenlet(gevent_hub: backends.Backend,
-                                                               system: ExternalSystem) -> None:
+def test_a_step_over_its_timeout_is_interrupted_in_its_greenlet(
+    gevent_hub: backends.Backend, system: ExternalSystem
+) -> None:
     prefix = f"/t{uuid.uuid4().hex[:10]}"
     system.delay(f"{prefix}/slow", 6)  # the step's timeout is 2 s; Celery's gevent pool kills only at 62 s
     m = _submit("test.slow", prefix)
-    wait_for(lambda: openhub.get_message(m.id).failed_count >= 1, 60,
-             f"the slow step to time out; worker log: {gevent_hub.workers[0].log()[-3000:]}")
+    wait_for(
+        lambda: openhub.get_message(m.id).failed_count >= 1,
+        60,
+        lambda: f"the slow step to time out; worker log: {gevent_hub.workers[0].log()[-3000:]}",
+    )
     assert "TimeLimitExceeded" in (openhub.get_message(m.id).failed_error or "")
     system.delay(f"{prefix}/slow", 0)
     done = wait_final(m.id, timeout=60)  # the poller (standalone beat) retries it
@@ -117,21 +126,80 @@ def test_a_step_over_its_timeout_is_interrupted_in_its_greenlet(gevent_hub: back
     assert system.count(f"{prefix}/a") == 1 and system.count(f"{prefix}/c") == 1
 
 
-def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections(tmp_path: Path,
-                                                                                 system: ExternalSystem) -> None:
+COMPUTE_SECONDS = 6.0  # a step's CPU work without a gevent switch: three times OPENHUB_WORKER_DEAD_AFTER (2 s)
+
+
+@pytest.mark.parametrize("name", ["embedded", "redis-pg"])
+def test_a_step_computing_past_dead_after_does_not_starve_the_heartbeat(
+    name: str, tmp_path: Path, system: ExternalSystem
+) -> None:
+    """Issue 33, break 5: the heartbeat was a greenlet, and a step computing longer than the dead-after
+    limit stopped it; the other worker judged the whole process dead, and the busy step's call and its
+    sibling greenlets' calls were made again. On an OS thread it beats on: no process is judged dead, and
+    each call is made once per idempotency key."""
+    with _gevent_hub(
+        name, tmp_path, system, 10, workers=2, OPENHUB_ROUTES="tests.support.routes,tests.support.cpu_routes"
+    ):
+        prefix = f"/g{uuid.uuid4().hex[:8]}"
+        system.delay(f"{prefix}/a", 2.0)  # the siblings' calls in flight while a step computes
+        busy = [
+            openhub.submit(
+                "cpu.compute",
+                {"prefix": prefix, "seconds": COMPUTE_SECONDS},
+                source_system="CRM",
+                correlation_id=f"c-{uuid.uuid4().hex}",
+            ).id
+            for _ in range(2)
+        ]
+        siblings = [_submit("test.flow", prefix).id for _ in range(6)]
+        views = [wait_final(i, timeout=120) for i in busy + siblings]
+        assert [v.state for v in views] == ["OK"] * len(views), views
+        with transaction() as conn:
+            events = list(
+                conn.execute(
+                    select(sqlalchemy.text("event"))
+                    .select_from(sqlalchemy.text("transitions"))
+                    .where(sqlalchemy.text("event = 'lease_expired'"))
+                ).scalars()
+            )
+        assert events == [], "a live worker's runs were repaired as lost"
+        counts = {(c.path, c.key): 0 for c in system.calls}
+        for c in system.calls:
+            counts[(c.path, c.key)] += 1
+        twice = {k: n for k, n in counts.items() if n > 1}
+        assert not twice, f"calls made more than once: {twice}"
+        assert system.count(f"{prefix}/computed") == 2 and system.count(f"{prefix}/a") == 6
+
+
+def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections(
+    tmp_path: Path, system: ExternalSystem
+) -> None:
     """`-c 500` (the issue's figure): 500 slow HttpCalls in flight in one process, while the worker holds
-    no more PostgreSQL connections than its pool's size and overflow, counted by the server."""
+    no more PostgreSQL connections than its pool's size and overflow, and its heartbeat's own one (an OS
+    thread's, no greenlet's: issue 33), counted by the server."""
     many, seconds = 500, 3.0
     prefix = f"/t{uuid.uuid4().hex[:10]}"
     system.delay(f"{prefix}/pooled", seconds)
     system.gather(f"{prefix}/pooled", MET_OF_500, MEETING_SECONDS)
     with _gevent_hub("redis-pg", tmp_path, system, concurrency=many) as hub:
         database = hub.database_url.rsplit("/", 1)[1]
-        admin = sqlalchemy.create_engine(f"{backends.PG_SERVER}/postgres", isolation_level="AUTOCOMMIT",
-                                         poolclass=sqlalchemy.NullPool)
-        ids = [v.id for v in openhub.submit_many([
-            {"route": "test.pooled", "payload": {"prefix": prefix}, "source_system": "CRM",
-             "correlation_id": f"c500-{uuid.uuid4().hex}"} for _ in range(many)])]
+        admin = sqlalchemy.create_engine(
+            f"{backends.PG_SERVER}/postgres", isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.NullPool
+        )
+        ids = [
+            v.id
+            for v in openhub.submit_many(
+                [
+                    {
+                        "route": "test.pooled",
+                        "payload": {"prefix": prefix},
+                        "source_system": "CRM",
+                        "correlation_id": f"c500-{uuid.uuid4().hex}",
+                    }
+                    for _ in range(many)
+                ]
+            )
+        ]
         dispose_engines()  # from here on this process holds no connection to the store while it counts
         counts: list[int] = []
         done = threading.Event()
@@ -139,15 +207,21 @@ def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections
         def count() -> None:  # the server's own count of connections to the store, every 50 ms
             with admin.connect() as conn:
                 while not done.is_set():
-                    counts.append(conn.exec_driver_sql(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).scalar_one())
+                    counts.append(
+                        conn.exec_driver_sql(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)
+                        ).scalar_one()
+                    )
                     done.wait(0.05)
 
         counter = threading.Thread(target=count, daemon=True)
         counter.start()
         try:
-            wait_for(lambda: system.effects(f"{prefix}/pooled") == many, 180,
-                     f"the {many} calls; worker log: {hub.workers[0].log()[-2000:]}")
+            wait_for(
+                lambda: system.effects(f"{prefix}/pooled") == many,
+                180,
+                lambda: f"the {many} calls; worker log: {hub.workers[0].log()[-2000:]}",
+            )
         finally:
             done.set()
             counter.join(10)
@@ -156,7 +230,8 @@ def test_five_hundred_greenlets_share_a_bounded_number_of_postgresql_connections
         log = hub.workers[0].log()
     assert system.count(f"{prefix}/pooled") == many  # each call made once
     assert system.peak_in_flight >= MET_OF_500, system.peak_in_flight  # hundreds of greenlets waited at once
-    assert counts and max(counts) <= PG_POOL_SIZE + PG_MAX_OVERFLOW, (max(counts), PG_POOL_SIZE + PG_MAX_OVERFLOW)
+    most = PG_POOL_SIZE + PG_MAX_OVERFLOW + 1
+    assert counts and max(counts) <= most, (max(counts), most)
     # The heartbeat kept up: behind 500 greenlets in line for the store it fell behind, and the worker
     # refused its own steps, left each to the repair (+1 failure).
     assert "heartbeat fell behind" not in log
@@ -170,8 +245,9 @@ def test_a_gevent_pool_in_a_process_gevent_did_not_patch_refuses_to_start(tmp_pa
     with backends.backend("embedded", tmp_path / "store") as b:
         code = "from tasks import app; app.worker_main(['worker', '-P', 'gevent', '-c', '5', '--without-mingle'])"
         env = dict(os.environ, **b.env, PYTHONPATH=str(PROJECT))
-        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True, timeout=60
+        )
     backends.activate(saved)
     assert done.returncode != 0, done.stdout[-2000:]
     assert "`celery -A tasks worker -P gevent`" in done.stderr, done.stderr[-3000:]
@@ -181,9 +257,14 @@ def test_a_gevent_pool_in_a_process_gevent_did_not_patch_refuses_to_start(tmp_pa
 def test_the_configuration_names_the_transports_without_importing_kombus(broker: str, tmp_path: Path) -> None:
     """Under `-P gevent` celeryconfig.py is read while gevent is patching: a transport it imported
     then kept the blocking sleep/select (the worker ran no step). It names openhub's transports only."""
-    code = ("import sys, celeryconfig; print(celeryconfig.broker_transport); "
-            "print(sorted(m for m in sys.modules if m.startswith('kombu.transport.')))")
+    code = (
+        "import sys, celeryconfig; print(celeryconfig.broker_transport); "
+        "print(sorted(m for m in sys.modules if m.startswith('kombu.transport.')))"
+    )
     env = dict(os.environ, OPENHUB_BROKER_URL=broker, OPENHUB_VAR_DIR=str(tmp_path), PYTHONPATH=str(PROJECT))
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True,
-                         check=True).stdout.split("\n")
-    assert out[0] in ("openhub.redisbroker:Transport", "openhub.fsbroker:Transport") and out[1] == "[]", out
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] in ("openhub.celery.redisbroker:Transport", "openhub.celery.fsbroker:Transport") and out[1] == "[]", (
+        out
+    )

@@ -1,4 +1,4 @@
-"""openhub.http.HttpCall against a real local HTTP server, run through LocalHub.
+"""openhub.outbound.http.HttpCall against a real local HTTP server, run through LocalHub.
 
 Each answer class (2xx, mapped 409, mapped 4xx Reject, unmapped 4xx, 5xx, 429 with and without
 Retry-After, timeout, refused connection) ends in the state README.md gives it ("HTTP steps"), and a recorded
@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from openhub.api.detail import message_detail
-from openhub.db import utcnow
-from openhub.errors import ConfigurationError
-from openhub.exchanges import prune_exchanges, truncate_body
-from openhub.redact import redact_headers
-from openhub.http import HttpCall, retry_after
+from openhub.core.errors import ConfigurationError
+from openhub.core.redact import redact_headers
+from openhub.outbound.http import HttpCall, retry_after
+from openhub.store.db import utcnow
+from openhub.store.recordings import prune_exchanges, truncate_body
 from openhub.testing import LocalHub
 
 
@@ -37,7 +37,7 @@ class ScriptedServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 script = server.scripts[self.path]
@@ -58,8 +58,9 @@ class ScriptedServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def answer(self, path: str, status: int, headers: dict[str, str] | None = None, body: bytes = b"{}",
-               delay: float = 0) -> None:
+    def answer(
+        self, path: str, status: int, headers: dict[str, str] | None = None, body: bytes = b"{}", delay: float = 0
+    ) -> None:
         self.scripts[path].append((status, headers or {}, body, delay))
 
     def stop(self) -> None:
@@ -88,7 +89,7 @@ def run(hub: LocalHub, payload: dict, correlation_id: str | None = None, **kwarg
     return hub.get(view.id)
 
 
-def test_success_sends_idempotency_correlation_and_process_ids_and_records(hub, server) -> None:  # noqa: ANN001
+def test_success_sends_idempotency_correlation_and_process_ids_and_records(hub, server) -> None:
     view = run(hub, {"path": "/ok", "pad": "x" * 200}, correlation_id="corr-1", process_id="proc-9")
     assert view.state == "OK" and view.custom_data["id"] == "x-1"
     sent = server.requests[0]["headers"]
@@ -103,7 +104,7 @@ def test_success_sends_idempotency_correlation_and_process_ids_and_records(hub, 
     assert x["response_body"] == '{"id": "x-1"}' and x["response_headers"]["content-type"] == "application/json"
 
 
-def test_mapped_409_is_a_business_error_and_the_route_goes_on(hub, server) -> None:  # noqa: ANN001
+def test_mapped_409_is_a_business_error_and_the_route_goes_on(hub, server) -> None:
     server.answer("/dup", 409, body=b'{"error": "exists"}')
     view = run(hub, {"path": "/dup"})
     assert view.state == "OK" and "id" not in view.custom_data
@@ -112,14 +113,14 @@ def test_mapped_409_is_a_business_error_and_the_route_goes_on(hub, server) -> No
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])
-def test_mapped_4xx_rejects_without_retry(hub, server, status: int) -> None:  # noqa: ANN001
+def test_mapped_4xx_rejects_without_retry(hub, server, status: int) -> None:
     server.answer("/bad", status, body=b'{"error": "no such customer"}')
     view = run(hub, {"path": "/bad"})
     assert view.state == "FAILED" and f"[HTTP_{status}]" in view.failed_error and view.error_code == f"HTTP_{status}"
     assert hub.tick(seconds=3600).redriven == 0 and len(server.requests) == 1
 
 
-def test_unmapped_4xx_rejects_too_the_request_itself_is_wrong(hub, server) -> None:  # noqa: ANN001
+def test_unmapped_4xx_rejects_too_the_request_itself_is_wrong(hub, server) -> None:
     server.answer("/forbidden", 403, body=b"no")
     view = run(hub, {"path": "/forbidden"})
     assert (view.state, view.error_code) == ("FAILED", "HTTP_403")
@@ -127,7 +128,7 @@ def test_unmapped_4xx_rejects_too_the_request_itself_is_wrong(hub, server) -> No
 
 
 @pytest.mark.parametrize("status", [500, 503, 408, 429])
-def test_5xx_408_and_bare_429_are_transient_then_retried(hub, server, status: int) -> None:  # noqa: ANN001
+def test_5xx_408_and_bare_429_are_transient_then_retried(hub, server, status: int) -> None:
     server.answer("/flaky", status, body=b"down")
     view = run(hub, {"path": "/flaky"})
     assert view.state == "PARTLY_FAILED" and view.failed_count == 1 and view.error_code == f"HTTP_{status}"
@@ -140,7 +141,7 @@ def test_5xx_408_and_bare_429_are_transient_then_retried(hub, server, status: in
     assert len({r["headers"]["Idempotency-Key"] for r in server.requests}) == 1  # the same key each attempt
 
 
-def test_429_with_retry_after_postpones_without_counting_a_failure(hub, server) -> None:  # noqa: ANN001
+def test_429_with_retry_after_postpones_without_counting_a_failure(hub, server) -> None:
     server.answer("/busy", 429, headers={"Retry-After": "120"})
     view = run(hub, {"path": "/busy"})
     assert view.state == "POSTPONED" and view.failed_count == 0
@@ -149,7 +150,7 @@ def test_429_with_retry_after_postpones_without_counting_a_failure(hub, server) 
     assert hub.get(view.id).state == "OK"
 
 
-def test_timeout_and_refused_connection_are_transient_and_recorded(hub, server, monkeypatch) -> None:  # noqa: ANN001
+def test_timeout_and_refused_connection_are_transient_and_recorded(hub, server, monkeypatch) -> None:
     server.answer("/slow", 200, delay=10)  # the route's timeout is 2 s
     view = run(hub, {"path": "/slow"})
     assert view.state == "PARTLY_FAILED" and "ReadTimeout" in view.failed_error
@@ -163,10 +164,11 @@ def test_timeout_and_refused_connection_are_transient_and_recorded(hub, server, 
     assert x["status"] is None and x["error"].startswith("ConnectError") and x["response_body"] is None
 
 
-def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, server, monkeypatch) -> None:  # noqa: ANN001
-    # Issue 40: lists showed `openhub.errors.TransientError: POST ... answered 503: ...` for these, `HTTP 503
+def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, server, monkeypatch) -> None:
+    # Issue 40: lists showed `openhub.core.errors.TransientError: POST ... answered 503: ...` for these, `HTTP 503
     # from <url>` for httpx's raise_for_status() and, on the overview, a whole traceback.
     from openhub.api.summary import message_summaries
+    from openhub.store.queries import MessageFilter
 
     server.answer("/flaky", 503, body=b'{"error": "down"}')
     server.answer("/bad", 422, body=b'{"error": "no such customer"}')
@@ -176,7 +178,7 @@ def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, se
         closed = s.getsockname()[1]
     monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", f"http://127.0.0.1:{closed}")
     refused = run(hub, {"path": "/gone"})
-    lines = {m["id"]: m["failed_error"] for m in message_summaries(limit=10)}
+    lines = {m["id"]: m["failed_error"] for m in message_summaries(MessageFilter(), 10)}
     assert lines[transient.id] == f'HTTP 503 from POST {server.url}/flaky: {{"error": "down"}}'
     assert lines[rejected.id] == f'HTTP 422 from POST {server.url}/bad: {{"error": "no such customer"}}'
     assert lines[refused.id].startswith(f"ConnectError on POST http://127.0.0.1:{closed}/gone: ")
@@ -186,13 +188,13 @@ def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, se
     assert call["last_error_line"] == lines[transient.id]
 
 
-def test_nothing_is_recorded_unless_asked(hub, server) -> None:  # noqa: ANN001
+def test_nothing_is_recorded_unless_asked(hub, server) -> None:
     view = run(hub, {"path": "/q"}, route="http.quiet")
     assert view.state == "OK" and message_detail(view.id)["http_exchanges"] == []
     assert server.requests[0]["headers"]["Idempotency-Key"].endswith("/call_quietly")
 
 
-def test_retention_prunes_old_exchanges_only(hub, server) -> None:  # noqa: ANN001
+def test_retention_prunes_old_exchanges_only(hub, server) -> None:
     view = run(hub, {"path": "/ok"})
     assert prune_exchanges(days=14) == 0
     assert prune_exchanges(now=utcnow() + timedelta(days=15), days=14) == 1
@@ -200,25 +202,44 @@ def test_retention_prunes_old_exchanges_only(hub, server) -> None:  # noqa: ANN0
 
 
 def test_declaration_fails_fast_on_codes_it_cannot_map() -> None:
-    for bad in ({"business_errors": {500: "E"}}, {"reject": {429}}, {"reject": {200}},
-                {"business_errors": {409: "E"}, "reject": {409}}):
+    for bad in (
+        {"business_errors": {500: "E"}},
+        {"reject": {429}},
+        {"reject": {200}},
+        {"business_errors": {409: "E"}, "reject": {409}},
+    ):
         with pytest.raises(ConfigurationError):
             HttpCall(**bad)
 
 
 def test_redaction_truncation_and_retry_after_parsing() -> None:
-    headers = redact_headers([("Authorization", "Bearer x"), ("Cookie", "a=b"), ("Set-Cookie", "s"),
-                              ("X-Auth-Token", "t"), ("X-Client-Secret", "s"), ("Accept", "json")])
-    assert headers == {"Authorization": "[redacted]", "Cookie": "[redacted]", "Set-Cookie": "[redacted]",
-                       "X-Auth-Token": "[redacted]", "X-Client-Secret": "[redacted]", "Accept": "json"}
+    headers = redact_headers(
+        [
+            ("Authorization", "Bearer x"),
+            ("Cookie", "a=b"),
+            ("Set-Cookie", "s"),
+            ("X-Auth-Token", "t"),
+            ("X-Client-Secret", "s"),
+            ("Accept", "json"),
+        ]
+    )
+    assert headers == {
+        "Authorization": "[redacted]",
+        "Cookie": "[redacted]",
+        "Set-Cookie": "[redacted]",
+        "X-Auth-Token": "[redacted]",
+        "X-Client-Secret": "[redacted]",
+        "Accept": "json",
+    }
     assert truncate_body(b"abcdef", 4) == "abcd… [2 more bytes not recorded]" and truncate_body(None, 4) is None
     assert retry_after("30") == timedelta(seconds=30)
-    assert retry_after("Mon, 23 Nov 2026 08:01:00 GMT", now=datetime.fromisoformat("2026-11-23T08:00:00+00:00")) \
-        == timedelta(minutes=1)
+    assert retry_after(
+        "Mon, 23 Nov 2026 08:01:00 GMT", now=datetime.fromisoformat("2026-11-23T08:00:00+00:00")
+    ) == timedelta(minutes=1)
     assert retry_after("soon") is None and retry_after(None) is None
 
 
-def test_messages_show_prints_each_exchange_per_step_and_attempt(hub, server) -> None:  # noqa: ANN001
+def test_messages_show_prints_each_exchange_per_step_and_attempt(hub, server) -> None:
     from click.testing import CliRunner
 
     from openhub.cli import main
@@ -235,7 +256,7 @@ def test_messages_show_prints_each_exchange_per_step_and_attempt(hub, server) ->
     assert [x["status"] for x in json.loads(as_json.output)["http_exchanges"]] == [503, 200]
 
 
-def test_messages_show_prints_an_exchange_as_text_with_control_characters_escaped(hub, server) -> None:  # noqa: ANN001
+def test_messages_show_prints_an_exchange_as_text_with_control_characters_escaped(hub, server) -> None:
     """Issue 27: a URL with `[/]` crashed rich's markup parser; a C1 CSI in a body reached the terminal."""
     from click.testing import CliRunner
 
@@ -250,7 +271,7 @@ def test_messages_show_prints_an_exchange_as_text_with_control_characters_escape
     assert "\x9b" not in shown.output and "\x1b" not in shown.output
 
 
-def test_exchanges_prune_command(hub, server) -> None:  # noqa: ANN001
+def test_exchanges_prune_command(hub, server) -> None:
     from click.testing import CliRunner
 
     from openhub.cli import main
@@ -262,7 +283,7 @@ def test_exchanges_prune_command(hub, server) -> None:  # noqa: ANN001
     assert gone.exit_code == 0 and "1 recorded HTTP exchanges deleted" in gone.output
 
 
-def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server, monkeypatch) -> None:  # noqa: ANN001
+def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server, monkeypatch) -> None:
     import json
 
     monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", server.url.replace("http://", "http://svc:hunter2@"))
@@ -278,7 +299,7 @@ def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server,
     assert "api_key=***" in (view.failed_error or "")
 
 
-def test_an_echoed_secret_is_redacted_before_the_error_text_is_cut(hub, server) -> None:  # noqa: ANN001
+def test_an_echoed_secret_is_redacted_before_the_error_text_is_cut(hub, server) -> None:
     """Issue 34 M1: the error kept 300 characters of the answer's body unredacted; redacted after the cut, a
     secret the cut splits would leave its head (`s3c…`) where no whole value can be recognised any more."""
     body = "x" * 296 + "s3cret and more"  # the step's own Authorization: Bearer s3cret, across the 300th character
@@ -289,7 +310,7 @@ def test_an_echoed_secret_is_redacted_before_the_error_text_is_cut(hub, server) 
     assert "s3c" not in line and "[re" in line, line
 
 
-def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, server) -> None:  # noqa: ANN001
+def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, server) -> None:
     import json
 
     from openhub.api.detail import source_view
@@ -297,13 +318,15 @@ def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, serve
     server.answer("/boom", 503, body=b'{"error": "down"}')
     view = run(hub, {"path": "/boom"})
     shown = source_view(message_detail(view.id))
-    assert "http_exchanges" not in shown and shown["failed_error"] == \
-        f'HTTP 503 from POST {server.url}/boom: {{"error": "down"}}'
+    assert (
+        "http_exchanges" not in shown
+        and shown["failed_error"] == f'HTTP 503 from POST {server.url}/boom: {{"error": "down"}}'
+    )
     text = json.dumps(shown, default=str)
-    assert "Traceback" not in text and '"worker"' not in text and "last_error\"" not in text
+    assert "Traceback" not in text and '"worker"' not in text and 'last_error"' not in text
 
 
-def test_recorded_exchanges_keep_no_secret_in_headers_or_bodies(server) -> None:  # noqa: ANN001
+def test_recorded_exchanges_keep_no_secret_in_headers_or_bodies(server) -> None:
     import json
 
     jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJodWIifQ.c2lnLTE"
@@ -312,8 +335,15 @@ def test_recorded_exchanges_keep_no_secret_in_headers_or_bodies(server) -> None:
     with LocalHub("tests.support.http_routes", OPENHUB_REDACT_HEADERS="x-vendor-ref, X-Other") as hub:
         for path in ("/json", "/form", "/bare"):
             server.answer(path, 200, {"X-Vendor-Ref": "v-ref-9", "X-Upstream": "Bearer up-8"}, answer.encode())
-        json_view = run(hub, {"path": "/json", "user": "ann", "auth": {"password": "p4ss-1"},
-                              "lines": [{"sku": "s-1", "client_secret": "cs-2"}]})
+        json_view = run(
+            hub,
+            {
+                "path": "/json",
+                "user": "ann",
+                "auth": {"password": "p4ss-1"},
+                "lines": [{"sku": "s-1", "client_secret": "cs-2"}],
+            },
+        )
         form_view = run(hub, {"path": "/form", "secret": "cs-3"}, route="http.token")
         bare_view = run(hub, {"path": "/bare", "password": "p4ss-1"}, route="http.headers_only")
         assert {json_view.state, form_view.state, bare_view.state} == {"OK"}
@@ -325,11 +355,58 @@ def test_recorded_exchanges_keep_no_secret_in_headers_or_bodies(server) -> None:
     stored = json.dumps([sent, form, bare])
     for secret in secrets:
         assert secret not in stored, (secret, stored)
-    assert json.loads(sent["request_body"]) == {"path": "/json", "user": "ann", "auth": "[redacted]",
-                                                "lines": [{"sku": "s-1", "client_secret": "[redacted]"}]}
+    assert json.loads(sent["request_body"]) == {
+        "path": "/json",
+        "user": "ann",
+        "auth": "[redacted]",
+        "lines": [{"sku": "s-1", "client_secret": "[redacted]"}],
+    }
     assert json.loads(sent["response_body"])["profile"] == {"name": "n", "refresh_token": "[redacted]"}
     assert sent["response_headers"]["x-vendor-ref"] == "[redacted]" == sent["response_headers"]["x-upstream"]
     assert form["request_body"] == "grant_type=client_credentials&client_secret=[redacted]"
     assert bare["request_body"] is None and bare["response_body"] is None and bare["status"] == 200
     with pytest.raises(ConfigurationError):
         HttpCall(record="bodies")  # type: ignore[arg-type]
+
+
+GREEN_POOL_SCRIPT = """
+from gevent import monkey; monkey.patch_all()
+import gevent, gevent.pywsgi, sys
+from openhub.outbound import http
+
+def answer(environ, start_response):
+    gevent.sleep(0.5)  # every call is in flight at once
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"{}"]
+
+server = gevent.pywsgi.WSGIServer(("127.0.0.1", 0), answer, log=None)
+server.start()
+url = f"http://127.0.0.1:{server.server_port}/"
+calls = int(sys.argv[1])
+call = lambda: http.pooled_client().get(url, timeout=30).raise_for_status()
+gevent.joinall([gevent.spawn(call) for _ in range(calls)])
+clients = http._clients[__import__("os").getpid()]
+clients = clients if isinstance(clients, list) else [clients]
+print(len(clients), max(len(c._transport._pool.connections) for c in clients))
+"""
+
+
+def test_a_gevent_process_spreads_its_calls_over_clients_whose_pools_stay_small() -> None:
+    """httpcore scans every connection of its pool for each request: one client per gevent process held
+    one connection per call in flight, and that scan stalled a worker under load (issue 42). Each of
+    GREEN_SHARDS clients now holds its share; a process without gevent keeps one client."""
+    pytest.importorskip("gevent")
+    import subprocess
+    import sys
+
+    from openhub.outbound import http
+
+    calls = 10 * http.GREEN_SHARDS
+    done = subprocess.run(
+        [sys.executable, "-c", GREEN_POOL_SCRIPT, str(calls)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    clients, largest_pool = map(int, done.stdout.split())
+    assert clients == http.GREEN_SHARDS
+    assert largest_pool <= calls // http.GREEN_SHARDS, f"one pool held {largest_pool} of {calls} connections"
+    assert http.pooled_client() is http.pooled_client()  # this process runs no greenlets: one client

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from openhub import workers
-from openhub.db import transaction
-from openhub.schema import transitions
+from openhub.store import workers
+from openhub.store.db import transaction
+from openhub.store.schema import transitions
 from tests.support import promise_routes as routes
 from tests.support.waiting import wait_for
 
@@ -34,13 +34,20 @@ def _dies(times: int) -> Any:
         if len(died) < times:
             died.append(1)
             raise WorkerDied(f"run {len(died)} of {ctx.idempotency_key}")
+
     return hook
 
 
 def _history(message_id: int) -> list[tuple[str, str | None]]:
     with transaction() as conn:
-        return [(r.event, r.detail) for r in conn.execute(select(transitions.c.event, transitions.c.detail).where(
-            transitions.c.message_id == message_id).order_by(transitions.c.id))]
+        return [
+            (r.event, r.detail)
+            for r in conn.execute(
+                select(transitions.c.event, transitions.c.detail)
+                .where(transitions.c.message_id == message_id)
+                .order_by(transitions.c.id)
+            )
+        ]
 
 
 def test_runs_lost_with_their_worker_count_no_failure(local_store_env: dict[str, str]) -> None:
@@ -105,7 +112,7 @@ def test_a_run_that_came_back_starts_the_count_of_lost_runs_again(local_store_en
         assert (done.state, done.failed_count) == ("OK", 1), done  # four lost, never more than two in a row
 
 
-def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str], monkeypatch) -> None:  # noqa: ANN001
+def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str], monkeypatch) -> None:
     # A worker whose heartbeat fell behind (a store cut that healed, a stall) starts no step call on the
     # leases it took meanwhile: it lets them go. That was left to the repair, which counted a failure
     # each time: outages alone pushed messages to FAILED.
@@ -119,8 +126,9 @@ def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str]
         wait_for(lambda: workers.fenced(float("inf")), timeout=10, what="the heartbeat to fall behind")
 
     # A fence of 1.5 s: a loaded machine delays a heartbeat thread by tenths of a second, not by that much.
-    with routes.local_hub(OPENHUB_WORKER_DEAD_AFTER="2", OPENHUB_MAX_FAILS="0", OPENHUB_LEASE_GRACE="30",
-                          **local_store_env) as hub:
+    with routes.local_hub(
+        OPENHUB_WORKER_DEAD_AFTER="2", OPENHUB_MAX_FAILS="0", OPENHUB_LEASE_GRACE="30", **local_store_env
+    ) as hub:
         workers.start_heartbeat()
         try:
             routes.HOOKS["first"] = fall_behind

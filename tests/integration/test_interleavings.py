@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import select
 
 import openhub
-from openhub import operator
-from openhub.db import transaction, utcnow
-from openhub.schema import ext_calls
+from openhub.service import actions as operator
+from openhub.store.db import transaction, utcnow
+from openhub.store.schema import ext_calls
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import promise_routes as routes
 from tests.support.waiting import wait_for
@@ -25,8 +25,9 @@ from tests.support.waiting import wait_for
 
 @pytest.fixture
 def hub(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3",
-                          **local_store_env) as local:
+    with routes.local_hub(
+        OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3", **local_store_env
+    ) as local:
         yield local
 
 
@@ -39,8 +40,9 @@ def _once(name: str) -> bool:
 
 # --- a split's outcome ----------------------------------------------------------------------------------
 
+
 def test_a_split_cancelled_while_it_runs_writes_its_children_when_restarted(hub: LocalHub) -> None:
-    def cancel_mid_split(ctx):  # noqa: ANN001, ANN202
+    def cancel_mid_split(ctx):
         if _once("cancel"):
             openhub.cancel(ctx.message.id)
 
@@ -56,12 +58,12 @@ def test_a_split_cancelled_while_it_runs_writes_its_children_when_restarted(hub:
     assert hub.get(parent.id).state == "OK" and routes.calls("first") == 2
 
 
-def test_a_split_whose_children_cannot_be_written_is_not_recorded_done(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
-    from openhub import engine
+def test_a_split_whose_children_cannot_be_written_is_not_recorded_done(hub: LocalHub, monkeypatch) -> None:
+    from openhub.engine import engine
 
     real = engine.write_children
 
-    def fails_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def fails_once(*args, **kwargs):
         if _once("write"):
             raise RuntimeError("the store refused a child")
         return real(*args, **kwargs)
@@ -80,10 +82,11 @@ def test_a_split_whose_children_cannot_be_written_is_not_recorded_done(hub: Loca
 
 # --- a restart that must not drop a run in flight --------------------------------------------------------
 
+
 def test_restarting_a_cancelled_parent_waits_for_its_childs_call_in_flight(hub: LocalHub) -> None:
     parent_id: list[int] = []
 
-    def cancel_and_restart_the_parent(ctx):  # noqa: ANN001, ANN202
+    def cancel_and_restart_the_parent(ctx):
         if _once("parent"):
             openhub.cancel(parent_id[0])
             openhub.restart(parent_id[0])
@@ -102,14 +105,15 @@ def test_restarting_a_cancelled_parent_waits_for_its_childs_call_in_flight(hub: 
 
 # --- a total restart and an entity record shared with an older message -----------------------------------
 
+
 def test_a_total_restart_keeps_an_older_messages_success_on_the_entity_record(hub: LocalHub) -> None:
     now = utcnow()
 
-    def second_fails_once_for_the_older(ctx):  # noqa: ANN001, ANN202
+    def second_fails_once_for_the_older(ctx):
         if ctx.message.correlation_id == "older" and _once("second"):
             raise RuntimeError("billing answered 503")
 
-    def sync_refused_for_the_newer(ctx):  # noqa: ANN001, ANN202
+    def sync_refused_for_the_newer(ctx):
         if ctx.message.correlation_id == "newer":
             raise openhub.Reject("the network operator refused it")
 
@@ -131,8 +135,9 @@ def test_a_total_restart_keeps_an_older_messages_success_on_the_entity_record(hu
 
 # --- the end of a drain and a sequential split ------------------------------------------------------------
 
+
 def test_ending_a_drain_does_not_start_children_waiting_their_turn(hub: LocalHub) -> None:
-    def drain_and_undrain(ctx):  # noqa: ANN001, ANN202
+    def drain_and_undrain(ctx):
         if _once("drain"):
             operator.drain("release")
             operator.undrain()
@@ -153,6 +158,7 @@ def test_ending_a_drain_does_not_start_children_waiting_their_turn(hub: LocalHub
 
 # --- responses ----------------------------------------------------------------------------------------------
 
+
 def test_a_responders_duplicate_answer_does_not_answer_the_next_wait(hub: LocalHub) -> None:
     view = hub.submit("p.two_waits", {})
     hub.run()
@@ -171,6 +177,7 @@ def test_a_responders_duplicate_answer_does_not_answer_the_next_wait(hub: LocalH
 
 # --- idempotency keys ---------------------------------------------------------------------------------------
 
+
 def test_a_source_systems_id_like_a_childs_gets_its_own_idempotency_key(hub: LocalHub) -> None:
     hub.submit("p.leaf", {}, correlation_id="P#0.1")
     hub.submit("p.big", {"children": 1}, correlation_id="P")
@@ -188,8 +195,9 @@ def test_a_plain_messages_idempotency_key_is_unchanged(hub: LocalHub) -> None:
 def test_each_webhook_notification_has_its_own_idempotency_key(local_store_env: dict[str, str]) -> None:
     receiver = ExternalSystem().start()
     try:
-        with routes.local_hub(OPENHUB_WEBHOOK_URL=f"{receiver.url}/hooks", OPENHUB_WEBHOOK_STATES="FAILED",
-                              **local_store_env) as hub:
+        with routes.local_hub(
+            OPENHUB_WEBHOOK_URL=f"{receiver.url}/hooks", OPENHUB_WEBHOOK_STATES="FAILED", **local_store_env
+        ) as hub:
             view = hub.submit("p.reserve", {"raise": "out_of_stock"})
             hub.run()
             assert hub.get(view.id).state == "FAILED"
@@ -206,11 +214,13 @@ def test_each_webhook_notification_has_its_own_idempotency_key(local_store_env: 
 
 # --- liveness on one clock, and a process that stops before it may be judged dead -------------------------
 
-def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: str, monkeypatch) -> None:  # noqa: ANN001
-    from openhub import workers
+
+def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: str, monkeypatch) -> None:
+    from openhub.store import workers
 
     real = workers.utcnow
     with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_WORKER_DEAD_AFTER="0.5"):
+
         def both_beat(broken: bool = False) -> None:
             workers.beat("on-time", "host-a:1", broken=broken)
             monkeypatch.setattr(workers, "utcnow", lambda: real() + timedelta(seconds=20))  # host b's clock
@@ -226,29 +236,32 @@ def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: 
             assert workers.liveness(conn).dead & {"on-time", "ahead"} == set()
 
 
-def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(local_store_env: dict[str, str],
-                                                                   monkeypatch) -> None:  # noqa: ANN001
-    from openhub import workers
+def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(
+    local_store_env: dict[str, str], monkeypatch
+) -> None:
+    from openhub.store import workers
 
     real_beat = workers.beat
 
-    def unreachable(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def unreachable(*args, **kwargs):
         raise ConnectionError("the store is unreachable from this host")
 
-    def fall_behind(ctx):  # noqa: ANN001, ANN202
+    def fall_behind(ctx):
         if _once("behind"):  # the heartbeat stops (a stall, a partition) while the first call is made
             monkeypatch.setattr(workers, "beat", unreachable)
             wait_for(lambda: workers.fenced(float("inf")), timeout=10, what="the heartbeat to fall behind")
 
-    with routes.local_hub(OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30",
-                          **local_store_env) as hub:
+    with routes.local_hub(
+        OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30", **local_store_env
+    ) as hub:
         workers.start_heartbeat()
         try:
             routes.HOOKS["first"] = fall_behind
             view = hub.submit("p.fused", {})
             hub.run()
-            assert routes.calls("first") == 1 and routes.calls("second") == 0, \
+            assert routes.calls("first") == 1 and routes.calls("second") == 0, (
                 "a process that others may judge dead started a step call"
+            )
             monkeypatch.setattr(workers, "beat", real_beat)
             wait_for(lambda: not workers.fenced(float("inf")), timeout=10, what="the heartbeat to be written again")
             for minutes in (30, 60):  # the abandoned run is repaired, then retried
@@ -261,8 +274,9 @@ def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(local_store_e
 
 # --- control characters in the fields the hub derives (issue 27) -------------------------------------------
 
+
 def test_a_nul_in_a_derived_object_id_is_refused_at_the_door(hub: LocalHub) -> None:
-    with pytest.raises(openhub.errors.InputError, match="object_id must not contain control characters"):
+    with pytest.raises(openhub.core.errors.InputError, match="object_id must not contain control characters"):
         hub.submit("p.entity", {"id": "a\x00b"})
     assert openhub.list_messages() == []
 

@@ -9,26 +9,27 @@ from typing import Iterator
 
 import pytest
 
-from openhub.db import transaction, utcnow
-from openhub.errors import ConfigurationError
-from openhub.config import reset_settings, get_settings
-from openhub.schema import ext_calls, system_slots
+from openhub.core.config import get_settings, reset_settings
+from openhub.core.errors import ConfigurationError
+from openhub.store.db import transaction, utcnow
+from openhub.store.schema import ext_calls, system_slots
+from openhub.store.workers import beat, current_id
 from openhub.testing import LocalHub
-from openhub.workers import beat, current_id
 from tests.support import promise_routes as routes
 
 
 @pytest.fixture
 def hub() -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_SYSTEM_LIMITS="post=1", OPENHUB_POSTPONE_INTERVAL="5",
-                          OPENHUB_SYSTEM_RATES="paced=2/60") as local:
+    with routes.local_hub(
+        OPENHUB_SYSTEM_LIMITS="post=1", OPENHUB_POSTPONE_INTERVAL="5", OPENHUB_SYSTEM_RATES="paced=2/60"
+    ) as local:
         yield local
 
 
 def test_a_second_call_waits_while_the_system_has_its_one_call_in_flight(hub: LocalHub) -> None:
     second = []
 
-    def start_another_meanwhile(ctx):  # noqa: ANN001, ANN202
+    def start_another_meanwhile(ctx):
         if not second:
             second.append(hub.submit("p.limited", {}, correlation_id="second").id)
             hub.run()  # its chain runs now, while this call is in flight
@@ -59,9 +60,16 @@ def test_a_system_paced_at_two_calls_a_minute_makes_the_third_wait(hub: LocalHub
     assert [hub.get(i).state for i in ids] == ["OK"] * 4 and routes.calls("paced") == 4
 
 
-@pytest.mark.parametrize("name, bad", [("OPENHUB_SYSTEM_LIMITS", "post=0"), ("OPENHUB_SYSTEM_LIMITS", "post=many"),
-                                       ("OPENHUB_SYSTEM_RATES", "paced=10"), ("OPENHUB_SYSTEM_RATES", "paced=1/0")])
-def test_a_limit_must_be_positive(monkeypatch, name: str, bad: str) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "name, bad",
+    [
+        ("OPENHUB_SYSTEM_LIMITS", "post=0"),
+        ("OPENHUB_SYSTEM_LIMITS", "post=many"),
+        ("OPENHUB_SYSTEM_RATES", "paced=10"),
+        ("OPENHUB_SYSTEM_RATES", "paced=1/0"),
+    ],
+)
+def test_a_limit_must_be_positive(monkeypatch, name: str, bad: str) -> None:
     monkeypatch.setenv(name, bad)
     reset_settings()
     with pytest.raises(ConfigurationError, match=name):
@@ -71,7 +79,7 @@ def test_a_limit_must_be_positive(monkeypatch, name: str, bad: str) -> None:  # 
 
 
 def test_a_dead_workers_slot_is_free_as_soon_as_its_death_is_seen(hub: LocalHub) -> None:
-    def killed(ctx):  # noqa: ANN001, ANN202
+    def killed(ctx):
         if not routes.MOST.get("killed"):
             routes.MOST["killed"] = 1
             raise KeyboardInterrupt  # the process dies mid-call: no outcome, its slot still taken
@@ -90,7 +98,7 @@ def test_a_dead_workers_slot_is_free_as_soon_as_its_death_is_seen(hub: LocalHub)
 
 
 def test_a_transaction_that_read_the_clock_earlier_never_winds_the_bucket_back(hub: LocalHub) -> None:
-    from openhub import limits
+    from openhub.outbound import limits
 
     start = utcnow()
     rate = (2, 60.0)  # a token every 30 s, two in the bucket
@@ -113,7 +121,7 @@ def test_a_first_burst_on_postgresql_takes_no_more_tokens_than_the_bucket_holds(
     psycopg an INSERT's rowcount is -1 whether it inserted or not, and all three took a token."""
     import threading
 
-    from openhub.limits import paced
+    from openhub.outbound.limits import paced
 
     system = f"burst-{utcnow().timestamp()}"
     answers: list[object] = []
@@ -128,8 +136,10 @@ def test_a_first_burst_on_postgresql_takes_no_more_tokens_than_the_bucket_holds(
         for t in others:
             t.start()
         with transaction(local_store) as probe:  # both wait on the first one's uncommitted row
-            waiting = lambda: probe.exec_driver_sql(  # noqa: E731
-                "SELECT count(*) FROM pg_locks WHERE NOT granted").scalar_one() >= 2
+
+            def waiting() -> bool:
+                return probe.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE NOT granted").scalar_one() >= 2
+
             deadline = utcnow() + timedelta(seconds=20)
             while not waiting() and utcnow() < deadline:
                 threading.Event().wait(0.02)  # polling interval of the wait

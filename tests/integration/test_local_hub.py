@@ -8,27 +8,27 @@ from openhub.testing import ExternalSystem, LocalHub
 
 
 @pytest.fixture
-def external():  # noqa: ANN201
+def external():
     system = ExternalSystem().start()
     yield system
     system.stop()
 
 
-def test_local_hub_runs_a_route_and_retries_in_simulated_time(external, monkeypatch) -> None:  # noqa: ANN001
+def test_local_hub_runs_a_route_and_retries_in_simulated_time(external, monkeypatch) -> None:
     monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
     external.fail("/local/b", times=1)
     with LocalHub("tests.support.routes", OPENHUB_RETRY_INTERVAL="60") as hub:
         view = hub.submit("test.flow", {"prefix": "/local"})
         assert hub.run() == 1
         assert hub.get(view.id).state == "PARTLY_FAILED"
-        assert hub.tick(seconds=30).redriven == 0      # not due yet
-        assert hub.tick(seconds=61).redriven == 1      # a minute later the poller re-drives it
+        assert hub.tick(seconds=30).redriven == 0  # not due yet
+        assert hub.tick(seconds=61).redriven == 1  # a minute later the poller re-drives it
         done = hub.get(view.id)
         assert done.state == "OK" and done.failed_count == 1
     assert external.count("/local/a") == 1 and external.count("/local/b") == 2
 
 
-def test_tick_seconds_count_from_now_not_from_the_last_tick(external, monkeypatch) -> None:  # noqa: ANN001
+def test_tick_seconds_count_from_now_not_from_the_last_tick(external, monkeypatch) -> None:
     # Issue 40: `tick(seconds=N)` read as cumulative surprised; it is N seconds from now, as documented.
     monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
     external.fail("/ticks/b", times=1)
@@ -41,7 +41,7 @@ def test_tick_seconds_count_from_now_not_from_the_last_tick(external, monkeypatc
         assert hub.get(view.id).state == "OK"
 
 
-def test_local_hub_splits_and_waits(external, monkeypatch) -> None:  # noqa: ANN001
+def test_local_hub_splits_and_waits(external, monkeypatch) -> None:
     monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
     with LocalHub("tests.support.routes") as hub:
         order = hub.submit("test.order", {"prefix": "/lh", "lines": [{"sku": 1}, {"sku": 2}]})
@@ -50,7 +50,7 @@ def test_local_hub_splits_and_waits(external, monkeypatch) -> None:  # noqa: ANN
         assert external.effects("/lh/line") == 2 and external.effects("/lh/after") == 1
 
 
-def test_children_in_their_parents_funnel_are_not_blocked_by_it(external, monkeypatch) -> None:  # noqa: ANN001
+def test_children_in_their_parents_funnel_are_not_blocked_by_it(external, monkeypatch) -> None:
     monkeypatch.setenv("OPENHUB_TEST_EXTERNAL_URL", external.url)
     with LocalHub("tests.support.routes") as hub:
         parent = hub.submit("test.funnelled_split", {"prefix": "/fam", "group": "g"})
@@ -68,6 +68,7 @@ def test_a_run_that_crashed_mid_step_is_repaired_by_the_next_tick() -> None:
     from tests.support import promise_routes as routes
 
     with routes.local_hub() as hub:
+
         def interrupt(_ctx: object) -> None:
             del routes.HOOKS["first"]
             raise KeyboardInterrupt
@@ -81,3 +82,53 @@ def test_a_run_that_crashed_mid_step_is_repaired_by_the_next_tick() -> None:
         done = hub.get(view.id)
         assert done.state == "OK" and done.failed_count == 0  # a run lost is no failure of the message's
         assert routes.calls("first") == 1 and routes.calls("second") == 1
+
+
+def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() -> None:
+    """Issue 35, "one way in": a hub owns its settings, routes and database, so two LocalHubs with different
+    settings and stores open in one process each carry a message (and a split family, and its
+    confirmation) to OK in their own store. The second one opened is the process's installed hub while
+    the first is driven: whatever read the process's globals instead of the hub it was given would write
+    into the second's store, or take its settings."""
+    from sqlalchemy import select
+
+    from openhub.service.reads import list_messages
+    from openhub.store.schema import confirmations
+    from tests.support import promise_routes as routes
+
+    routes.reset()
+    with (
+        LocalHub(routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="2") as one,
+        LocalHub(routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="7") as two,
+    ):
+        assert one.hub is not None and two.hub is not None
+        assert one.hub.settings.database_url != two.hub.settings.database_url
+        flow = one.submit("p.flow", {}, correlation_id="same-id")
+        family = one.submit("p.big", {"children": 2}, correlation_id="family")
+        other = two.submit("p.flow", {}, correlation_id="same-id")
+        assert not other.duplicate  # the same ids in another hub's store are another message
+        one.lose_broker()  # the first hub's chains are lost: its own poller publishes them again, and runs them
+        assert one.tick(seconds=3600).redriven == 2
+        assert one.tick(seconds=3600).redriven == 0
+        assert two.run() == 1
+
+        def stored(local: LocalHub) -> dict[str, tuple[str, int]]:
+            return {m.correlation_id: (m.state, m.priority) for m in list_messages(hub=local.hub)}
+
+        assert stored(one) == {
+            "same-id": ("OK", 2),
+            "family": ("OK", 2),
+            "family#0.1": ("OK", 2),
+            "family#0.2": ("OK", 2),
+        }
+        assert stored(two) == {"same-id": ("OK", 7)}
+        assert one.get(flow.id).state == one.get(family.id).state == "OK"
+
+        def confirmed(local: LocalHub) -> list[tuple[int, str]]:
+            assert local.hub is not None
+            with local.hub.transaction() as conn:
+                rows = conn.execute(select(confirmations.c.message_id, confirmations.c.state)).all()
+            return sorted((r.message_id, r.state) for r in rows)
+
+        assert confirmed(one) == [(flow.id, "OK"), (family.id, "OK")]  # the children are not confirmed
+        assert confirmed(two) == [(other.id, "OK")]

@@ -1,4 +1,4 @@
-"""openhub.overview on both databases: the figures of a store with known traffic (tests/support/traffic.py)."""
+"""openhub.service.overview on both databases: the figures of a store with known traffic (tests/support/traffic.py)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from openhub.config import reset_settings
-from openhub.db import utcnow
-from openhub.overview import overview, workers
+from openhub.core.config import reset_settings
+from openhub.service.overview import overview, workers
+from openhub.store.db import utcnow
 from tests.support.traffic import EXPECTED, fresh_store, write_known_traffic
 from tests.support.waiting import wait_for
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # noqa: ANN001
+def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
     with fresh_store(request.param, tmp_path) as url:
         yield url
 
@@ -30,8 +30,11 @@ def test_overview_of_known_traffic(store: str) -> None:
     assert partly["oldest_id"] == ids["oldest_partly_failed"]
     assert partly["oldest_age_seconds"] == EXPECTED["oldest_partly_failed_minutes"] * 60
     f = o["finished"]
-    assert f["hour_total"] == {"finished": EXPECTED["hour_finished"], "failed": EXPECTED["hour_failed"],
-                               "failure_rate": round(2 / 11, 4)}
+    assert f["hour_total"] == {
+        "finished": EXPECTED["hour_finished"],
+        "failed": EXPECTED["hour_failed"],
+        "failure_rate": round(2 / 11, 4),
+    }
     assert (f["day_total"]["finished"], f["day_total"]["failed"]) == (EXPECTED["day_finished"], EXPECTED["day_failed"])
     assert len(f["hour"]) == 60 and len(f["day"]) == 96
     # The 8 setCustomer messages finished 5 minutes ago land in one minute's bucket, 2 of them failed.
@@ -51,8 +54,8 @@ def test_an_empty_store_has_an_empty_overview(store: str) -> None:
     assert all(p["finished"] == 0 for p in o["finished"]["hour"])
 
 
-def test_workers_unknown_when_the_broker_cannot_be_asked(monkeypatch) -> None:  # noqa: ANN001
-    from openhub import dispatch
+def test_workers_unknown_when_the_broker_cannot_be_asked(monkeypatch) -> None:
+    from openhub.celery import dispatch
 
     monkeypatch.setenv("OPENHUB_BROKER_URL", "redis://127.0.0.1:9/0")  # nobody listens there
     reset_settings()
@@ -64,7 +67,7 @@ def test_workers_unknown_when_the_broker_cannot_be_asked(monkeypatch) -> None:  
         reset_settings()
 
 
-def test_workers_lists_the_running_worker(hub) -> None:  # noqa: ANN001
+def test_workers_lists_the_running_worker(hub) -> None:
     """On both backends (Redis, and the embedded filesystem transport's control folder)."""
     [worker] = hub.workers
     seen = wait_for(lambda: (lambda w: w if w["workers"] else None)(workers(timeout=1.0)), 60, "a worker to answer")

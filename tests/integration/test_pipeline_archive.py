@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,18 +21,20 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from openhub import schema
-from openhub.db import transaction, utcnow
+from openhub.store import schema
+from openhub.store.db import transaction, utcnow
 
 from .pipeline_stores import (  # noqa: F401 - the two fixtures are used by name
     FINAL,
     NOW,
     TABLES,
+    archive_midway,
     backend_url_fixture,
     generate_store,
     snapshot,
     spark_fixture,
     store_url,
+    wait_while_running,
 )
 
 Rows = dict[str, dict[int, dict[str, Any]]]
@@ -77,8 +78,9 @@ def expected_archived(before: Rows, cutoff: datetime) -> set[int]:
         families[root(mid)].append(mid)
 
     def ok(m: dict[str, Any]) -> bool:
-        return (m["state"] in FINAL and m["finished_at"] is not None and m["finished_at"] < cutoff
-                and m["id"] not in held)
+        return (
+            m["state"] in FINAL and m["finished_at"] is not None and m["finished_at"] < cutoff and m["id"] not in held
+        )
 
     return {mid for members in families.values() if all(ok(messages[m]) for m in members) for mid in members}
 
@@ -153,8 +155,11 @@ def test_changed_family_is_withdrawn_not_deleted(spark, backend_url: str, tmp_pa
     archive.seal(manifest)
     manifest = archive.publish("b-test")
     with transaction(backend_url) as conn:
-        conn.execute(update(schema.messages).where(schema.messages.c.id == victim).values(
-            state="PARTLY_FAILED", failed_count=0, finished_at=None, updated_at=utcnow()))
+        conn.execute(
+            update(schema.messages)
+            .where(schema.messages.c.id == victim)
+            .values(state="PARTLY_FAILED", failed_count=0, finished_at=None, updated_at=utcnow())
+        )
     before = snapshot(backend_url)
     assert settle(archive, backend_url, manifest) == len(family) > 1
     after = snapshot(backend_url)
@@ -177,18 +182,6 @@ def withdrawn_ids(archive: Any) -> set[int]:
     return {i for m in archive.manifests() for i in m.withdrawn}
 
 
-def _wait_for(condition: Any, process: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:
-    """Poll `condition` until it holds; fail if the process ends first or time runs out."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"archive ended (rc {process.returncode}) before it could be killed:\n"
-                        f"{log.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"archive made no progress in {timeout}s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.01)  # polling interval of the condition check, not a synchronisation delay
-
-
 def test_archive_killed_midway_then_rerun(spark, backend_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """SIGKILL `archive` (and its JVM) while a batch is half written, then run it again."""
     from openhub.pipeline.archive import run_archive
@@ -198,17 +191,28 @@ def test_archive_killed_midway_then_rerun(spark, backend_url: str, tmp_path: Pat
     before = snapshot(backend_url)
     out = tmp_path / "archive"
     log = tmp_path / "archive.log"
-    command = [sys.executable, "-m", "openhub.pipeline.commands", "archive", "--older-than", "1h",
-               "--out", str(out), "--batch-size", "10", "--master", "local[1]", "--source", backend_url]
+    command = [
+        sys.executable,
+        "-m",
+        "openhub.pipeline.commands",
+        "archive",
+        "--older-than",
+        "1h",
+        "--out",
+        str(out),
+        "--batch-size",
+        "10",
+        "--master",
+        "local[1]",
+        "--source",
+        backend_url,
+    ]
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        def midway() -> bool:  # two batches deleted from the store, a third one half written
-            done = list((out / "_batches").glob("*.json")) if (out / "_batches").exists() else []
-            staged = list((out / "_staging").glob("*/*")) if (out / "_staging").exists() else []
-            return len(done) >= 2 and bool(staged)
-
-        _wait_for(midway, process, log)
+        # two batches deleted from the store, a third one half written
+        midway = lambda: archive_midway(out, backend_url, len(before["messages"]), published=2)  # noqa: E731
+        wait_while_running(midway, process, log, timeout=240)
         os.killpg(process.pid, signal.SIGKILL)
         assert process.wait(timeout=30) == -signal.SIGKILL
     finally:
@@ -243,8 +247,11 @@ def publish_killed_after_two_files(archive: Any, batch: str, monkeypatch: pytest
     monkeypatch.undo()
 
 
-def test_rerun_completes_batches_stopped_at_every_stage(spark, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rerun_completes_batches_stopped_at_every_stage(
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Leave four batches exactly where a crash at each stage would, then rerun once.
 
     Staged but not sealed (discarded, its rows archived again later), sealed (rolled forward),

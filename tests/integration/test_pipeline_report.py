@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from openhub.errors import ConfigurationError
+from openhub.core.errors import ConfigurationError
 
 from .pipeline_stores import NOW, generate_store, spark_fixture, sql_report, store_url  # noqa: F401 - spark_fixture is used by name
 
@@ -105,8 +105,9 @@ def report_store(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtu
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-@pytest.mark.parametrize("window", [None, (NOW - timedelta(days=3), NOW - timedelta(days=1, hours=5))],
-                         ids=["all", "range"])
+@pytest.mark.parametrize(
+    "window", [None, (NOW - timedelta(days=3), NOW - timedelta(days=1, hours=5))], ids=["all", "range"]
+)
 def test_report_figures_equal_sql(spark, report_store, backend, window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from openhub.pipeline.report import TABLES, build_report
     from openhub.pipeline.source import parse_source
@@ -129,23 +130,49 @@ def test_report_page_is_self_contained_with_charts(spark, report_store, tmp_path
     from openhub.pipeline.commands import report
 
     out = tmp_path / "out"
-    result = CliRunner().invoke(report, ["--source", report_store["sqlite"], "--out", str(out),
-                                         "--from", "2026-11-01T00:00:00", "--to", "2026-11-11T00:00:00+00:00"])
+    result = CliRunner().invoke(
+        report,
+        [
+            "--source",
+            report_store["sqlite"],
+            "--out",
+            str(out),
+            "--from",
+            "2026-11-01T00:00:00",
+            "--to",
+            "2026-11-11T00:00:00+00:00",
+        ],
+    )
     assert result.exit_code == 0, result.output
     page = _Page()
     page.feed((out / "report.html").read_text(encoding="utf-8"))
     assert page.title == "openhub message report"
     assert page.external == []  # nothing fetched from elsewhere
-    expected = {"counts", "sources", "route_rates", "processing_time", "throughput_hourly",
-                "ext_call_failures", "business_errors"}
+    expected = {
+        "counts",
+        "sources",
+        "route_rates",
+        "processing_time",
+        "throughput_hourly",
+        "ext_call_failures",
+        "business_errors",
+    }
     assert set(page.images) == expected
     for chart, src in page.images.items():
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix), chart
-        png = base64.b64decode(src[len(prefix):], validate=True)
+        png = base64.b64decode(src[len(prefix) :], validate=True)
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000, chart
-    assert {"counts", "route_rates", "processing_time", "throughput_hourly", "ext_call_failures",
-            "slowest_routes", "business_errors", "http_statuses"} <= set(page.tables)
+    assert {
+        "counts",
+        "route_rates",
+        "processing_time",
+        "throughput_hourly",
+        "ext_call_failures",
+        "slowest_routes",
+        "business_errors",
+        "http_statuses",
+    } <= set(page.tables)
     for table in ("counts", "route_rates", "processing_time"):
         assert any(p.name.endswith(".parquet") for p in (out / table).iterdir()), table
 
@@ -175,8 +202,9 @@ def test_empty_range_gives_empty_tables_and_a_page(spark, report_store, tmp_path
     from openhub.pipeline.report import build_report
     from openhub.pipeline.source import parse_source
 
-    report = build_report(spark, parse_source(report_store["postgresql"]), tmp_path, datetime(2020, 1, 1),
-                          datetime(2020, 1, 2))
+    report = build_report(
+        spark, parse_source(report_store["postgresql"]), tmp_path, datetime(2020, 1, 1), datetime(2020, 1, 2)
+    )
     assert all(rows == [] for rows in report.tables.values())
     page = _Page()
     page.feed(write_page(report, tmp_path).read_text(encoding="utf-8"))

@@ -6,6 +6,7 @@ side of each refusal is in tests/integration/api/test_hostile_input_api.py.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -14,14 +15,14 @@ from sqlalchemy.exc import DataError
 
 import openhub
 from openhub.api.app import with_settings
-from openhub.db import transaction
-from openhub.errors import InputError
-from openhub.producer import insert_new_many, nesting_depth, prepare
+from openhub.core.errors import InputError
+from openhub.engine.intake import insert_new_many, nesting_depth, prepare
+from openhub.store.db import transaction
 from tests.support import promise_routes
 
 
 @pytest.fixture
-def active(backend):  # noqa: ANN001, ANN201
+def active(backend):
     backend.activate()
     return backend
 
@@ -47,16 +48,16 @@ def test_payload_nested_past_the_limit_is_refused(active, payload):
 
 
 def test_payload_at_the_limit_is_accepted_and_readable(active):
-    view = openhub.submit("test.flow", {"prefix": "/x", "deep": nested(60)}, source_system="CRM",
-                          correlation_id=uuid.uuid4().hex)
+    view = openhub.submit(
+        "test.flow", {"prefix": "/x", "deep": nested(60)}, source_system="CRM", correlation_id=uuid.uuid4().hex
+    )
     assert openhub.get_message(view.id).payload["deep"] == nested(60)
 
 
 @pytest.mark.parametrize("field", ["correlation_id", "process_id", "source_system"])
 @pytest.mark.parametrize("bad", ["a\nb", "a\rb", "a\x1b[31mb", "a\x00b", "a\x85b", "a\u2028b", "a\x7fb"])
 def test_control_characters_in_ids_are_refused(active, field, bad):
-    item = {"route": "test.flow", "payload": {}, "source_system": "CRM", "correlation_id": uuid.uuid4().hex,
-            field: bad}
+    item = {"route": "test.flow", "payload": {}, "source_system": "CRM", "correlation_id": uuid.uuid4().hex, field: bad}
     with pytest.raises(InputError, match="control characters"):
         openhub.submit_many([item])
 
@@ -91,20 +92,33 @@ def test_timestamp_beyond_the_clock_skew_is_refused(active):
         with pytest.raises(InputError, match="OPENHUB_MAX_CLOCK_SKEW"):
             openhub.submit("test.flow", {}, source_system="CRM", correlation_id=cid, msg_timestamp=far)
         assert openhub.list_messages(correlation_id=cid) == []
-    ok = openhub.submit("test.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex,
-                        msg_timestamp=now + timedelta(seconds=200))
+    ok = openhub.submit(
+        "test.flow",
+        {},
+        source_system="CRM",
+        correlation_id=uuid.uuid4().hex,
+        msg_timestamp=now + timedelta(seconds=200),
+    )
     assert ok.msg_timestamp is not None
 
 
 def test_clock_skew_is_configurable(active, monkeypatch):
     monkeypatch.setenv("OPENHUB_MAX_CLOCK_SKEW", "0")
-    from openhub.config import Settings
+    from openhub.core.config import Settings
 
     assert Settings.from_env().max_clock_skew == timedelta(0)
-    monkeypatch.setattr("openhub.producer.get_settings", lambda: with_settings(max_clock_skew=timedelta(0)))
+    from openhub.engine.hub import current
+
+    hub = dataclasses.replace(current(), settings=with_settings(max_clock_skew=timedelta(0)))
     with pytest.raises(InputError):
-        openhub.submit("test.flow", {}, source_system="CRM", correlation_id=uuid.uuid4().hex,
-                       msg_timestamp=datetime.now(timezone.utc) + timedelta(seconds=5))
+        openhub.submit(
+            "test.flow",
+            {},
+            source_system="CRM",
+            correlation_id=uuid.uuid4().hex,
+            msg_timestamp=datetime.now(timezone.utc) + timedelta(seconds=5),
+            hub=hub,
+        )
 
 
 def test_a_funnel_belongs_to_its_source_system(active):

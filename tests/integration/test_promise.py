@@ -14,39 +14,45 @@ import pytest
 from sqlalchemy import event, select
 
 import openhub
-from openhub import batch, engine, lifecycle, poller
-from openhub.db import get_engine, transaction, utcnow
-from openhub.errors import StoreUnavailable
-from openhub.schema import ext_calls, messages, transitions
-from openhub.workers import beat, current_id
+from openhub.core.errors import StoreUnavailable
+from openhub.engine import batch, engine, lifecycle, poller
+from openhub.store.db import get_engine, transaction, utcnow
+from openhub.store.schema import ext_calls, messages, transitions
+from openhub.store.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 from tests.support.backends import postgres_database
-
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def hub(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3",
-                          **local_store_env) as local:
+    with routes.local_hub(
+        OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3", **local_store_env
+    ) as local:
         yield local
 
 
 def _history(message_id: int) -> list[str]:
     with transaction() as conn:
-        return list(conn.execute(select(transitions.c.event).where(transitions.c.message_id == message_id)
-                                 .order_by(transitions.c.id)).scalars())
+        return list(
+            conn.execute(
+                select(transitions.c.event).where(transitions.c.message_id == message_id).order_by(transitions.c.id)
+            ).scalars()
+        )
 
 
 def _calls_of(message_id: int) -> dict[str, tuple[str, int | None]]:
     with transaction() as conn:
-        return {r.step_key: (r.state, r.ok_message_id) for r in conn.execute(
-            select(ext_calls).where(ext_calls.c.message_id == message_id))}
+        return {
+            r.step_key: (r.state, r.ok_message_id)
+            for r in conn.execute(select(ext_calls).where(ext_calls.c.message_id == message_id))
+        }
 
 
 # --- 1. an error while recording a successful step -------------------------------------------------
+
 
 def test_custom_data_that_is_not_json_keeps_the_call_and_fails_the_message_once(hub: LocalHub) -> None:
     view = hub.submit("p.stamp", {})
@@ -60,11 +66,11 @@ def test_custom_data_that_is_not_json_keeps_the_call_and_fails_the_message_once(
     assert routes.CONFIRMED == [(view.id, "FAILED")]
 
 
-def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHub, monkeypatch) -> None:
     real = lifecycle.queue_confirmation
     failures = []
 
-    def fails_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a fault injected into our own code
+    def fails_once(*args, **kwargs):
         if not failures:
             failures.append(1)
             raise RuntimeError("confirmation queue broke")
@@ -81,20 +87,24 @@ def test_a_failing_follow_up_while_recording_never_repeats_the_call(hub: LocalHu
 
 # --- 2. the store away right after a call, longer than any fixed number of retries -------------------
 
+
 @pytest.mark.parametrize("route", ["p.flow", "p.fused", "p.batch"])
-def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(route: str, hub: LocalHub,
-                                                                              monkeypatch) -> None:  # noqa: ANN001
-    real = engine.transaction
+def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(
+    route: str, hub: LocalHub, monkeypatch
+) -> None:
+    from openhub.engine import hub as hubs  # where the hub's transactions begin (`Hub.transaction`)
+
+    real = hubs.transaction
     outage = {"left": 0}
 
-    def away(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the store refuses every transaction meanwhile
+    def away(*args, **kwargs):
         if outage["left"]:
             outage["left"] -= 1
             raise StoreUnavailable("message store unavailable: connection refused")
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(hubs, "transaction", away)
     for module in (engine, batch):  # a batch route's group transactions are batch's
-        monkeypatch.setattr(module, "transaction", away)
         monkeypatch.setattr(module, "pause_before_retry", lambda seconds: None)
     routes.HOOKS["first"] = lambda ctx: outage.update(left=100)  # far more tries than the old limit of 12
     views = [hub.submit(route, {}) for _ in range(3)]  # one batch of p.batch
@@ -104,10 +114,40 @@ def test_an_outage_after_the_call_is_waited_out_not_repaired_by_calling_again(ro
     assert routes.calls("first") == 3
 
 
+def test_the_store_away_right_before_a_later_batch_members_call_is_waited_out(hub: LocalHub, monkeypatch) -> None:
+    """Issue 33, the fence: under prefork a batch member's lease is read right before its call, after the
+    earlier members' calls. The store away at that read is waited out, as the group's writes wait for it:
+    each member's call is made once, after the store is back, and nothing is left to the repair."""
+    from openhub.engine import hub as hubs  # where a hub's reading transactions begin (`Hub.reading`)
+
+    real = hubs.reading
+    outage = {"left": 0, "cuts": 0}
+
+    def away(*args, **kwargs):
+        if outage["left"]:
+            outage["left"] -= 1
+            raise StoreUnavailable("message store unavailable: connection refused")
+        return real(*args, **kwargs)
+
+    def cut(ctx) -> None:
+        outage["cuts"] += 1
+        outage["left"] = 30
+
+    monkeypatch.setattr(hubs, "reading", away)
+    monkeypatch.setattr(batch, "pause_before_retry", lambda seconds: None)
+    routes.HOOKS["first"] = routes.HOOKS["second"] = cut
+    views = [hub.submit("p.batch", {}, source_system="UNCONFIRMED") for _ in range(3)]  # one batch
+    hub.run()
+    assert outage["cuts"] == 6 and outage["left"] == 30  # the last member's call left its outage unread
+    assert [hub.get(v.id).state for v in views] == ["OK"] * 3
+    assert routes.calls("first") == 3 and routes.calls("second") == 3
+    assert all(_history(v.id) == ["accepted", "claimed", "step_ok", "step_ok", "completed"] for v in views)
+
+
 def test_a_batch_enters_and_records_each_step_of_all_its_messages_in_one_commit(hub: LocalHub) -> None:
     commits = []
 
-    def count(conn) -> None:  # noqa: ANN001
+    def count(conn) -> None:
         commits.append(conn)
 
     views = [hub.submit("p.batch", {}, source_system="UNCONFIRMED") for _ in range(3)]
@@ -124,7 +164,7 @@ def test_a_batch_enters_and_records_each_step_of_all_its_messages_in_one_commit(
 def test_a_fused_task_hands_each_lease_on_in_the_commit_that_records_the_step(hub: LocalHub) -> None:
     commits = []
 
-    def count(conn) -> None:  # noqa: ANN001
+    def count(conn) -> None:
         commits.append(conn)
 
     view = hub.submit("p.fused", {}, source_system="UNCONFIRMED")  # no confirmation's commits counted
@@ -143,14 +183,13 @@ def test_a_fused_task_hands_each_lease_on_in_the_commit_that_records_the_step(hu
 # outcome with its call record and history entry, and one that takes the lease with the next call record
 # (chain mode) or the final state (the last step).
 @pytest.mark.parametrize("route, statements, commits", [("p.flow", 1 + 8, 1 + 4), ("p.fused", 1 + 7, 1 + 3)])
-def test_a_message_takes_few_statements_on_postgresql(route: str, statements: int, commits: int,
-                                                      hub: LocalHub) -> None:
+def test_a_message_takes_few_statements_on_postgresql(route: str, statements: int, commits: int, hub: LocalHub) -> None:
     counted = {"statements": 0, "commits": 0}
 
-    def statement(*_args) -> None:  # noqa: ANN002
+    def statement(*_args) -> None:
         counted["statements"] += 1
 
-    def commit(_conn) -> None:  # noqa: ANN001
+    def commit(_conn) -> None:
         counted["commits"] += 1
 
     event.listen(get_engine(), "before_cursor_execute", statement)
@@ -168,7 +207,8 @@ def test_a_message_takes_few_statements_on_postgresql(route: str, statements: in
 
 
 def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a_failure(
-        hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+    hub: LocalHub, monkeypatch
+) -> None:
     """The engine reads Celery's SoftTimeLimitExceeded as openhub's Interrupted through the task's
     `translate` (tasks/exceptions.py): the step is done, so its outcome is written, not replaced."""
     from celery.exceptions import SoftTimeLimitExceeded
@@ -177,18 +217,20 @@ def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a
     assert spec is not None and spec.loader is not None
     boundary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(boundary)
-    real, limit = engine.transaction, {"left": 0}
+    from openhub.engine import hub as hubs  # where the hub's transactions begin (`Hub.transaction`)
 
-    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the limit fires as recording starts
+    real, limit = hubs.transaction, {"left": 0}
+
+    def interrupted(*args, **kwargs):
         if limit["left"]:
             limit["left"] -= 1
             raise SoftTimeLimitExceeded()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "transaction", interrupted)
+    monkeypatch.setattr(hubs, "transaction", interrupted)
     routes.HOOKS["first"] = lambda ctx: limit.update(left=1)
     view = hub.submit("p.flow", {})
-    route, message_id, token, _start, _trace = hub.publisher.chains.popleft()
+    route, message_id, token, _start, _trace, _priority = hub.publisher.chains.popleft()
     report = engine.run_step(route.name, 0, message_id, token, translate=boundary.translate)
     assert limit["left"] == 0 and (report.go_on, report.outcome) == (True, "ok")
     assert engine.run_step(route.name, 1, message_id, token).outcome == "ok"  # the chain's next, last task
@@ -196,10 +238,10 @@ def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a
     assert routes.calls("first") == 1
 
 
-def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:
     real, failures = engine._prepare, []
 
-    def fails_once_at_the_second_step(tx, run, *args):  # noqa: ANN001, ANN002, ANN202
+    def fails_once_at_the_second_step(tx, run, *args):
         if run.index == 1 and not failures:
             failures.append(run.index)
             raise RuntimeError("a bug in entering the step")
@@ -216,14 +258,15 @@ def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: Local
 
 # --- 3. an entity record taken over by a newer message whose call failed -------------------------------
 
+
 def test_an_entity_call_that_succeeded_is_not_made_again_after_a_newer_message_failed_it(hub: LocalHub) -> None:
     now = utcnow()
 
-    def second_fails_for_the_first_message(ctx):  # noqa: ANN001, ANN202
+    def second_fails_for_the_first_message(ctx):
         if ctx.message.correlation_id == "older" and ctx.attempt == 1 and ctx.message.failed_count == 0:
             raise RuntimeError("billing answered 503")
 
-    def sync_fails_for_the_newer_message(ctx):  # noqa: ANN001, ANN202
+    def sync_fails_for_the_newer_message(ctx):
         if ctx.message.correlation_id == "newer" and ctx.message.failed_count == 0:
             raise RuntimeError("the network operator answered 503")
 
@@ -243,9 +286,10 @@ def test_an_entity_call_that_succeeded_is_not_made_again_after_a_newer_message_f
 
 # --- 4. cancel while a step is calling out -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("route", ["p.flow", "p.fused"])
 def test_a_restart_after_a_cancel_mid_step_waits_for_the_call_in_flight(route: str, hub: LocalHub) -> None:
-    def cancel_restart_and_run_again(ctx):  # noqa: ANN001, ANN202
+    def cancel_restart_and_run_again(ctx):
         if ctx.message.failed_count == 0 and not routes.MOST.get("restarted"):
             routes.MOST["restarted"] = 1
             openhub.cancel(ctx.message.id)
@@ -264,7 +308,7 @@ def test_a_restart_after_a_cancel_mid_step_waits_for_the_call_in_flight(route: s
 def test_a_cancelled_message_holds_its_funnel_until_its_call_ends(hub: LocalHub) -> None:
     started: list[int] = []
 
-    def cancel_and_let_the_next_one_try(ctx):  # noqa: ANN001, ANN202
+    def cancel_and_let_the_next_one_try(ctx):
         started.append(ctx.message.id)
         if len(started) == 1:
             openhub.cancel(ctx.message.id)
@@ -283,6 +327,7 @@ def test_a_cancelled_message_holds_its_funnel_until_its_call_ends(hub: LocalHub)
 
 # --- 8. a message postponed because its funnel is busy does not re-drive itself -----------------------
 
+
 def test_a_message_behind_a_busy_funnel_waits_quietly(hub: LocalHub) -> None:
     waiting = hub.submit("p.waiting", {"group": "g"})
     hub.run()
@@ -295,11 +340,12 @@ def test_a_message_behind_a_busy_funnel_waits_quietly(hub: LocalHub) -> None:
 
 # --- 9. a backlog in the broker is not a lost chain -----------------------------------------------------
 
+
 def test_a_chain_waiting_in_a_backlog_costs_no_failure(hub: LocalHub) -> None:
     view = hub.submit("p.flow", {})
     published = []
     for minutes in range(5, 125, 5):  # two hours of backlog, the poller looking every five minutes
-        report = poller.tick(utcnow() + timedelta(minutes=minutes, seconds=1))
+        report = poller.tick(hub.hub, utcnow() + timedelta(minutes=minutes, seconds=1))
         published.append(report.redriven)
         current = hub.get(view.id)
         assert current.state in ("NEW", "IN_QUEUE") and current.failed_count == 0
@@ -313,7 +359,7 @@ def test_a_chain_waiting_in_a_backlog_costs_no_failure(hub: LocalHub) -> None:
 @pytest.mark.parametrize("route", ["p.flow", "p.fused"])
 def test_a_slow_step_on_a_live_worker_is_never_repaired(route: str, hub: LocalHub) -> None:
     reports = []
-    routes.HOOKS["first"] = lambda ctx: reports.append(poller.tick(utcnow() + timedelta(hours=2)))
+    routes.HOOKS["first"] = lambda ctx: reports.append(poller.tick(hub.hub, utcnow() + timedelta(hours=2)))
     view = hub.submit(route, {})
     hub.run()
     assert reports[0].repaired == 0
@@ -323,7 +369,7 @@ def test_a_slow_step_on_a_live_worker_is_never_repaired(route: str, hub: LocalHu
 
 def test_a_chain_handed_over_by_a_worker_that_died_is_published_again_at_once(hub: LocalHub) -> None:
     view = hub.submit("p.flow", {})
-    route, message_id, token, _start, _trace = hub.publisher.chains.popleft()
+    route, message_id, token, _start, _trace, _priority = hub.publisher.chains.popleft()
     assert engine.run_step(route.name, 0, message_id, token)  # the first step; the worker dies before sending the next
     hub.publisher.chains.clear()
     with transaction() as conn:
@@ -339,6 +385,7 @@ def test_a_chain_handed_over_by_a_worker_that_died_is_published_again_at_once(hu
 
 
 # --- 10. pausing a guaranteed-order route is not being blocked in its funnel ----------------------------
+
 
 def test_pausing_a_guaranteed_order_route_does_not_fail_its_messages(hub: LocalHub) -> None:
     openhub.pause("p.ordered")
@@ -356,8 +403,9 @@ def test_pausing_a_guaranteed_order_route_does_not_fail_its_messages(hub: LocalH
 
 # --- 5. the transaction before a call commits durably ---------------------------------------------------
 
+
 def test_every_store_connection_commits_synchronously_on_postgresql() -> None:
-    from openhub import db
+    from openhub.store import db
 
     routes.reset()
     with postgres_database("openhub_promise") as url:
@@ -376,16 +424,17 @@ def test_every_store_connection_commits_synchronously_on_postgresql() -> None:
 
 
 def test_a_restarted_message_starts_its_order_wait_anew(hub: LocalHub) -> None:
-    from openhub.schema import messages
+    from openhub.store.schema import messages
 
-    routes.HOOKS["first"] = lambda ctx: (_ for _ in ()).throw(openhub.Reject("refused")) \
-        if ctx.message.correlation_id == "head" else None
+    routes.HOOKS["first"] = lambda ctx: (
+        (_ for _ in ()).throw(openhub.Reject("refused")) if ctx.message.correlation_id == "head" else None
+    )
     head = hub.submit("p.ordered", {"group": "g"}, correlation_id="head")
     hub.run()
     behind = hub.submit("p.ordered", {"group": "g"}, correlation_id="behind")
     hub.run()
     assert (hub.get(head.id).state, hub.get(behind.id).state) == ("FAILED", "POSTPONED")
-    assert poller.expire_guaranteed_order(utcnow() + timedelta(seconds=10)) == 1  # blocked past the timeout
+    assert poller.expire_guaranteed_order(hub.hub, utcnow() + timedelta(seconds=10)) == 1  # blocked past the timeout
     assert hub.get(behind.id).state == "FAILED"
     openhub.restart(behind.id)
     with transaction() as conn:
@@ -394,8 +443,9 @@ def test_a_restarted_message_starts_its_order_wait_anew(hub: LocalHub) -> None:
 
 
 def test_local_hub_ticks_move_the_engines_clock_too(hub: LocalHub) -> None:
-    routes.HOOKS["first"] = lambda ctx: (_ for _ in ()).throw(openhub.Reject("refused")) \
-        if ctx.message.correlation_id == "head" else None
+    routes.HOOKS["first"] = lambda ctx: (
+        (_ for _ in ()).throw(openhub.Reject("refused")) if ctx.message.correlation_id == "head" else None
+    )
     hub.submit("p.ordered", {"group": "g"}, correlation_id="head")
     hub.run()
     behind = hub.submit("p.ordered", {"group": "g"}, correlation_id="behind")
@@ -408,14 +458,14 @@ def test_local_hub_ticks_move_the_engines_clock_too(hub: LocalHub) -> None:
 
 # --- 6. a slow confirmer: each confirmation's lease covers its own send only -----------------------
 
-def test_a_confirmation_sent_while_the_store_goes_away_is_recorded_not_sent_again(hub: LocalHub,
-                                                                                   monkeypatch) -> None:  # noqa: ANN001
-    from openhub import confirm
+
+def test_a_confirmation_sent_while_the_store_goes_away_is_recorded_not_sent_again(hub: LocalHub, monkeypatch) -> None:
+    from openhub.outbound import confirm
 
     real = confirm.transaction
     outage = {"left": 0}
 
-    def store(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def store(*args, **kwargs):
         if outage["left"]:
             outage["left"] -= 1
             raise StoreUnavailable("the database restarts")
@@ -431,20 +481,24 @@ def test_a_confirmation_sent_while_the_store_goes_away_is_recorded_not_sent_agai
     assert [c["state"] for c in openhub.list_confirmations(message_id=view.id)] == ["OK"]
 
 
-def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatch) -> None:  # noqa: ANN001
+def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatch) -> None:
     import time
 
-    from openhub.confirm import send_confirmations
+    from openhub.outbound.confirm import send_confirmations
 
     routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_CONFIRM_INTERVAL="1",
-                  OPENHUB_STEP_TIMEOUT="1") as local:  # a confirmation's lease: one second
+    with LocalHub(
+        "tests.support.promise_routes",
+        source_system="CONFIRMED",
+        OPENHUB_CONFIRM_INTERVAL="1",
+        OPENHUB_STEP_TIMEOUT="1",
+    ) as local:  # a confirmation's lease: one second
         calls = {"n": 0}
         routes.HOOKS["confirm"] = lambda outcome: (_ for _ in ()).throw(RuntimeError("CRM is down"))
         ids = [local.submit("p.flow", {}).id for _ in range(5)]
         local.run()  # all five OK; each first confirmation fails and waits for the poller
 
-        def slow(outcome) -> None:  # noqa: ANN001
+        def slow(outcome) -> None:
             calls["n"] += 1
             time.sleep(0.4)  # the CRM takes 0.4 s per confirmation: this is its behaviour under test
             if calls["n"] == 4:  # 1.2 s in, past a lease taken for the whole batch: a second sender starts
@@ -453,7 +507,8 @@ def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatc
         routes.HOOKS["confirm"] = slow
         from sqlalchemy import update
 
-        from openhub.schema import confirmations
+        from openhub.store.schema import confirmations
+
         with transaction() as conn:  # their retry is due now
             conn.execute(update(confirmations).values(due_at=utcnow()))
         send_confirmations(now=utcnow())
@@ -464,6 +519,7 @@ def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatc
 
 # --- 11. a split larger than one statement's parameters -----------------------------------------------
 
+
 def test_a_split_of_five_thousand_children_and_a_batch_as_large_are_stored_on_postgresql() -> None:
     routes.reset()
     with postgres_database("openhub_promise") as url:
@@ -472,19 +528,25 @@ def test_a_split_of_five_thousand_children_and_a_batch_as_large_are_stored_on_po
             local.run(limit=1)  # the parent's chain only: it writes its children and waits for them
             assert local.get(parent.id).state == "WAITING"
             assert len(openhub.list_messages(parent_id=parent.id, limit=1000)) == 1000
-            views = openhub.submit_many([{"route": "p.leaf", "payload": {}, "source_system": "BULK",
-                                          "correlation_id": f"b-{n}"} for n in range(5000)])
+            views = openhub.submit_many(
+                [
+                    {"route": "p.leaf", "payload": {}, "source_system": "BULK", "correlation_id": f"b-{n}"}
+                    for n in range(5000)
+                ]
+            )
             assert len({v.id for v in views}) == 5000
             with transaction() as conn:
                 from sqlalchemy import func
 
-                from openhub.schema import messages
+                from openhub.store.schema import messages
+
                 children = conn.execute(select(func.count()).where(messages.c.parent_id == parent.id)).scalar()
             assert children == 5000
     routes.reset()
 
 
 # --- 7. split children's ids never collide with a source system's own ---------------------------------
+
 
 def test_a_source_systems_own_id_that_looks_like_a_childs_does_not_stop_the_split(hub: LocalHub) -> None:
     mine = hub.submit("p.leaf", {}, correlation_id="P#0.1")  # the source system's own id, sent first
@@ -505,6 +567,7 @@ def test_a_parent_with_the_longest_id_can_split(hub: LocalHub) -> None:
 
 
 # --- minor: a response that comes while an earlier step still runs -------------------------------------
+
 
 def test_a_response_that_came_while_its_question_was_asked_is_not_waited_for(hub: LocalHub) -> None:
     # The responder answers with the token the question gave, before the question's step has ended.
@@ -529,20 +592,20 @@ def test_a_response_for_an_earlier_wait_does_not_answer_a_later_one(hub: LocalHu
 
 def test_each_external_call_names_the_process_of_its_last_attempt(hub: LocalHub) -> None:
     from openhub.api.detail import message_detail
-    from openhub.workers import current_node
+    from openhub.store.workers import current_node
 
     view = hub.submit("p.flow", {})
     hub.run()
     assert {c["worker"] for c in message_detail(view.id)["ext_calls"]} == {current_node()}
 
 
-def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub: LocalHub, monkeypatch) -> None:
     """The group's write fails for the middle message: written again with a savepoint each, its hand-over
     rolls back alone, it is recorded alone and enters its next step anew; the others are handed over."""
     real, failures = engine._prepare, []
     views = [hub.submit("p.batch", {}) for _ in range(3)]
 
-    def fails_twice_for_one(tx, run, *args):  # noqa: ANN001, ANN002, ANN202
+    def fails_twice_for_one(tx, run, *args):
         if run.index == 1 and run.message_id == views[1].id and len(failures) < 2:
             failures.append(run.message_id)
             raise RuntimeError("a bug in entering the step")
@@ -555,11 +618,11 @@ def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub
     assert routes.calls("first") == 3 and routes.calls("second") == 3
 
 
-def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(hub: LocalHub, monkeypatch) -> None:  # noqa: ANN001
+def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(hub: LocalHub, monkeypatch) -> None:
     real = engine._claim
     views = [hub.submit("p.batch", {}) for _ in range(3)]
 
-    def fails_for_one(tx, row, run, lease):  # noqa: ANN001, ANN202
+    def fails_for_one(tx, row, run, lease):
         if run.message_id == views[1].id:
             raise RuntimeError("a bug in claiming")
         return real(tx, row, run, lease)
@@ -580,7 +643,7 @@ def test_a_retry_that_finds_the_next_step_already_ok_goes_on_past_it_at_once(rou
     there, neither entered again nor done, until the lost-chain repair."""
     failures: list[int] = []
 
-    def fails_once(ctx) -> None:  # noqa: ANN001
+    def fails_once(ctx) -> None:
         if not failures:
             failures.append(ctx.message.id)
             raise RuntimeError("the third step's system is away once")
@@ -594,16 +657,16 @@ def test_a_retry_that_finds_the_next_step_already_ok_goes_on_past_it_at_once(rou
     assert (routes.calls("rekeyed"), routes.calls("second"), routes.calls("first")) == (2, 1, 1)
 
 
-def test_celerys_soft_limit_while_a_batch_waits_for_the_store_does_not_abandon_it(hub: LocalHub,
-                                                                                 monkeypatch) -> None:  # noqa: ANN001
+def test_celerys_soft_limit_while_a_batch_waits_for_the_store_does_not_abandon_it(hub: LocalHub, monkeypatch) -> None:
     """The group's write of the first step meets an outage; Celery's soft time limit arrives during the
     pause before it is written again. The batch writes it again and carries its messages on, instead
     of leaving them PROCESSING (their calls' records too) for the repair, which would call again."""
-    from openhub.errors import Interrupted
+    from openhub.core.errors import Interrupted
+    from openhub.engine import hub as hubs  # where the hub's transactions begin (`Hub.transaction`)
 
-    real, tries = batch.transaction, []
+    real, tries = hubs.transaction, []
 
-    def away_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def away_once(*args, **kwargs):
         tries.append(1)
         if len(tries) == 2:  # the group's write of step `first`
             raise StoreUnavailable("message store unavailable: connection refused")
@@ -612,9 +675,9 @@ def test_celerys_soft_limit_while_a_batch_waits_for_the_store_does_not_abandon_i
     def soft_limit(seconds: float) -> None:
         raise Interrupted("Celery's soft time limit, arriving while the batch waits for the store")
 
-    monkeypatch.setattr(batch, "transaction", away_once)
+    views = [hub.submit("p.batch", {}) for _ in range(3)]  # before: the batch's transactions are counted
+    monkeypatch.setattr(hubs, "transaction", away_once)
     monkeypatch.setattr(batch, "pause_before_retry", soft_limit)
-    views = [hub.submit("p.batch", {}) for _ in range(3)]
     hub.run()
     assert [hub.get(v.id).state for v in views] == ["OK"] * 3
     assert routes.calls("first") == 3 and routes.calls("second") == 3
@@ -625,12 +688,13 @@ def test_a_member_that_stops_mid_batch_is_no_longer_listed_as_running(hub: Local
     """One message of three is rejected at `first`: while the other two call `second`, this process's
     heartbeat lists their two runs only (their step `first`'s runs ended when the lease was handed over),
     as a step task's would; the stopped message's run no longer keeps its lease alive."""
-    from openhub import workers
+    from openhub.store import workers
 
     views = [hub.submit("p.batch", {}) for _ in range(3)]
     listed: list[int] = []
-    routes.HOOKS["first"] = lambda ctx: (_ for _ in ()).throw(openhub.Reject("refused")) \
-        if ctx.message.id == views[1].id else None
+    routes.HOOKS["first"] = lambda ctx: (
+        (_ for _ in ()).throw(openhub.Reject("refused")) if ctx.message.id == views[1].id else None
+    )
     routes.HOOKS["second"] = lambda ctx: listed.append(len(workers._runs))
     hub.run()
     assert [hub.get(v.id).state for v in views] == ["OK", "FAILED", "OK"]
@@ -648,6 +712,9 @@ def test_a_batch_members_call_duration_is_its_own_call_not_its_wait_for_the_othe
     hub.run()
     assert [hub.get(v.id).state for v in views] == ["OK"] * 3
     with transaction() as conn:
-        durations = list(conn.execute(select(ext_calls.c.duration_ms).where(ext_calls.c.step_key == "first")
-                                      .order_by(ext_calls.c.message_id)).scalars())
+        durations = list(
+            conn.execute(
+                select(ext_calls.c.duration_ms).where(ext_calls.c.step_key == "first").order_by(ext_calls.c.message_id)
+            ).scalars()
+        )
     assert len(durations) == 3 and all(300 <= d < 550 for d in durations), durations

@@ -12,7 +12,12 @@ from tests.support.promise_model import PromiseMachine
 
 TestPromiseUnderInterleavings = PromiseMachine.TestCase
 TestPromiseUnderInterleavings.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None, derandomize=True, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 # The whole search alone takes about a minute; on a busy machine (make test-burn) several.
 TestPromiseUnderInterleavings.pytestmark = [pytest.mark.timeout(900)]

@@ -56,16 +56,33 @@ def tick(minutes: int) -> tuple[str, dict[str, Any]]:
 
 # mutation (tests/support/mutations.py) -> the rules that reach its break
 SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    # issue 38: a sync route's result, when the run that made its last call loses its lease (cancelled and
+    # restarted mid-call): the next run skips the call, and must find it
+    "sync_result_lost_with_run": [
+        ("call_sync_interrupted", {"action": "cancel_restart", "nested": False, "wait": 0.0})
+    ],
     # issue 9's review
     "cancel_drops_running_run": [interrupt("p.flow", "cancel_restart", nested=True)],
     "done_step_called_again": [submit("p.flow"), arm("second", "fail"), RUN, tick(10)],
     # issue 26's second read
     "split_done_without_children": [interrupt("p.split_hooked", "cancel"), act("restart", 0)],
-    "split_restart_reruns_cancelled_child": [interrupt("p.sequence", "cancel"), arm("*", "cancel_restart", "parent",
-                                                                                     nested=True), RUN],
-    "total_restart_drops_other_success": [submit("p.entity"), arm("second", "fail"), RUN, submit("p.flow"),
-                                          submit("p.entity"), arm("sync", "reject"), RUN, arm("sync", "reject"),
-                                          act("total_restart", 2), tick(10)],
+    "split_restart_reruns_cancelled_child": [
+        interrupt("p.sequence", "cancel"),
+        arm("*", "cancel_restart", "parent", nested=True),
+        RUN,
+    ],
+    "total_restart_drops_other_success": [
+        submit("p.entity"),
+        arm("second", "fail"),
+        RUN,
+        submit("p.flow"),
+        submit("p.entity"),
+        arm("sync", "reject"),
+        RUN,
+        arm("sync", "reject"),
+        act("total_restart", 2),
+        tick(10),
+    ],
     "undrain_starts_sequential_children": [interrupt("p.sequence", "drain_undrain", nested=True), RUN],
     "child_key_like_source_id": [submit("p.split_hooked"), RUN, ("submit_like_a_child", {"pick": 0}), RUN],
     "webhook_id_per_message_state": [interrupt("p.flow", "reject"), arm("*", "reject"), act("restart", 0)],

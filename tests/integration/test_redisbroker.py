@@ -11,25 +11,29 @@ import pytest
 import redis
 from kombu import Connection
 
-from openhub import dispatch
-from openhub.redisbroker import TRANSPORT, Transport
+from openhub.celery import dispatch
+from openhub.celery.redisbroker import TRANSPORT, Transport
 from tests.support.backends import RedisServer, activate
+
+# kombu's Redis list of the default priority (4, Redis's 9 - 4 = 5, in its step 3:
+# openhub.celery.dispatch.broker_priority)
+QUEUE = "openhub\x06\x163"
 
 
 @pytest.fixture
-def server(tmp_path) -> Iterator[RedisServer]:  # noqa: ANN001
+def server(tmp_path) -> Iterator[RedisServer]:
     s = RedisServer.start(tmp_path / "redis")
     yield s
     s.stop()
 
 
 @pytest.fixture
-def built(monkeypatch) -> list[int]:  # noqa: ANN001
+def built(monkeypatch) -> list[int]:
     """Counts the redis.Redis clients constructed."""
     count: list[int] = []
     original = redis.Redis.__init__
 
-    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def counting(self, *args, **kwargs):
         count.append(1)
         original(self, *args, **kwargs)
 
@@ -37,7 +41,7 @@ def built(monkeypatch) -> list[int]:  # noqa: ANN001
     return count
 
 
-def test_a_hundred_messages_cost_a_client_or_two_not_hundreds(server, built) -> None:  # noqa: ANN001
+def test_a_hundred_messages_cost_a_client_or_two_not_hundreds(server, built) -> None:
     with Connection(server.url, transport=TRANSPORT) as conn:
         queue = conn.SimpleQueue("openhub-test")
         for n in range(100):
@@ -52,7 +56,7 @@ def test_a_hundred_messages_cost_a_client_or_two_not_hundreds(server, built) -> 
     assert len(built) <= 4, f"{len(built)} redis clients for 100 publishes, receipts and acks"
 
 
-def test_a_new_pool_after_a_reconnect_gets_a_new_client(server) -> None:  # noqa: ANN001
+def test_a_new_pool_after_a_reconnect_gets_a_new_client(server) -> None:
     with Connection(server.url, transport=TRANSPORT) as conn:
         channel = conn.default_channel
         first = channel._create_client()
@@ -63,10 +67,15 @@ def test_a_new_pool_after_a_reconnect_gets_a_new_client(server) -> None:  # noqa
         assert second.ping()
 
 
-def test_the_hub_uses_it_for_a_redis_broker_and_leaves_the_url_alone(server, tmp_path) -> None:  # noqa: ANN001
+def test_the_hub_uses_it_for_a_redis_broker_and_leaves_the_url_alone(server, tmp_path) -> None:
     before = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
-    activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_DATABASE_URL": f"sqlite:///{tmp_path / 'hub.db'}",
-              "OPENHUB_VAR_DIR": str(tmp_path / "var")})
+    activate(
+        {
+            "OPENHUB_BROKER_URL": server.url,
+            "OPENHUB_DATABASE_URL": f"sqlite:///{tmp_path / 'hub.db'}",
+            "OPENHUB_VAR_DIR": str(tmp_path / "var"),
+        }
+    )
     try:
         app = dispatch.celery_app()
         assert app.conf.broker_url == server.url  # what Flower reads to show the broker
@@ -76,8 +85,8 @@ def test_the_hub_uses_it_for_a_redis_broker_and_leaves_the_url_alone(server, tmp
         activate(before)  # the suite's backend again
 
 
-def test_a_dead_processs_deliveries_go_back_to_the_queue_at_once(server) -> None:  # noqa: ANN001
-    from openhub.workers import current_id
+def test_a_dead_processs_deliveries_go_back_to_the_queue_at_once(server) -> None:
+    from openhub.store.workers import current_id
 
     with Connection(server.url, transport=TRANSPORT) as holder, Connection(server.url, transport=TRANSPORT) as other:
         queue = holder.SimpleQueue("openhub-orphans")
@@ -95,7 +104,7 @@ def test_a_dead_processs_deliveries_go_back_to_the_queue_at_once(server) -> None
         assert not other.default_channel.client.hgetall("unacked")
 
 
-def test_an_acknowledged_delivery_has_no_holder(server) -> None:  # noqa: ANN001
+def test_an_acknowledged_delivery_has_no_holder(server) -> None:
     with Connection(server.url, transport=TRANSPORT) as conn:
         queue = conn.SimpleQueue("openhub-acked")
         queue.put({"n": 1})
@@ -103,7 +112,7 @@ def test_an_acknowledged_delivery_has_no_holder(server) -> None:  # noqa: ANN001
         assert not conn.default_channel.client.hgetall("unacked.owners")
 
 
-def test_more_acknowledgements_at_once_than_the_pool_has_connections_wait_for_one(server) -> None:  # noqa: ANN001
+def test_more_acknowledgements_at_once_than_the_pool_has_connections_wait_for_one(server) -> None:
     # A gevent or threads worker acknowledges each step's task from the step's own greenlet or thread,
     # all through the consumer's channel. With kombu's plain pool the eleventh at once raised
     # MaxConnectionsError, which the consumer takes for a lost broker (bench/RESULTS.md, issue 21).
@@ -126,29 +135,34 @@ def test_more_acknowledgements_at_once_than_the_pool_has_connections_wait_for_on
         queue.close()
 
 
-def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
-              "OPENHUB_VAR_DIR": str(tmp_path / "var")})
-    from openhub.hub import current
-    from openhub.registry import get_registry
+def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, tmp_path, monkeypatch) -> None:
+    activate(
+        {
+            "OPENHUB_BROKER_URL": server.url,
+            "OPENHUB_ROUTES": "tests.support.promise_routes",
+            "OPENHUB_VAR_DIR": str(tmp_path / "var"),
+        }
+    )
+    from openhub.core.registry import get_registry
+    from openhub.engine.hub import current
 
     route = get_registry().route("p.flow")
-    current().publisher.publish_many([(route, 0, "warm-up", 0, None)])  # connects, declares the queue
+    current().publisher.publish_many([(route, 0, "warm-up", 0, None, None)])  # connects, declares the queue
     client = server.client()
-    client.delete("openhub")
+    client.delete(QUEUE)
     sends: list[int] = []
     original = redis.connection.Connection.send_packed_command
 
-    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def counting(self, *args, **kwargs):
         sends.append(1)
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
     publisher = current().publisher
-    assert publisher.publish_many([(route, n, f"token-{n}", 0, None) for n in range(1, 51)]) == set(range(1, 51))
+    assert publisher.publish_many([(route, n, f"token-{n}", 0, None, None) for n in range(1, 51)]) == set(range(1, 51))
     assert len(sends) <= 2, f"{len(sends)} round trips to Redis for 50 chains"
     monkeypatch.undo()
-    tasks = [json.loads(raw) for raw in client.lrange("openhub", 0, -1)]
+    tasks = [json.loads(raw) for raw in client.lrange(QUEUE, 0, -1)]
     assert len(tasks) == 50
     for task in tasks:  # the first step's task, carrying the second step's task as the rest of its chain
         (message_id, token), _kwargs, embed = json.loads(base64.b64decode(task["body"]))
@@ -161,11 +175,17 @@ def test_chains_published_together_go_out_in_one_round_trip_each_whole(server, t
 
 
 @pytest.mark.parametrize("asked", ["", "1"], ids=["default", "OPENHUB_TASK_SENT_EVENTS=1"])
-def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_path, asked) -> None:  # noqa: ANN001
-    activate({"OPENHUB_BROKER_URL": server.url, "OPENHUB_ROUTES": "tests.support.promise_routes",
-              "OPENHUB_VAR_DIR": str(tmp_path / "var"), "OPENHUB_TASK_SENT_EVENTS": asked})
-    from openhub.hub import current
-    from openhub.registry import get_registry
+def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_path, asked) -> None:
+    activate(
+        {
+            "OPENHUB_BROKER_URL": server.url,
+            "OPENHUB_ROUTES": "tests.support.promise_routes",
+            "OPENHUB_VAR_DIR": str(tmp_path / "var"),
+            "OPENHUB_TASK_SENT_EVENTS": asked,
+        }
+    )
+    from openhub.core.registry import get_registry
+    from openhub.engine.hub import current
 
     route = get_registry().route("p.flow")
     client = server.client()
@@ -173,18 +193,18 @@ def test_a_published_task_sends_a_task_sent_event_only_when_asked(server, tmp_pa
     listener.psubscribe("*celeryev*")
     assert listener.get_message(timeout=5)["type"] == "psubscribe"
     publisher = current().publisher
-    assert publisher.publish_many([(route, n, f"token-{n}", 0, None) for n in range(1, 21)]) == set(range(1, 21))
+    assert publisher.publish_many([(route, n, f"token-{n}", 0, None, None) for n in range(1, 21)]) == set(range(1, 21))
     client.publish("/0.celeryev/end-of-test", "end")  # after every event the publish sent, on one Redis
     heard: list[bytes] = []
     while (message := listener.get_message(timeout=5)) is not None and message["data"] != b"end":
         heard.append(message["channel"])
     assert message is not None, "the end marker never came"
-    assert client.llen("openhub") == 20
+    assert client.llen(QUEUE) == 20
     assert len(heard) == (20 if asked else 0), heard[:3]
 
 
 @pytest.mark.parametrize("back", [True, False], ids=["redis-back", "redis-still-away"])
-def test_a_channel_closed_after_its_connection_was_collected_does_not_raise(server, back) -> None:  # noqa: ANN001
+def test_a_channel_closed_after_its_connection_was_collected_does_not_raise(server, back) -> None:
     """Issue 33, break 8: when Redis goes away, Celery collects the consumer's connection (the transport
     forgets its client) and closes it afterwards; a channel whose first close was cut short (by the read of
     its outstanding BRPOP) is closed then, and putting back the deliveries it holds rebuilt its pool from the

@@ -1,6 +1,6 @@
 """Signed webhooks (issue 27): under OPENHUB_WEBHOOK_SECRET every POST of the stock webhook carries the
 Standard Webhooks headers, a receiver verifies them over the exact bytes it read (with
-`openhub.notify.verify_signature` or the `standardwebhooks` package), and the secret never reaches a
+`openhub.outbound.notify.verify_signature` or the `standardwebhooks` package), and the secret never reaches a
 stored error text or a log line."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import openhub
-from openhub.errors import ConfigurationError, WebhookSignatureError
-from openhub.notify import post_json, verify_signature, webhook
+from openhub.core.errors import ConfigurationError, WebhookSignatureError
+from openhub.outbound.notify import post_json, verify_signature, webhook
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -42,7 +42,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 receiver.posts.append(Received(dict(self.headers.items()), body))
                 self.send_response(receiver.status)
@@ -71,8 +71,13 @@ def receiver() -> Iterator[Receiver]:
 def _fail_one_message(receiver: Receiver, **settings: str) -> LocalHub:
     """A hub with the stock webhook on `receiver`, a message FAILED and its notification sent."""
     routes.reset()
-    hub = LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=receiver.url,
-                   OPENHUB_WEBHOOK_STATES="FAILED", **settings)
+    hub = LocalHub(
+        "tests.support.promise_routes",
+        source_system="CONFIRMED",
+        OPENHUB_WEBHOOK_URL=receiver.url,
+        OPENHUB_WEBHOOK_STATES="FAILED",
+        **settings,
+    )
     with hub:
         view = hub.submit("p.reserve", {"raise": "out_of_stock"})
         hub.run()
@@ -126,8 +131,12 @@ def test_without_a_secret_no_signature_headers_are_sent(receiver: Receiver) -> N
 def test_a_retry_keeps_its_webhook_id_and_is_signed_anew(receiver: Receiver) -> None:
     receiver.status = 503
     routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=receiver.url,
-                  OPENHUB_WEBHOOK_SECRET=SECRET) as hub:
+    with LocalHub(
+        "tests.support.promise_routes",
+        source_system="CONFIRMED",
+        OPENHUB_WEBHOOK_URL=receiver.url,
+        OPENHUB_WEBHOOK_SECRET=SECRET,
+    ) as hub:
         hub.submit("p.reserve", {"raise": "out_of_stock"})
         hub.run()
         hub.tick()
@@ -140,13 +149,19 @@ def test_a_retry_keeps_its_webhook_id_and_is_signed_anew(receiver: Receiver) -> 
     verify_signature(SECRET, second.headers, second.body)
 
 
-def test_the_secret_is_in_no_stored_error_or_log_when_the_receiver_fails(receiver: Receiver,
-                                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_the_secret_is_in_no_stored_error_or_log_when_the_receiver_fails(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
     receiver.status = 500
     caplog.set_level(logging.DEBUG)
     routes.reset()
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED", OPENHUB_WEBHOOK_URL=receiver.url,
-                  OPENHUB_WEBHOOK_SECRET=f"{SECRET} {PLAIN}", OPENHUB_CONFIRM_MAX_FAILS="2") as hub:
+    with LocalHub(
+        "tests.support.promise_routes",
+        source_system="CONFIRMED",
+        OPENHUB_WEBHOOK_URL=receiver.url,
+        OPENHUB_WEBHOOK_SECRET=f"{SECRET} {PLAIN}",
+        OPENHUB_CONFIRM_MAX_FAILS="2",
+    ) as hub:
         hub.submit("p.reserve", {"raise": "out_of_stock"})
         hub.run()
         hub.tick()
@@ -172,7 +187,6 @@ def test_a_hooks_own_secret_overrides_the_setting_and_an_empty_one_sends_unsigne
     assert "not*base64" not in str(raised.value) and "t0ken" not in str(raised.value)
 
 
-
 def _key(n: int) -> str:
     return "whsec_" + base64.b64encode(bytes([n]) * 32).decode()
 
@@ -189,13 +203,18 @@ def _signed_with(post: Received, secret: str) -> bool:
 
 
 def test_a_confirmation_is_signed_with_its_source_systems_secret_never_the_operators(
-        receiver: Receiver, local_store_env: dict[str, str]) -> None:
+    receiver: Receiver, local_store_env: dict[str, str]
+) -> None:
     """Issue 34 M6: with `confirmation("CRM")(webhook(url))` every confirmation was signed with the one
     OPENHUB_WEBHOOK_SECRET, so CRM, holding it to verify its own, could forge SHOP's and the operators'
     alerts; and webhook-id was `openhub:<id>:<state>:<n>`, n a global counter anyone could guess."""
-    with routes.local_hub(**local_store_env, OPENHUB_WEBHOOK_URL=receiver.url, OPENHUB_WEBHOOK_STATES="FAILED",
-                          OPENHUB_WEBHOOK_SECRET=OPERATORS,
-                          OPENHUB_CONFIRM_SECRETS=f"CONFIRMED={CONFIRMED},SHOP={SHOP}") as hub:
+    with routes.local_hub(
+        **local_store_env,
+        OPENHUB_WEBHOOK_URL=receiver.url,
+        OPENHUB_WEBHOOK_STATES="FAILED",
+        OPENHUB_WEBHOOK_SECRET=OPERATORS,
+        OPENHUB_CONFIRM_SECRETS=f"CONFIRMED={CONFIRMED},SHOP={SHOP}",
+    ) as hub:
         routes.HOOKS["confirm"] = webhook(receiver.url)  # CONFIRMED's confirmer: the stock webhook
         failed = [hub.submit("p.reserve", {"raise": "out_of_stock"}).id for _ in range(2)]
         hub.run()
@@ -218,9 +237,11 @@ def test_a_confirmation_is_signed_with_its_source_systems_secret_never_the_opera
 
 
 def test_a_source_system_without_its_own_secret_is_not_signed_with_the_operators(
-        receiver: Receiver, local_store_env: dict[str, str]) -> None:
-    with routes.local_hub(**local_store_env, OPENHUB_WEBHOOK_SECRET=OPERATORS,
-                          OPENHUB_CONFIRM_SECRETS=f"SHOP={SHOP}") as hub:
+    receiver: Receiver, local_store_env: dict[str, str]
+) -> None:
+    with routes.local_hub(
+        **local_store_env, OPENHUB_WEBHOOK_SECRET=OPERATORS, OPENHUB_CONFIRM_SECRETS=f"SHOP={SHOP}"
+    ) as hub:
         routes.HOOKS["confirm"] = webhook(receiver.url)
         hub.submit("p.reserve", {"raise": "out_of_stock"})
         hub.run()
@@ -233,7 +254,7 @@ def test_a_source_system_without_its_own_secret_is_not_signed_with_the_operators
 
 def test_a_replayed_request_is_refused(receiver: Receiver) -> None:
     """Issue 34 L3 (the hub's retries, signed anew at a later second, pass: tests/unit/test_signing.py)."""
-    from openhub.notify import ReplayCache
+    from openhub.outbound.notify import ReplayCache
 
     _fail_one_message(receiver, OPENHUB_WEBHOOK_SECRET=SECRET)
     (post,) = receiver.posts

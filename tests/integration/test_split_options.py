@@ -24,14 +24,14 @@ def _children(parent_id: int) -> list[openhub.MessageView]:
     return sorted(openhub.list_messages(parent_id=parent_id), key=lambda v: v.id)
 
 
-def _child_number(ctx) -> int:  # noqa: ANN001
+def _child_number(ctx) -> int:
     return int(ctx.message.correlation_id.rsplit(".", 1)[1])
 
 
 def test_a_sequential_split_runs_its_children_one_after_another_in_list_order(hub: LocalHub) -> None:
     published_meanwhile = []
 
-    def note_the_queue(ctx):  # noqa: ANN001, ANN202
+    def note_the_queue(ctx):
         published_meanwhile.append((_child_number(ctx), len(hub.publisher.chains)))
 
     routes.HOOKS["first"] = note_the_queue
@@ -45,7 +45,7 @@ def test_a_sequential_split_runs_its_children_one_after_another_in_list_order(hu
 
 
 def test_a_failed_child_of_a_sequential_split_cancels_the_rest_and_a_restart_goes_on(hub: LocalHub) -> None:
-    def second_refused_once(ctx):  # noqa: ANN001, ANN202
+    def second_refused_once(ctx):
         if _child_number(ctx) == 2 and not routes.MOST.get("refused"):
             routes.MOST["refused"] = 1
             raise Reject("the warehouse refused line 2")
@@ -66,7 +66,7 @@ def test_a_failed_child_of_a_sequential_split_cancels_the_rest_and_a_restart_goe
 def test_cancelling_a_parent_cancels_its_children_not_yet_final(hub: LocalHub) -> None:
     parent = hub.submit("p.big", {"children": 3})
 
-    def cancel_the_parent(ctx):  # noqa: ANN001, ANN202
+    def cancel_the_parent(ctx):
         if _child_number(ctx) == 1:
             openhub.cancel(parent.id)
 
@@ -87,15 +87,17 @@ def test_children_are_confirmed_when_their_split_asks(hub: LocalHub) -> None:
     assert sorted(routes.CONFIRMED) == sorted([(children[0], "OK"), (children[1], "OK"), (parent.id, "OK")])
 
 
-def test_a_split_child_ending_is_not_logged_at_info_as_unconfirmed(hub: LocalHub, caplog) -> None:  # noqa: ANN001
+def test_a_split_child_ending_is_not_logged_at_info_as_unconfirmed(hub: LocalHub, caplog) -> None:
     # Issue 40: every child of a split logged "not confirmed (no confirmer for CRM, or a split child)" at INFO.
     caplog.set_level(logging.INFO, logger="openhub")
     parent = hub.submit("p.big", {"children": 3})
     hub.run()
     assert hub.get(parent.id).state == "OK"
-    assert [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()
-            and r.levelno >= logging.INFO] == []
+    assert [
+        r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage() and r.levelno >= logging.INFO
+    ] == []
     alone = hub.submit("p.flow", {}, source_system="NOBODY")  # a source system without a confirmer is still told
     hub.run()
     assert [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()] == [
-        f"message {alone.id} ({alone.correlation_id}) ended OK; not confirmed: no confirmer for NOBODY"]
+        f"message {alone.id} ({alone.correlation_id}) ended OK; not confirmed: no confirmer for NOBODY"
+    ]

@@ -9,8 +9,8 @@ from typing import Iterator
 import pytest
 
 import openhub
-from openhub.confirm import resend
-from openhub.errors import ConfigurationError
+from openhub.core.errors import ConfigurationError
+from openhub.outbound.confirm import resend
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import promise_routes as routes
 
@@ -24,7 +24,7 @@ def hub() -> Iterator[LocalHub]:
 
 
 def test_a_hook_hears_of_each_state_it_subscribed_to_once(hub: LocalHub) -> None:
-    def down(ctx):  # noqa: ANN001, ANN202
+    def down(ctx):
         raise RuntimeError("the CRM answered 503")
 
     routes.HOOKS["first"] = down
@@ -39,11 +39,13 @@ def test_a_hook_hears_of_each_state_it_subscribed_to_once(hub: LocalHub) -> None
     assert hub.get(fine.id).state == "OK"  # OK is not one of its states
     rows = openhub.list_confirmations(message_id=failing.id)
     assert {(r["hook"], r["outcome"], r["state"]) for r in rows if r["hook"]} == {
-        (HOOK, "PARTLY_FAILED", "OK"), (HOOK, "FAILED", "OK")}
+        (HOOK, "PARTLY_FAILED", "OK"),
+        (HOOK, "FAILED", "OK"),
+    }
 
 
 def test_a_failing_hook_is_retried_then_parked_and_can_be_sent_again(hub: LocalHub) -> None:
-    def down(outcome):  # noqa: ANN001, ANN202
+    def down(outcome):
         raise ConnectionError("the alerting service is down")
 
     routes.HOOKS["alert"] = down
@@ -61,8 +63,12 @@ def test_a_failing_hook_is_retried_then_parked_and_can_be_sent_again(hub: LocalH
 def test_the_stock_webhook_posts_each_failed_message(external: ExternalSystem) -> None:
     routes.reset()
     path = f"/alerts-{uuid.uuid4().hex}"
-    with LocalHub("tests.support.promise_routes", source_system="CONFIRMED",
-                  OPENHUB_WEBHOOK_URL=f"{external.url}{path}", OPENHUB_WEBHOOK_STATES="FAILED") as hub:
+    with LocalHub(
+        "tests.support.promise_routes",
+        source_system="CONFIRMED",
+        OPENHUB_WEBHOOK_URL=f"{external.url}{path}",
+        OPENHUB_WEBHOOK_STATES="FAILED",
+    ) as hub:
         external.fail(path, times=1)  # retried by the poller
         view = hub.submit("p.reserve", {"raise": "out_of_stock"})
         hub.run()

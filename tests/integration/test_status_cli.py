@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from openhub.cli import main
-from openhub.db import utcnow
+from openhub.store.db import utcnow
 from tests.support.traffic import EXPECTED, fresh_store, write_known_traffic
 from tests.support.waiting import wait_for
 from tests.support.workers import PROJECT
@@ -23,7 +23,7 @@ OPENHUB = str(Path(sys.executable).with_name("openhub"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # noqa: ANN001
+def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
     with fresh_store(request.param, tmp_path) as url:
         yield url
 
@@ -44,7 +44,7 @@ def test_status_tables_and_json(store: str) -> None:
 
 def test_status_and_drain_print_an_operators_reason_as_text(store: str) -> None:
     """Issue 27: a reason with `[/]` crashed rich's markup parser; its control characters reached the terminal."""
-    from openhub import operator
+    from openhub.service import actions as operator
 
     operator.drain("upgrade [/] \x9b2J")
     try:
@@ -57,9 +57,9 @@ def test_status_and_drain_print_an_operators_reason_as_text(store: str) -> None:
     assert "\x9b" not in shown.output + told.output
 
 
-def test_status_says_when_workers_cannot_be_asked(store: str, monkeypatch) -> None:  # noqa: ANN001
-    from openhub import dispatch
-    from openhub.config import reset_settings
+def test_status_says_when_workers_cannot_be_asked(store: str, monkeypatch) -> None:
+    from openhub.celery import dispatch
+    from openhub.core.config import reset_settings
 
     monkeypatch.setenv("OPENHUB_BROKER_URL", "redis://127.0.0.1:9/0")
     reset_settings()
@@ -77,8 +77,13 @@ def test_status_watch_redraws_until_interrupted(store: str, tmp_path: Path) -> N
     env = {**os.environ, "OPENHUB_DATABASE_URL": store, "PYTHONPATH": str(PROJECT)}
     out = tmp_path / "out.jsonl"
     with out.open("w") as sink:
-        proc = subprocess.Popen([OPENHUB, "status", "--watch", "0.2", "--json", "--no-workers"], env=env,
-                                cwd=PROJECT, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [OPENHUB, "status", "--watch", "0.2", "--json", "--no-workers"],
+            env=env,
+            cwd=PROJECT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
         try:
             wait_for(lambda: out.read_text().count("\n") >= 3, 60, "three refreshes")
         finally:
@@ -94,8 +99,13 @@ def test_status_watch_writes_each_refresh_to_a_pipe(store: str, tmp_path: Path) 
     env = {**os.environ, "OPENHUB_DATABASE_URL": store, "PYTHONPATH": str(PROJECT)}
     out = tmp_path / "out.txt"
     with out.open("w") as sink:
-        proc = subprocess.Popen([OPENHUB, "status", "--watch", "0.2", "--no-workers"], env=env,
-                                cwd=PROJECT, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [OPENHUB, "status", "--watch", "0.2", "--no-workers"],
+            env=env,
+            cwd=PROJECT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
         try:
             wait_for(lambda: out.read_text().count("openhub status at") >= 2, 60, "two refreshes")
         finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openhub.db import get_engine
+from openhub.store.db import get_engine
 from openhub.testing import LocalHub
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from sqlalchemy import event
 
-from openhub.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines, get_engine, transaction
+from openhub.store.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines, get_engine, transaction
 from tests.support.backends import postgres_database
 
 
@@ -29,7 +28,7 @@ def test_busy_transactions_reuse_the_processs_connections_instead_of_opening_new
                     barrier.wait(timeout=30)  # every connection in use together, five times over
                     with transaction(url) as conn:
                         conn.exec_driver_sql("SELECT pg_sleep(0.05)")
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=step) for _ in range(busy)]
@@ -42,12 +41,12 @@ def test_busy_transactions_reuse_the_processs_connections_instead_of_opening_new
         assert len(opened) == busy, f"{len(opened)} connections opened for {busy} at a time"
 
 
-def test_a_transaction_that_finds_no_free_connection_in_time_finds_the_store_unavailable(monkeypatch) -> None:  # noqa: ANN001
+def test_a_transaction_that_finds_no_free_connection_in_time_finds_the_store_unavailable(monkeypatch) -> None:
     # On the threads pool more steps than connections wait for one; past the pool's timeout SQLAlchemy
     # raised its own TimeoutError, which the engine did not read as "try again": the step was recorded
     # as failed instead of waiting for the store.
-    from openhub import db
-    from openhub.errors import StoreUnavailable
+    from openhub.core.errors import StoreUnavailable
+    from openhub.store import db
 
     monkeypatch.setattr(db, "PG_POOL_SIZE", 1)
     monkeypatch.setattr(db, "PG_POOL_TIMEOUT", 0.2)

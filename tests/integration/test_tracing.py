@@ -1,4 +1,4 @@
-"""One OpenTelemetry trace per message (openhub/tracing.py), issue 23.
+"""One OpenTelemetry trace per message (openhub/core/tracing.py), issue 23.
 
 Real processes: `openhub serve`, a `celery -A tasks worker` and a `celery -A tasks beat` on Redis and
 PostgreSQL export to an OTLP/HTTP receiver on loopback (tests/support/otlp.py). A three-step route whose
@@ -24,11 +24,12 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from openhub import list_messages, tracing
+from openhub import list_messages
+from openhub.core import tracing
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import backends
 from tests.support.otlp import Receiver, Span
-from tests.support.waiting import wait_for, wait_final
+from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import PROJECT, Beat, Worker
 
 OPENHUB = str(Path(sys.executable).with_name("openhub"))
@@ -42,13 +43,29 @@ SERVER, CLIENT = 2, 3  # OTLP span kinds
 class Hub:
     """The hub's processes on one backend, exporting to `receiver` when `traced`."""
 
-    def __init__(self, backend: backends.Backend, external: ExternalSystem, receiver: Receiver,
-                 traced: bool, log_format: str = "text") -> None:
-        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_TRACES_EXPORTER": "otlp" if traced else "none"}
-        self.env = {**backend.env, **otel, "OPENHUB_TEST_HTTP_URL": external.url,
-                    "OPENHUB_API_KEYS": f"SHOP={KEY}", "OPENHUB_ADMIN_TOKEN": ADMIN,
-                    "OPENHUB_TRACE_URL": "https://traces.example/trace/{trace_id}", "OPENHUB_LOG_FORMAT": log_format}
+    def __init__(
+        self,
+        backend: backends.Backend,
+        external: ExternalSystem,
+        receiver: Receiver,
+        traced: bool,
+        log_format: str = "text",
+    ) -> None:
+        otel = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_TRACES_EXPORTER": "otlp" if traced else "none",
+        }
+        self.env = {
+            **backend.env,
+            **otel,
+            "OPENHUB_TEST_HTTP_URL": external.url,
+            "OPENHUB_API_KEYS": f"SHOP={KEY}",
+            "OPENHUB_ADMIN_TOKEN": ADMIN,
+            "OPENHUB_TRACE_URL": "https://traces.example/trace/{trace_id}",
+            "OPENHUB_LOG_FORMAT": log_format,
+        }
         workdir = backend.workdir
         self.worker = Worker(self.env, workdir, beat=False, concurrency=2)
         self.beat = Beat(self.env, workdir)
@@ -59,9 +76,14 @@ class Hub:
     def start(self) -> "Hub":
         self.worker.start()
         self.beat.start()
-        self.serve = subprocess.Popen([OPENHUB, "serve", "--port", str(self.port)],
-                                      env=dict(os.environ, **self.env, PYTHONPATH=str(PROJECT)), cwd=PROJECT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.serve = subprocess.Popen(
+            [OPENHUB, "serve", "--port", str(self.port)],
+            env=dict(os.environ, **self.env, PYTHONPATH=str(PROJECT)),
+            cwd=PROJECT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
         def up() -> bool:
             assert self.serve is not None and self.serve.poll() is None, "openhub serve exited"
@@ -81,14 +103,19 @@ class Hub:
         self.worker.stop()
 
     def submit(self, payload: Any, headers: dict[str, str] | None = None) -> int:
-        r = httpx.post(f"{self.base}/api/v1/messages/trace/order", json=payload, timeout=10, headers={
-            "Authorization": f"Bearer {KEY}", "X-Correlation-Id": uuid.uuid4().hex, **(headers or {})})
+        r = httpx.post(
+            f"{self.base}/api/v1/messages/trace/order",
+            json=payload,
+            timeout=10,
+            headers={"Authorization": f"Bearer {KEY}", "X-Correlation-Id": uuid.uuid4().hex, **(headers or {})},
+        )
         assert r.status_code == 202, r.text
         return r.json()["id"]
 
     def message(self, message_id: int) -> dict[str, Any]:
-        r = httpx.get(f"{self.base}/api/v1/messages/{message_id}", headers={"Authorization": f"Bearer {ADMIN}"},
-                      timeout=10)
+        r = httpx.get(
+            f"{self.base}/api/v1/messages/{message_id}", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+        )
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -123,9 +150,13 @@ def _whole(spans: list[Span], external: ExternalSystem) -> bool:
     """The message's life is all there: its submit, four step attempts, every call, the confirmation,
     and every span's parent (a parent ends after its children, so it may still be on its way)."""
     names = Counter(s.name for s in spans)
-    return (names["submit trace.order"] == 1 and names["confirm SHOP"] == 1
-            and sum(1 for s in spans if s.kind == CLIENT) == len(external.calls) == 5
-            and sum(n for name, n in names.items() if name.startswith("step ")) == 4 and not _orphans(spans))
+    return (
+        names["submit trace.order"] == 1
+        and names["confirm SHOP"] == 1
+        and sum(1 for s in spans if s.kind == CLIENT) == len(external.calls) == 5
+        and sum(n for name, n in names.items() if name.startswith("step ")) == 4
+        and not _orphans(spans)
+    )
 
 
 def test_one_trace_from_the_request_through_a_retry_to_the_confirmation(backend, external, receiver) -> None:
@@ -138,8 +169,11 @@ def test_one_trace_from_the_request_through_a_retry_to_the_confirmation(backend,
         trace_id = detail["trace_id"]
         assert trace_id and len(trace_id) == 32
         assert detail["trace_url"] == f"https://traces.example/trace/{trace_id}"
-        spans = wait_for(lambda: _whole(receiver.trace(trace_id), external) and receiver.trace(trace_id), 60,
-                         "the message's whole trace")
+        spans = wait_for(
+            lambda: _whole(receiver.trace(trace_id), external) and receiver.trace(trace_id),
+            60,
+            "the message's whole trace",
+        )
     finally:
         hub.stop()
     # One root: the message's submit, in the API process, linked to the request that brought it in (the
@@ -150,15 +184,18 @@ def test_one_trace_from_the_request_through_a_retry_to_the_confirmation(backend,
     assert {s.service for s in spans} == {"openhub-api", "openhub-worker"}
     assert submit.attributes["openhub.message.id"] == message_id
     (linked,) = submit.links
-    request = wait_for(lambda: next((s for s in receiver.spans if (s.trace_id, s.span_id) == linked), None), 30,
-                       "the request's span")
+    request = wait_for(
+        lambda: next((s for s in receiver.spans if (s.trace_id, s.span_id) == linked), None), 30, "the request's span"
+    )
     assert request.kind == SERVER and request.trace_id != trace_id
     # A span per step attempt, each with what it was about and how it ended.
-    steps = sorted((s for s in spans if s.name.startswith("step ")),
-                   key=lambda s: (STEPS.index(s.attributes["openhub.step"]), s.attributes["openhub.attempt"]))
-    assert [(s.attributes["openhub.step"], s.attributes["openhub.attempt"], s.attributes["openhub.outcome"])
-            for s in steps] == [("reserve", 1, "ok"), ("charge", 1, "transient"), ("charge", 2, "ok"),
-                                ("ship", 1, "ok")]
+    steps = sorted(
+        (s for s in spans if s.name.startswith("step ")),
+        key=lambda s: (STEPS.index(s.attributes["openhub.step"]), s.attributes["openhub.attempt"]),
+    )
+    assert [
+        (s.attributes["openhub.step"], s.attributes["openhub.attempt"], s.attributes["openhub.outcome"]) for s in steps
+    ] == [("reserve", 1, "ok"), ("charge", 1, "transient"), ("charge", 2, "ok"), ("ship", 1, "ok")]
     assert steps[1].attributes["openhub.error_code"] == "HTTP_503" and steps[1].status == 2
     for s in steps:
         assert s.attributes["openhub.message.id"] == message_id
@@ -198,15 +235,23 @@ def test_a_callers_trace_is_linked_not_joined_and_its_context_goes_no_further(ba
     external.fail("/confirm", times=1)  # logged as a warning about the message, then retried
     hub = Hub(backend, external, receiver, traced=True, log_format="json").start()
     try:
-        message_id = hub.submit({"order": 2}, headers={"traceparent": f"00-{caller_trace}-{caller_span}-00",
-                                                       "tracestate": "vendor=forged",
-                                                       "baggage": "user.id=42,forged.tenant=CRM"})
+        message_id = hub.submit(
+            {"order": 2},
+            headers={
+                "traceparent": f"00-{caller_trace}-{caller_span}-00",
+                "tracestate": "vendor=forged",
+                "baggage": "user.id=42,forged.tenant=CRM",
+            },
+        )
         assert wait_final(message_id, timeout=60).state == "OK"
         detail = hub.message(message_id)
         trace_id = detail["trace_id"]
         assert trace_id and trace_id != caller_trace
-        submit = wait_for(lambda: next((s for s in receiver.trace(trace_id) if s.name == "submit trace.order"), None),
-                          30, "the message's submit span (traced although the caller's flag said 00)")
+        submit = wait_for(
+            lambda: next((s for s in receiver.trace(trace_id) if s.name == "submit trace.order"), None),
+            30,
+            "the message's submit span (traced although the caller's flag said 00)",
+        )
         wait_for(lambda: external.count("/confirm", 200) == 1, 30, "the confirmation's second attempt")
     finally:
         hub.stop()
@@ -218,7 +263,10 @@ def test_a_callers_trace_is_linked_not_joined_and_its_context_goes_no_further(ba
     failed = [x for x in _json_lines(hub.worker.log()) if "confirmation to SHOP" in x["message"]]
     assert failed and failed[0]["level"] == "WARNING", hub.worker.log()[-3000:]
     assert (failed[0]["message_id"], failed[0]["correlation_id"], failed[0]["trace_id"]) == (
-        message_id, detail["correlation_id"], trace_id)
+        message_id,
+        detail["correlation_id"],
+        trace_id,
+    )
 
 
 def test_with_tracing_off_nothing_is_exported(backend, external, receiver) -> None:
@@ -239,6 +287,7 @@ def test_with_tracing_off_nothing_is_exported(backend, external, receiver) -> No
 
 
 # ---- span shape at unit level: LocalHub in this process, the SDK's in-memory exporter -----------------
+
 
 @pytest.fixture
 def memory() -> Iterator[Any]:
@@ -274,13 +323,24 @@ def test_span_shape_of_a_message_with_a_retry(memory, external) -> None:
     submit = next(s for s in spans if s.name == "submit trace.order")
     assert submit.parent is None  # a trace of its own, linked to the caller's span
     assert [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in submit.links] == [
-        (caller[3:35], caller[36:52])]
+        (caller[3:35], caller[36:52])
+    ]
     assert stored == f"00-{view.trace_id}-{submit.context.span_id:016x}-{int(submit.context.trace_flags):02x}"
     steps = [s for s in spans if s.name.startswith("step trace.order/")]
-    assert [(s.attributes["openhub.step"], s.attributes["openhub.attempt"], s.attributes["openhub.outcome"],
-             s.attributes.get("openhub.error_code")) for s in steps] == [
-        ("reserve", 1, "ok", None), ("charge", 1, "transient", "HTTP_503"), ("charge", 2, "ok", None),
-        ("ship", 1, "ok", None)]
+    assert [
+        (
+            s.attributes["openhub.step"],
+            s.attributes["openhub.attempt"],
+            s.attributes["openhub.outcome"],
+            s.attributes.get("openhub.error_code"),
+        )
+        for s in steps
+    ] == [
+        ("reserve", 1, "ok", None),
+        ("charge", 1, "transient", "HTTP_503"),
+        ("charge", 2, "ok", None),
+        ("ship", 1, "ok", None),
+    ]
     # Each step attempt continues the stored trace from its submit span, however late it ran.
     assert {s.parent.span_id for s in steps} == {submit.context.span_id}
     confirm = next(s for s in spans if s.name == "confirm SHOP")
@@ -327,8 +387,10 @@ def test_no_callers_baggage_reaches_the_calls_of_a_batch(memory, external) -> No
     token = context.attach(published_in)
     try:
         with LocalHub(ROUTES, source_system="SHOP") as hub:
-            views = [hub.submit("trace.batch", {"n": n}, source_system=system)
-                     for n, system in enumerate(["SHOP", "CRM", "SHOP"])]
+            views = [
+                hub.submit("trace.batch", {"n": n}, source_system=system)
+                for n, system in enumerate(["SHOP", "CRM", "SHOP"])
+            ]
             hub.run()
             assert {hub.get(v.id).state for v in views} == {"OK"}
     finally:
@@ -344,19 +406,34 @@ def test_tracing_is_off_unless_an_exporter_is_named(tmp_path: Path) -> None:
     # On the embedded default: redis-py 8 itself imports opentelemetry's metrics SDK when it is installed.
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(PROJECT), "OPENHUB_VAR_DIR": str(tmp_path)}
     for value, on in (("", False), ("none", False), ("otlp", True), ("console,otlp", True)):
-        out = subprocess.run([sys.executable, "-c", "import sys, openhub, openhub.tracing as t, tasks; "
-                              "print(t.enabled(), any(m.startswith('opentelemetry') for m in sys.modules))"],
-                             env={**env, "OTEL_TRACES_EXPORTER": value}, cwd=PROJECT,
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys, openhub, openhub.core.tracing as t, tasks; "
+                "print(t.enabled(), any(m.startswith('opentelemetry') for m in sys.modules))",
+            ],
+            env={**env, "OTEL_TRACES_EXPORTER": value},
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == [str(on), str(on)], (value, out.stdout)
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "0af7651916cd43dd8448eb211c80319c"),
-    ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
-    ("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", None),
-    ("garbage", None), ("", None), (None, None)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "0af7651916cd43dd8448eb211c80319c"),
+        ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
+        ("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", None),
+        ("garbage", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_trace_id_of_a_traceparent(value, expected) -> None:
     assert tracing.trace_id(value) == expected
 

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import select
 
 import openhub
-from openhub.db import transaction
-from openhub.errors import OpenHubError, ResponseTokenNeeded, StaleResponse, StateConflict
-from openhub.schema import transitions, waits
+from openhub.core.errors import OpenHubError, ResponseTokenNeeded, StaleResponse, StateConflict
+from openhub.store.db import transaction
+from openhub.store.schema import transitions, waits
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -28,15 +28,19 @@ HOUR = 3600  # the test routes' response timeout
 
 @pytest.fixture
 def hub(local_store_env: dict[str, str]) -> Iterator[LocalHub]:
-    with routes.local_hub(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3",
-                          **local_store_env) as local:
+    with routes.local_hub(
+        OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300", OPENHUB_MAX_FAILS="3", **local_store_env
+    ) as local:
         yield local
 
 
 def _history(message_id: int) -> list[str]:
     with transaction() as conn:
-        return list(conn.execute(select(transitions.c.event).where(transitions.c.message_id == message_id)
-                                 .order_by(transitions.c.id)).scalars())
+        return list(
+            conn.execute(
+                select(transitions.c.event).where(transitions.c.message_id == message_id).order_by(transitions.c.id)
+            ).scalars()
+        )
 
 
 def _refused(answer: Callable[[], Any]) -> OpenHubError | None:
@@ -50,6 +54,7 @@ def _refused(answer: Callable[[], Any]) -> OpenHubError | None:
 
 # --- (a) a retry of answer 1 while the route waits for answer 2 ------------------------------------------
 
+
 @pytest.mark.parametrize("route", TWO_WAITS)
 def test_a_retried_first_answer_does_not_answer_the_second_wait(route: str, hub: LocalHub) -> None:
     view = hub.submit(route, {})
@@ -60,7 +65,8 @@ def test_a_retried_first_answer_does_not_answer_the_second_wait(route: str, hub:
     # The responder sends answer 1 again (an HTTP retry after a lost reply), its keys in another order:
     # while the next step runs, and once the route waits for answer 2.
     routes.HOOKS["second"] = lambda ctx: retries.append(
-        openhub.respond(ctx.message.id, {"to": "bank", "answer": 1}, token=first))
+        openhub.respond(ctx.message.id, {"to": "bank", "answer": 1}, token=first)
+    )
     openhub.respond(view.id, {"answer": 1, "to": "bank"}, token=first)
     hub.run()
     assert hub.get(view.id).state == "WAITING_FOR_RES", "the second wait took the first answer's retry"
@@ -95,6 +101,7 @@ def test_a_retried_first_answer_without_a_token_is_refused_at_the_second_wait(ro
 
 # --- (b) a genuine early answer to question 2 equal to answer 1 --------------------------------------------
 
+
 @pytest.mark.parametrize("route", TWO_WAITS)
 def test_an_early_answer_like_the_first_one_answers_the_second_wait(route: str, hub: LocalHub) -> None:
     view = hub.submit(route, {})
@@ -103,7 +110,8 @@ def test_an_early_answer_like_the_first_one_answers_the_second_wait(route: str, 
     # Question 2's responder answers while its step still asks, and its answer is the same as answer 1.
     early = []
     routes.HOOKS["waits_again"] = lambda ctx: early.append(
-        openhub.respond(ctx.message.id, {"answer": 1}, token=ctx.wait_token))
+        openhub.respond(ctx.message.id, {"answer": 1}, token=ctx.wait_token)
+    )
     hub.run()  # no tick: nothing may wait for the hour-long response timeout
     assert hub.get(view.id).state == "OK", _history(view.id)
     assert [(v.state, v.duplicate) for v in early] == [("PROCESSING", False)]
@@ -114,7 +122,8 @@ def test_an_early_answer_like_the_first_one_answers_the_second_wait(route: str, 
 def test_an_early_answer_is_kept_for_its_own_ask_only(hub: LocalHub) -> None:
     """The question is answered while it is asked, then its step fails: the retry asks again, with a new
     token, and waits for its own answer; the early one answered an ask that ended."""
-    def answer_then_fail(ctx) -> None:  # noqa: ANN001
+
+    def answer_then_fail(ctx) -> None:
         if not routes.MOST.get("failed"):
             routes.MOST["failed"] = 1
             openhub.respond(ctx.message.id, {"answer": "early"}, token=ctx.wait_token)
@@ -136,6 +145,7 @@ def test_an_early_answer_is_kept_for_its_own_ask_only(hub: LocalHub) -> None:
 
 
 # --- (c) an answer for a wait that has ended ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("route", TWO_WAITS)
 def test_an_answer_for_a_wait_that_timed_out_is_refused(route: str, hub: LocalHub) -> None:
@@ -169,6 +179,7 @@ def test_an_answer_for_a_cancelled_messages_wait_is_refused(hub: LocalHub) -> No
 
 # --- (d) duplicates -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("route", TWO_WAITS)
 def test_a_second_answer_with_the_same_token_is_a_duplicate_whatever_it_says(route: str, hub: LocalHub) -> None:
     view = hub.submit(route, {})
@@ -191,6 +202,7 @@ def test_a_second_answer_with_the_same_token_is_a_duplicate_whatever_it_says(rou
 
 
 # --- answers without a token ---------------------------------------------------------------------------------
+
 
 def test_an_answer_without_a_token_is_taken_only_where_it_cannot_be_mistaken(hub: LocalHub) -> None:
     view = hub.submit("p.two_waits", {})

@@ -2,7 +2,10 @@
 
 - embedded: SQLite file + Celery's filesystem transport in a temporary folder (no servers);
 - redis-pg: a fresh PostgreSQL database on the machine's server + a private redis-server on a
-  free loopback port (so tests may flush or kill it).
+  free loopback port (so tests may flush or kill it);
+- rabbit-pg: the same database + a private RabbitMQ node (its own node name, ports and data folder),
+  for the tests that exercise the broker (tests/integration/test_rabbitmq.py, tests/chaos/test_rabbitmq_faults.py);
+  not in the behaviour suite's default BACKENDS.
 """
 
 from __future__ import annotations
@@ -74,9 +77,11 @@ class RedisServer:
         # Redis without persistence (or one that lost its disk) does.
         workdir.mkdir(parents=True, exist_ok=True)
         bind = ["--bind", "127.0.0.1", also_on, "--protected-mode", "no"] if also_on else ["--bind", "127.0.0.1"]
-        return subprocess.Popen(["redis-server", "--port", str(port), *bind, "--save", "",
-                                 "--appendonly", "no", "--dir", str(workdir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            ["redis-server", "--port", str(port), *bind, "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def restart(self, down: float = 0.0) -> None:
         """Stop it and start it again on the same port `down` seconds later, empty: every client is cut,
@@ -91,7 +96,7 @@ class RedisServer:
         """redis://127.0.0.1:PORT/0"""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def client(self):  # noqa: ANN201
+    def client(self):
         """A redis-py client."""
         import redis
 
@@ -104,7 +109,7 @@ class RedisServer:
             try:
                 if self.client().ping():
                     return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
@@ -114,6 +119,111 @@ class RedisServer:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+
+
+@dataclass
+class RabbitServer:
+    """A private RabbitMQ node: its own node name, AMQP and distribution ports, and data and log folders,
+    with no plugin; `consumer_timeout` in seconds, checked every second (not RabbitMQ's every minute)."""
+
+    name: str
+    port: int
+    workdir: Path
+    process: subprocess.Popen | None = None
+
+    @classmethod
+    def start(cls, consumer_timeout: float = 3600) -> "RabbitServer":
+        """Write its configuration in a fresh folder of its own, start it and wait until it has booted."""
+        # Not under pytest's temporary folder, which only its owner may enter (and pytest sets so again):
+        # the packaged rabbitmq-server runs the node as the rabbitmq user.
+        workdir = Path(tempfile.mkdtemp(prefix="openhub-rabbit-"))
+        (workdir / "rabbitmq.conf").write_text(
+            f"consumer_timeout = {int(consumer_timeout * 1000)}\nlog.console = false\n"
+        )
+        (workdir / "advanced.config").write_text("[{rabbit, [{channel_tick_interval, 1000}]}].\n")
+        (workdir / "enabled_plugins").write_text("[].\n")
+        if os.geteuid() == 0:
+            for path in [workdir, *workdir.iterdir()]:
+                shutil.chown(path, "rabbitmq")
+        server = cls(f"openhub-{uuid.uuid4().hex[:8]}@localhost", free_port(), workdir)
+        with open(workdir / "server.out", "wb") as out:
+            server.process = subprocess.Popen(
+                ["rabbitmq-server"], env=server._env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        server.wait_booted()
+        return server
+
+    def wait_booted(self, timeout: float = 120) -> None:
+        """Wait until the node has booted (await_startup answers at once while the node is not yet known)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.ctl("await_startup", "--timeout", str(int(max(deadline - time.monotonic(), 1))))
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline or (self.process is not None and self.process.poll() is not None):
+                    raise RuntimeError(
+                        f"RabbitMQ node {self.name} did not start: {(self.workdir / 'server.out').read_text()[-2000:]}"
+                    ) from None
+                time.sleep(0.2)
+
+    def _env(self) -> dict[str, str]:
+        w = self.workdir
+        return dict(
+            os.environ,
+            RABBITMQ_NODENAME=self.name,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(free_port()),
+            RABBITMQ_MNESIA_BASE=str(w / "mnesia"),
+            RABBITMQ_LOG_BASE=str(w / "log"),
+            RABBITMQ_CONFIG_FILE=str(w / "rabbitmq.conf"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(w / "advanced.config"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(w / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(w / "pid"),
+        )
+
+    def ctl(self, *args: str, timeout: float = 150) -> str:
+        """`rabbitmqctl -n <this node> args...`; its output."""
+        done = subprocess.run(["rabbitmqctl", "-n", self.name, *args], capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {self.name}: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    @property
+    def url(self) -> str:
+        """amqp://guest:guest@127.0.0.1:PORT//"""
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def restart_app(self, down: float = 0.0) -> None:
+        """Stop the RabbitMQ application (every connection cut; durable queues and persistent messages kept)
+        and start it again `down` seconds later."""
+        self.ctl("stop_app")
+        time.sleep(down)  # how long the broker stays away is the fault being injected
+        self.ctl("start_app")
+
+    def queue_depths(self) -> dict[str, tuple[int, int]]:
+        """Each queue's (ready, unacknowledged) messages."""
+        rows = self.ctl("list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
+        return {
+            name: (int(ready), int(unacked))
+            for name, ready, unacked in (line.split("\t") for line in rows.splitlines() if line.strip())
+        }
+
+    def stop(self) -> None:
+        """Stop the node and wait for it to end."""
+        try:
+            self.ctl("stop", timeout=60)
+        except Exception:
+            pass
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(timeout=10)
+        if not KEEP:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @dataclass
@@ -155,8 +265,23 @@ class PostgresServer:
         """start, stop or restart (fast: every client is disconnected) and wait."""
         listen = f"127.0.0.1,{self.also_on}" if self.also_on else "127.0.0.1"
         options = f"-p {self.port} -k {self.datadir} -c listen_addresses={listen} -c fsync=off -c max_connections=300"
-        self._as_postgres([self._bin("pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "-t", "60",
-                           "-o", options, "-l", str(self.datadir / "server.log"), action])
+        self._as_postgres(
+            [
+                self._bin("pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                options,
+                "-l",
+                str(self.datadir / "server.log"),
+                action,
+            ]
+        )
 
     def remove(self) -> None:
         """Stop the server and delete its folder."""
@@ -181,7 +306,7 @@ def postgres_database(prefix: str = "openhub_test", server: str = PG_SERVER) -> 
     try:
         yield f"{server}/{name}"
     finally:
-        from openhub.db import dispose_engines
+        from openhub.store.db import dispose_engines
 
         dispose_engines()
         admin.dispose()  # the server may have restarted since: use a fresh connection
@@ -199,6 +324,7 @@ class Backend:
     workdir: Path
     redis: RedisServer | None = None
     workers: list = field(default_factory=list)
+    rabbit: RabbitServer | None = None
 
     @property
     def database_url(self) -> str:
@@ -215,10 +341,10 @@ def activate(env: dict[str, str]) -> None:
 
     Only OPENHUB_* names: nothing restores any other, so another (OTEL_*, say) would outlive the test and
     reach every process a later test starts from this one's environment."""
-    from openhub import dispatch
-    from openhub.config import reset_settings
-    from openhub.db import dispose_engines
-    from openhub.registry import reset_registry
+    from openhub.celery import dispatch
+    from openhub.core.config import reset_settings
+    from openhub.core.registry import reset_registry
+    from openhub.store.db import dispose_engines
 
     foreign = sorted(k for k in env if not k.startswith("OPENHUB_"))
     assert not foreign, f"activate sets only OPENHUB_* names, not {foreign}: pass those to the processes started"
@@ -232,16 +358,23 @@ def activate(env: dict[str, str]) -> None:
 
 
 @contextmanager
-def backend(name: str, workdir: Path, extra: dict[str, str] | None = None,
-            pg_server: str = PG_SERVER) -> Iterator[Backend]:
-    """Set up the `embedded` or `redis-pg` backend in `workdir`, migrated and activated."""
-    from openhub.migrate import upgrade
+def backend(
+    name: str,
+    workdir: Path,
+    extra: dict[str, str] | None = None,
+    pg_server: str = PG_SERVER,
+    consumer_timeout: float = 3600,
+) -> Iterator[Backend]:
+    """Set up the `embedded`, `redis-pg` or `rabbit-pg` backend in `workdir`, migrated and activated
+    (`consumer_timeout`: the RabbitMQ node's, in seconds)."""
+    from openhub.store.migrate import upgrade
 
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(TEST_SETTINGS, OPENHUB_VAR_DIR=str(workdir / "var"), **(extra or {}))
     if name == "embedded":
-        env.update(OPENHUB_DATABASE_URL=f"sqlite:///{workdir / 'var' / 'openhub.db'}",
-                   OPENHUB_BROKER_URL="filesystem://")
+        env.update(
+            OPENHUB_DATABASE_URL=f"sqlite:///{workdir / 'var' / 'openhub.db'}", OPENHUB_BROKER_URL="filesystem://"
+        )
         b = Backend(name, env, workdir)
         b.activate()
         upgrade(b.database_url)
@@ -251,16 +384,25 @@ def backend(name: str, workdir: Path, extra: dict[str, str] | None = None,
             if not KEEP:
                 shutil.rmtree(workdir / "var", ignore_errors=True)
         return
-    redis = RedisServer.start(workdir / "redis")
+    # The PostgreSQL backends differ in their broker alone: a private RabbitMQ node or redis-server.
+    rabbit = RabbitServer.start(consumer_timeout) if name == "rabbit-pg" else None
+    redis = RedisServer.start(workdir / "redis") if rabbit is None else None
     try:
         with postgres_database(server=pg_server) as url:
-            env.update(OPENHUB_DATABASE_URL=url, OPENHUB_BROKER_URL=redis.url)
-            b = Backend(name, env, workdir, redis=redis)
+            env.update(OPENHUB_DATABASE_URL=url)
+            if rabbit is not None:
+                env.update(OPENHUB_BROKER_URL=rabbit.url, OPENHUB_CONSUMER_TIMEOUT=str(consumer_timeout))
+            elif redis is not None:
+                env.update(OPENHUB_BROKER_URL=redis.url)
+            env.update(extra or {})
+            b = Backend(name, env, workdir, redis=redis, rabbit=rabbit)
             b.activate()
             upgrade(url)
             yield b
     finally:
-        redis.stop()
+        for server in (rabbit, redis):
+            if server is not None:
+                server.stop()
 
 
 def python() -> str:

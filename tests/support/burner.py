@@ -29,8 +29,12 @@ def spin() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Start the spinners, run the command, stop them; the command's exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, default=int(os.environ.get("BURN") or 4),
-                        help="spinning processes (default: $BURN, else 4)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=int(os.environ.get("BURN") or 4),
+        help="spinning processes (default: $BURN, else 4)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

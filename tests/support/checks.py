@@ -6,16 +6,15 @@ from collections import Counter
 
 from sqlalchemy import select
 
-from openhub.db import transaction
-from openhub.schema import transitions
+from openhub.store.db import transaction
+from openhub.store.schema import transitions
 
 
 def step_ok_counts(message_ids: list[int]) -> Counter:
     """How often each (message, step) was recorded OK in the history."""
     t = transitions.c
     with transaction() as conn:
-        rows = conn.execute(select(t.message_id, t.step_key).where(t.event == "step_ok",
-                                                                   t.message_id.in_(message_ids)))
+        rows = conn.execute(select(t.message_id, t.step_key).where(t.event == "step_ok", t.message_id.in_(message_ids)))
         return Counter((m, s) for m, s in rows)
 
 

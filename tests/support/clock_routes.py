@@ -63,8 +63,15 @@ def bill(ctx: StepContext) -> None:
 
 
 routes = [
-    Route("clock.ordered", steps=[ordered], funnel=lambda p: p["group"], guaranteed_order=True,
-          order_timeout=timedelta(seconds=SECONDS), retry=QUICK, queue=AHEAD),
+    Route(
+        "clock.ordered",
+        steps=[ordered],
+        funnel=lambda p: p["group"],
+        guaranteed_order=True,
+        order_timeout=timedelta(seconds=SECONDS),
+        retry=QUICK,
+        queue=AHEAD,
+    ),
     Route("clock.expiring", steps=[stale], expires_after=timedelta(seconds=SECONDS), retry=QUICK, queue=AHEAD),
     Route("clock.retried", steps=[retried], queue=AHEAD),
     Route("clock.asks", steps=[asks], retry=QUICK, queue=AHEAD),
@@ -83,5 +90,9 @@ def confirm(outcome: Outcome) -> None:
     import httpx
 
     prefix = outcome.message.payload["prefix"]
-    httpx.post(f"{external_url()}{prefix}/confirm", json=outcome.as_dict(),
-               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}"}, timeout=10).raise_for_status()
+    httpx.post(
+        f"{external_url()}{prefix}/confirm",
+        json=outcome.as_dict(),
+        headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}"},
+        timeout=10,
+    ).raise_for_status()

@@ -44,9 +44,13 @@ SLACK = 2.0  # seconds after a call's answer in which its record may still have 
 # marked `after_cut`, so that a test can tell them from any other.
 CUT_UNSEEN = 2.25
 # route -> its steps' calls: (the path after the message's prefix, the step's key)
-STEPS = {"test.flow": [("a", "a"), ("b", "b"), ("c", "c")], "fused.flow": [("a", "a"), ("b", "b"), ("c", "c")],
-         "test.funnel": [("ordered", "ordered")], "test.ordered_x": [("ordered", "ordered")],
-         "test.order": [("a", "a"), ("after", "after_lines")]}
+STEPS = {
+    "test.flow": [("a", "a"), ("b", "b"), ("c", "c")],
+    "fused.flow": [("a", "a"), ("b", "b"), ("c", "c")],
+    "test.funnel": [("ordered", "ordered")],
+    "test.ordered_x": [("ordered", "ordered")],
+    "test.order": [("a", "a"), ("after", "after_lines")],
+}
 GUARANTEED_ORDER = {"test.ordered_x", "test.ordered"}
 PID_HEADER = "x-test-pid"
 BEGAN_HEADER = "x-test-began"
@@ -70,19 +74,43 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not (self.repeated or self.not_final or self.missing_calls or self.confirmations or self.overlaps
-                    or self.out_of_order)
+        return not (
+            self.repeated
+            or self.not_final
+            or self.missing_calls
+            or self.confirmations
+            or self.overlaps
+            or self.out_of_order
+        )
 
     def summary(self) -> dict[str, Any]:
-        return {"messages": self.messages, "states": self.states, "calls": self.calls,
-                "repeated_unexplained": len(self.repeated), "repeated_explained": len(self.explained),
-                "not_final": len(self.not_final), "missing_calls": len(self.missing_calls),
-                "confirmation_faults": len(self.confirmations), "funnel_overlaps": len(self.overlaps),
-                "out_of_order": len(self.out_of_order), "ok": self.ok}
+        return {
+            "messages": self.messages,
+            "states": self.states,
+            "calls": self.calls,
+            "repeated_unexplained": len(self.repeated),
+            "repeated_explained": len(self.explained),
+            "not_final": len(self.not_final),
+            "missing_calls": len(self.missing_calls),
+            "confirmation_faults": len(self.confirmations),
+            "funnel_overlaps": len(self.overlaps),
+            "out_of_order": len(self.out_of_order),
+            "ok": self.ok,
+        }
 
     def details(self, limit: int = 20) -> dict[str, Any]:
-        return {k: getattr(self, k)[:limit] for k in ("repeated", "explained", "not_final", "missing_calls",
-                                                       "confirmations", "overlaps", "out_of_order")}
+        return {
+            k: getattr(self, k)[:limit]
+            for k in (
+                "repeated",
+                "explained",
+                "not_final",
+                "missing_calls",
+                "confirmations",
+                "overlaps",
+                "out_of_order",
+            )
+        }
 
 
 def pid_of(call: Any) -> int | None:
@@ -125,23 +153,45 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
     return True
 
 
-def _repeats(path: str, key: str, made: list[Any], faults: list[Any], host_of: Any,
-             origin: float) -> tuple[dict[str, Any], list[Any]]:
+def _repeats(
+    path: str, key: str, made: list[Any], faults: list[Any], host_of: Any, origin: float
+) -> tuple[dict[str, Any], list[Any]]:
     """The entry for a call made more than once, and for each repeat the fault that explains it (None:
     unexplained). A repeat is explained by an earlier call of the same key that a fault hit in flight,
     the fault having begun before the repeat arrived."""
     kinds = EXPLAINS_CONFIRMATION if path.endswith("/confirm") else EXPLAINS
     causes: list[Any] = []
     for i, again in enumerate(made[1:], start=1):
-        cause = next((f for earlier in made[:i] for f in faults
-                      if f.start <= again.started and hit(f, earlier, host_of(earlier.peer), kinds)), None)
+        cause = next(
+            (
+                f
+                for earlier in made[:i]
+                for f in faults
+                if f.start <= again.started and hit(f, earlier, host_of(earlier.peer), kinds)
+            ),
+            None,
+        )
         causes.append(cause)
-    entry = {"path": path, "key": key, "times": len(made), "hosts": [host_of(c.peer) for c in made],
-             "pids": [pid_of(c) for c in made], "at": [round(c.started - origin, 3) for c in made],
-             "began": [round(began_of(c) - origin, 3) for c in made]}
+    entry = {
+        "path": path,
+        "key": key,
+        "times": len(made),
+        "hosts": [host_of(c.peer) for c in made],
+        "pids": [pid_of(c) for c in made],
+        "at": [round(c.started - origin, 3) for c in made],
+        "began": [round(began_of(c) - origin, 3) for c in made],
+    }
     first = made[0]
-    cut = next((f for f in faults if f.kind in ("cut_pg", "cut_both") and f.host == host_of(first.peer)
-                and f.start < began_of(first) <= f.start + CUT_UNSEEN), None)
+    cut = next(
+        (
+            f
+            for f in faults
+            if f.kind in ("cut_pg", "cut_both")
+            and f.host == host_of(first.peer)
+            and f.start < began_of(first) <= f.start + CUT_UNSEEN
+        ),
+        None,
+    )
     if cut is not None:
         entry["after_cut"] = round(began_of(first) - cut.start, 3)  # its step began this long after the cut
     return entry, causes
@@ -160,15 +210,25 @@ def funnel_overlaps(calls: Iterable[Any], origin: float) -> list[str]:
         latest = made[0]
         for c in made[1:]:
             if c.started < latest.ended:
-                found.append(f"{funnel}: {c.key} arrived at {c.started - origin:.2f} while {latest.key} was "
-                             f"answered until {latest.ended - origin:.2f}")
+                found.append(
+                    f"{funnel}: {c.key} arrived at {c.started - origin:.2f} while {latest.key} was "
+                    f"answered until {latest.ended - origin:.2f}"
+                )
             if c.ended > latest.ended:
                 latest = c
     return found
 
 
-def check(calls: Iterable[Any], overlaps: list[str], faults: list[Any], host_of: Any,
-          submitted: dict[str, dict[str, Any]], states: dict[int, str], final: set[str], origin: float) -> Report:
+def check(
+    calls: Iterable[Any],
+    overlaps: list[str],
+    faults: list[Any],
+    host_of: Any,
+    submitted: dict[str, dict[str, Any]],
+    states: dict[int, str],
+    final: set[str],
+    origin: float,
+) -> Report:
     """Check the log. `calls`: the external system's; `overlaps`: the funnels it saw overlap; `faults`: the
     driver's (kind, host, pids or None for the whole host, start, end); `host_of(address)`: a caller's host
     name; `submitted`: correlation id -> {id, route, group, prefix, lines?}; `states`: message id -> state;
@@ -235,8 +295,10 @@ def out_of_order(calls: Iterable[Any], submitted: dict[str, dict[str, Any]], ori
         latest: tuple[float, int, str] | None = None  # the arrival of the latest-submitted message so far
         for at, mid, key in seq:
             if latest is not None and mid < latest[1]:
-                found.append(f"{group}: {mid} ({key}) arrived at {at - origin:.2f}, after {latest[1]} "
-                             f"({latest[2]}) at {latest[0] - origin:.2f}")
+                found.append(
+                    f"{group}: {mid} ({key}) arrived at {at - origin:.2f}, after {latest[1]} "
+                    f"({latest[2]}) at {latest[0] - origin:.2f}"
+                )
             if latest is None or mid > latest[1]:
                 latest = (at, mid, key)
     return found

@@ -43,8 +43,14 @@ from tests.support.workers import PROJECT, Beat, Worker
 SKEW_PATH = Path(__file__).resolve().parent / "skewed_clock"
 # Short limits so that repairs happen within a test's patience, long enough that a 5 % lossy link
 # does not look like a dead worker.
-SETTINGS = dict(backends.TEST_SETTINGS, OPENHUB_WORKER_DEAD_AFTER="3", OPENHUB_LEASE_GRACE="4",
-                OPENHUB_STEP_TIMEOUT="20", OPENHUB_MAX_FAILS="50", OPENHUB_CONFIRM_INTERVAL="0.5")
+SETTINGS = dict(
+    backends.TEST_SETTINGS,
+    OPENHUB_WORKER_DEAD_AFTER="3",
+    OPENHUB_LEASE_GRACE="4",
+    OPENHUB_STEP_TIMEOUT="20",
+    OPENHUB_MAX_FAILS="50",
+    OPENHUB_CONFIRM_INTERVAL="0.5",
+)
 API_KEY = "hosts-rig-" + uuid.uuid4().hex  # 42 characters, as serve asks
 SOURCE = "CONFIRMED"  # the source system with a confirmer (tests/support/routes.py)
 
@@ -113,8 +119,13 @@ class Host:
         return f"{SKEW_PATH}{os.pathsep}{PROJECT}"
 
     def start_worker(self) -> Worker:
-        worker = Worker(self.process_env(), self.workdir, beat=False, concurrency=self.concurrency,
-                        name=f"{self.name}-{uuid.uuid4().hex[:4]}")
+        worker = Worker(
+            self.process_env(),
+            self.workdir,
+            beat=False,
+            concurrency=self.concurrency,
+            name=f"{self.name}-{uuid.uuid4().hex[:4]}",
+        )
         worker.env["PYTHONPATH"] = self.pythonpath
         worker.args = self.exec() + worker.args
         self.workers.append(worker)
@@ -147,13 +158,16 @@ class Host:
     def nft(self, table: str, rules: list[str]) -> None:
         """Add an nftables table of output/input rules in this host (replacing one of that name)."""
         self.drop_table(table)
-        script = [f"table inet {table} {{",
-                  "  chain out { type filter hook output priority 0; policy accept;",
-                  *[f"    {r}" for r in rules if r.startswith("out ")],
-                  "  }",
-                  "  chain in { type filter hook input priority 0; policy accept;",
-                  *[f"    {r}" for r in rules if r.startswith("in ")],
-                  "  }", "}"]
+        script = [
+            f"table inet {table} {{",
+            "  chain out { type filter hook output priority 0; policy accept;",
+            *[f"    {r}" for r in rules if r.startswith("out ")],
+            "  }",
+            "  chain in { type filter hook input priority 0; policy accept;",
+            *[f"    {r}" for r in rules if r.startswith("in ")],
+            "  }",
+            "}",
+        ]
         script = [line.replace("    out ", "    ").replace("    in ", "    ") for line in script]
         path = self.workdir / f"{table}.nft"
         path.write_text("\n".join(script) + "\n")
@@ -176,14 +190,22 @@ class Api:
         return f"http://{self.host.ip}:{self.port}"
 
     def start(self) -> "Api":
-        env = dict(os.environ, **self.host.process_env(), OPENHUB_API_KEYS=f"{SOURCE}={API_KEY}",
-                   PYTHONPATH=self.host.pythonpath)
+        env = dict(
+            os.environ,
+            **self.host.process_env(),
+            OPENHUB_API_KEYS=f"{SOURCE}={API_KEY}",
+            PYTHONPATH=self.host.pythonpath,
+        )
         openhub = str(Path(sys.executable).parent / "openhub")
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.host.exec() + [openhub, "serve", "--host", self.host.ip, "--port",
-                                                            str(self.port), "--workers", "1"],
-                                        env=env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.host.exec() + [openhub, "serve", "--host", self.host.ip, "--port", str(self.port), "--workers", "1"],
+            env=env,
+            cwd=PROJECT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -221,7 +243,7 @@ class Rig:
 @contextmanager
 def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, str] | None = None) -> Iterator[Rig]:
     """Build the rig in `workdir` (workers started, beat on the first host, the API on the second)."""
-    from openhub.migrate import upgrade
+    from openhub.store.migrate import upgrade
 
     tag = uuid.uuid4().hex[:5]
     n = _free_subnet()
@@ -248,8 +270,12 @@ def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, st
             hdir = workdir / f"h{i}"
             hdir.mkdir(parents=True, exist_ok=True)
             made.append(Host(f"h{i}", ns, f"10.231.{n}.{10 + i}", inside, hdir, {}, concurrency))
-        netem = sh("tc", "-n", made[0].ns, "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "1ms",
-                   check=False).returncode == 0
+        netem = (
+            sh(
+                "tc", "-n", made[0].ns, "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "1ms", check=False
+            ).returncode
+            == 0
+        )
         sh("tc", "-n", made[0].ns, "qdisc", "del", "dev", "eth0", "root", check=False)
 
         external = ExternalSystem().start(host=gateway)
@@ -263,11 +289,19 @@ def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, st
         with admin.connect() as conn:
             conn.exec_driver_sql(f"CREATE DATABASE {database}")
         admin.dispose()
-        local = dict(SETTINGS, **(extra or {}), OPENHUB_VAR_DIR=str(workdir / "var"),
-                     OPENHUB_TEST_EXTERNAL_URL=external.url,
-                     OPENHUB_DATABASE_URL=f"{pg.url}/{database}", OPENHUB_BROKER_URL=redis.url)
-        remote = dict(local, OPENHUB_DATABASE_URL=f"postgresql+psycopg://postgres@{gateway}:{pg.port}/{database}",
-                      OPENHUB_BROKER_URL=f"redis://{gateway}:{redis.port}/0")
+        local = dict(
+            SETTINGS,
+            **(extra or {}),
+            OPENHUB_VAR_DIR=str(workdir / "var"),
+            OPENHUB_TEST_EXTERNAL_URL=external.url,
+            OPENHUB_DATABASE_URL=f"{pg.url}/{database}",
+            OPENHUB_BROKER_URL=redis.url,
+        )
+        remote = dict(
+            local,
+            OPENHUB_DATABASE_URL=f"postgresql+psycopg://postgres@{gateway}:{pg.port}/{database}",
+            OPENHUB_BROKER_URL=f"redis://{gateway}:{redis.port}/0",
+        )
         backends.activate(local)
         upgrade(local["OPENHUB_DATABASE_URL"])
         for h in made:
@@ -279,7 +313,7 @@ def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, st
         made[0].start_beat()
         api = made[min(1, len(made) - 1)].start_api(backends.free_port())
         yield Rig(made, gateway, pg, redis, external, local, api, netem)
-        from openhub.db import dispose_engines
+        from openhub.store.db import dispose_engines
 
         dispose_engines()
 
@@ -302,8 +336,14 @@ class Fault:
     pids: list[int] | None = None
 
     def as_dict(self, origin: float) -> dict[str, Any]:
-        return {"kind": self.kind, "host": self.host, "at": round(self.start - origin, 1),
-                "for": round((self.end or self.start) - self.start, 1), "detail": self.detail, "pids": self.pids}
+        return {
+            "kind": self.kind,
+            "host": self.host,
+            "at": round(self.start - origin, 1),
+            "for": round((self.end or self.start) - self.start, 1),
+            "detail": self.detail,
+            "pids": self.pids,
+        }
 
 
 class FaultDriver:
@@ -311,8 +351,14 @@ class FaultDriver:
 
     STALL = 40.0  # a SIGSTOPped worker's stall: well past the dead-after limit
 
-    def __init__(self, the_rig: Rig, seed: int, kinds: list[str] | None = None, longest: float = 30.0,
-                 calm: tuple[float, float] = (3.0, 10.0)) -> None:
+    def __init__(
+        self,
+        the_rig: Rig,
+        seed: int,
+        kinds: list[str] | None = None,
+        longest: float = 30.0,
+        calm: tuple[float, float] = (3.0, 10.0),
+    ) -> None:
         self.rig, self.random = the_rig, random.Random(seed)
         self.kinds = kinds or KINDS
         self.longest, self.calm = longest, calm
@@ -354,8 +400,23 @@ class FaultDriver:
                 sh("tc", "-n", host.ns, "qdisc", "add", "dev", host.link, "root", "netem", "delay", "200ms")
                 fault.detail = "netem delay 200ms"
             else:  # no sch_netem in this kernel: a narrow link whose queue delays every packet
-                sh("tc", "-n", host.ns, "qdisc", "add", "dev", host.link, "root", "tbf", "rate", "256kbit",
-                   "burst", "4kb", "latency", "400ms")
+                sh(
+                    "tc",
+                    "-n",
+                    host.ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    host.link,
+                    "root",
+                    "tbf",
+                    "rate",
+                    "256kbit",
+                    "burst",
+                    "4kb",
+                    "latency",
+                    "400ms",
+                )
                 fault.detail = "tbf rate 256kbit (no sch_netem here)"
             self._undo.append(lambda: sh("tc", "-n", host.ns, "qdisc", "del", "dev", host.link, "root", check=False))
         elif kind == "stall":
@@ -381,6 +442,7 @@ class FaultDriver:
                             os.kill(pids[0], signal.SIGCONT)
                     except ProcessLookupError:
                         pass
+
                 self._undo.append(resume)
         elif kind == "kill":
             fault.pids = [pid for w in host.live_workers() for pid in (w.process.pid, *w.child_pids())]
@@ -453,17 +515,20 @@ class Traffic:
                 self._n += 1
                 kind = self.random.choice(TRAFFIC_KINDS)
                 route, body = payload(kind, self._n)
-                batch.append({"route": route, "payload": body, "correlation_id": f"hosts-{self._n:06d}",
-                              "source_system": SOURCE})
+                batch.append(
+                    {"route": route, "payload": body, "correlation_id": f"hosts-{self._n:06d}", "source_system": SOURCE}
+                )
             while not self._send(batch) and not stop.is_set():
                 stop.wait(0.5)  # the API or its store is away: the same batch again shortly
             stop.wait(1.0)
 
     def _send(self, batch: list[dict[str, Any]]) -> bool:
-        request = urllib.request.Request(f"{self.rig.api.url}/api/v1/messages:batch",
-                                         data=json.dumps({"messages": batch}).encode(), method="POST",
-                                         headers={"Authorization": f"Bearer {API_KEY}",
-                                                  "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.rig.api.url}/api/v1/messages:batch",
+            data=json.dumps({"messages": batch}).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 views = json.loads(answer.read())["messages"]
@@ -471,9 +536,12 @@ class Traffic:
             self.refused += 1
             return False
         for item, view in zip(batch, views):
-            self.submitted[item["correlation_id"]] = {"id": view["id"], "route": item["route"],
-                                                      "group": item["payload"].get("group"),
-                                                      "prefix": item["payload"]["prefix"]}
+            self.submitted[item["correlation_id"]] = {
+                "id": view["id"],
+                "route": item["route"],
+                "group": item["payload"].get("group"),
+                "prefix": item["payload"]["prefix"],
+            }
             if "lines" in item["payload"]:
                 self.submitted[item["correlation_id"]]["lines"] = len(item["payload"]["lines"])
         return True
@@ -483,47 +551,107 @@ class Traffic:
 def _states(ids: list[int]) -> dict[int, str]:
     from sqlalchemy import select
 
-    from openhub.db import transaction
-    from openhub.schema import messages
+    from openhub.store.db import transaction
+    from openhub.store.schema import messages
 
     with transaction() as conn:
-        return {r.id: r.state for r in conn.execute(select(messages.c.id, messages.c.state)
-                                                    .where(messages.c.id.in_(ids)))}
+        return {
+            r.id: r.state for r in conn.execute(select(messages.c.id, messages.c.state).where(messages.c.id.in_(ids)))
+        }
 
 
-def _unsettled(ids: list[int], confirmed: set[str], final: set[str], limit: int = 20) -> list[dict[str, Any]]:
+def _unsettled(
+    ids: list[int], confirmed: set[str], final: set[str], calls: list[Any], workdir: Path, limit: int = 20
+) -> list[dict[str, Any]]:
     """What each message not yet final and confirmed shows in the store: its state, step and history's
-    last entries, and its confirmation's row (why a run did not settle)."""
+    last entries, its confirmation's row with its claim and the store's time now, the confirmation calls the
+    source system received, and the hosts' log lines about it (why a run did not settle)."""
     from sqlalchemy import select
 
-    from openhub.db import transaction
-    from openhub.schema import confirmations, messages
+    from openhub.store.db import store_now, transaction
+    from openhub.store.schema import confirmations, messages
 
     M, C = messages.c, confirmations.c
     out = []
     with transaction() as conn:
-        rows = conn.execute(select(M.id, M.state, M.service, M.operation, M.due_at, M.step_run, M.failed_step)
-                            .where(M.id.in_(ids)).order_by(M.id)).all()
+        rows = conn.execute(
+            select(M.id, M.state, M.service, M.operation, M.due_at, M.step_run, M.failed_step)
+            .where(M.id.in_(ids))
+            .order_by(M.id)
+        ).all()
         for r in rows:
             if r.state in final and f"{r.id}:{r.state}" in confirmed:
                 continue
-            conf = conn.execute(select(C.outcome, C.state, C.attempts, C.due_at, C.last_error)
-                                .where(C.message_id == r.id)).all()
-            out.append({"id": r.id, "state": r.state, "route": f"{r.service}.{r.operation}", "due_at": str(r.due_at),
-                        "step_run": r.step_run, "confirmations": [[str(v)[:200] for v in c] for c in conf]})
+            conf = conn.execute(
+                select(C.outcome, C.state, C.attempts, C.due_at, C.last_error, C.claim).where(C.message_id == r.id)
+            ).all()
+            out.append(
+                {
+                    "id": r.id,
+                    "state": r.state,
+                    "route": f"{r.service}.{r.operation}",
+                    "due_at": str(r.due_at),
+                    "step_run": r.step_run,
+                    "confirmations": [[str(v)[:200] for v in c] for c in conf],
+                    "store_now": str(store_now()),
+                    "confirm_calls": [
+                        (c.status, round(c.started, 1), c.peer) for c in calls if c.key == f"{r.id}:{r.state}"
+                    ],
+                    "log": _log_lines(workdir, r.id),
+                }
+            )
             if len(out) >= limit:
                 break
     return out
 
 
-def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order: list[str] | None = None,
-              kinds: list[str] | None = None, hosts: int = 3, settle: float = 240.0,
-              extra: dict[str, str] | None = None, longest: float = 30.0,
-              calm: tuple[float, float] = (3.0, 10.0)) -> tuple[Any, dict[str, Any]]:
+def _busy_sessions() -> list[list[str]]:
+    """The store's sessions that are not idle (a transaction left open by a cut host holds its row locks, and a
+    sender waiting on one renews nothing): pid, state, age of the transaction, what it waits on, its client."""
+    from sqlalchemy import text
+
+    from openhub.store.db import transaction
+
+    with transaction() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT pid, state, now() - xact_start, wait_event_type, wait_event, client_addr, left(query, 160)"
+                " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND state <> 'idle'"
+            )
+        ).all()
+    return [[str(v) for v in r] for r in rows]
+
+
+def _log_lines(workdir: Path, message_id: int, limit: int = 12) -> list[str]:
+    """The last lines of the hosts' logs that name the message or its confirmation."""
+    marks = (f"message {message_id} ", f"message {message_id}:", f"confirmation {message_id} ", f"[{message_id}]")
+    found = []
+    for log in sorted(workdir.rglob("*.log")):
+        with open(log, errors="replace") as lines:
+            found += [
+                f"{log.relative_to(workdir)}: {line.strip()[:300]}" for line in lines if any(m in line for m in marks)
+            ]
+    return found[-limit:]
+
+
+def chaos_run(
+    workdir: Path,
+    seed: int,
+    seconds: float,
+    rate: float = 2.0,
+    order: list[str] | None = None,
+    kinds: list[str] | None = None,
+    hosts: int = 3,
+    settle: float = 240.0,
+    extra: dict[str, str] | None = None,
+    longest: float = 30.0,
+    calm: tuple[float, float] = (3.0, 10.0),
+) -> tuple[Any, dict[str, Any]]:
     """Submit traffic for `seconds` while faults are injected from `seed`, wait up to `settle` s for
     every message to be final and confirmed, and check the external system's log; returns the
     checker's report and what happened (faults, submissions, timings)."""
-    from openhub.states import FINAL
+    from openhub.core.states import FINAL
     from tests.support.history import check
 
     final = {s.value for s in FINAL}
@@ -556,17 +684,34 @@ def chaos_run(workdir: Path, seed: int, seconds: float, rate: float = 2.0, order
             try:
                 if settled():
                     break
-            except Exception:  # noqa: BLE001 - the driver's own store connection may need a moment
+            except Exception:
                 pass
             time.sleep(1.0)  # polling interval of the bounded wait
         settled_after = time.monotonic() - faults_done
         confirmed = {c.key for c in list(external.calls) if c.path.endswith("/confirm") and c.status < 400}
-        unsettled = _unsettled(ids, {k for k in confirmed if k}, final)
-        report = check(list(external.calls), list(external.overlaps), driver.log, the_rig.host_of,
-                       traffic.submitted, _states(ids), final, origin)
-        facts = {"seed": seed, "seconds": round(faults_done - origin, 1), "settled_after": round(settled_after, 1),
-                 "submitted": len(ids), "refused_batches": traffic.refused, "netem": the_rig.netem,
-                 "faults": [f.as_dict(origin) for f in driver.log], "unsettled": unsettled}
-        (workdir / "report.json").write_text(json.dumps({"summary": report.summary(), "facts": facts,
-                                                         "details": report.details(200)}, indent=1))
+        unsettled = _unsettled(ids, {k for k in confirmed if k}, final, list(external.calls), workdir)
+        report = check(
+            list(external.calls),
+            list(external.overlaps),
+            driver.log,
+            the_rig.host_of,
+            traffic.submitted,
+            _states(ids),
+            final,
+            origin,
+        )
+        facts = {
+            "seed": seed,
+            "seconds": round(faults_done - origin, 1),
+            "settled_after": round(settled_after, 1),
+            "submitted": len(ids),
+            "refused_batches": traffic.refused,
+            "netem": the_rig.netem,
+            "faults": [f.as_dict(origin) for f in driver.log],
+            "unsettled": unsettled,
+            "store_sessions": _busy_sessions() if unsettled else [],
+        }
+        (workdir / "report.json").write_text(
+            json.dumps({"summary": report.summary(), "facts": facts, "details": report.details(200)}, indent=1)
+        )
         return report, facts

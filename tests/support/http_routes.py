@@ -1,4 +1,4 @@
-"""Routes that call a scripted HTTP server through `openhub.http.HttpCall` (tests/integration/test_http.py).
+"""Routes that call a scripted HTTP server through `openhub.outbound.http.HttpCall` (tests/integration/test_http.py).
 
 The payload names the path to call; the server's script for that path decides the answer.
 """
@@ -8,10 +8,15 @@ from __future__ import annotations
 import os
 
 from openhub import Route, StepContext, step
-from openhub.http import HttpCall
+from openhub.outbound.http import HttpCall
 
-api = HttpCall(business_errors={409: "E409"}, reject={400, 404, 422}, record=True, timeout=2,
-               headers={"Authorization": "Bearer s3cret", "X-Api-Key": "k-123"})
+api = HttpCall(
+    business_errors={409: "E409"},
+    reject={400, 404, 422},
+    record=True,
+    timeout=2,
+    headers={"Authorization": "Bearer s3cret", "X-Api-Key": "k-123"},
+)
 quiet = HttpCall()  # records nothing
 headers_only = HttpCall(record="headers")  # records the exchange without its bodies
 
@@ -38,8 +43,11 @@ def call_quietly(ctx: StepContext) -> None:
 @step
 def get_token(ctx: StepContext) -> None:
     """An OAuth-style form POST whose body carries the client secret."""
-    api.post(ctx, f"{server()}{ctx.payload['path']}",
-             data={"grant_type": "client_credentials", "client_secret": ctx.payload["secret"]})
+    api.post(
+        ctx,
+        f"{server()}{ctx.payload['path']}",
+        data={"grant_type": "client_credentials", "client_secret": ctx.payload["secret"]},
+    )
 
 
 @step
@@ -48,9 +56,10 @@ def call_headers_only(ctx: StepContext) -> None:
     headers_only.post(ctx, f"{server()}{ctx.payload['path']}", json=ctx.payload)
 
 
+E409 = {"E409": "the called API answered 409"}
 routes = [
-    Route("http.call", steps=[call_api]),
-    Route("http.quiet", steps=[call_quietly]),
-    Route("http.token", steps=[get_token]),
-    Route("http.headers_only", steps=[call_headers_only]),
+    Route("http.call", steps=[call_api], errors=E409),
+    Route("http.quiet", steps=[call_quietly], errors=E409),
+    Route("http.token", steps=[get_token], errors=E409),
+    Route("http.headers_only", steps=[call_headers_only], errors=E409),
 ]

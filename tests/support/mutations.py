@@ -7,7 +7,7 @@ configuration of the model test against each: a mutation the model test passes i
 back in. `guard` names the hand-written test that caught the break when it was fixed, for the mutations
 the model cannot reach (another broker, another store, real processes).
 
-Snippets in openhub/workers.py, http.py, batch.py, confirm.py and notify.py may move while other work
+Snippets in openhub/store/workers.py, http.py, batch.py, confirm.py and notify.py may move while other work
 on them merges: the unit test says which one no longer matches.
 """
 
@@ -41,176 +41,312 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "cancel_drops_running_run",
         "issue 9: a cancel lets go of a step still calling out, so a restart runs it beside the first call",
-        "openhub/lifecycle.py",
-        "                keep_run=row.worker is not None and row.step_run is not None)\n",
-        "                keep_run=False)\n",
-        guard="tests/integration/test_promise.py"),
+        "openhub/engine/lifecycle.py",
+        (
+            "    apply_event(\n"
+            "        tx,\n"
+            "        row,\n"
+            "        Event.CANCELLED,\n"
+            "        route,\n"
+            "        attempt_id=str(uuid.uuid4()),\n"
+            "        keep_run=row.worker is not None and row.step_run is not None,\n"
+            "    )\n"
+        ),
+        "    apply_event(tx, row, Event.CANCELLED, route, attempt_id=str(uuid.uuid4()), keep_run=False)\n",
+        guard="tests/integration/test_promise.py",
+    ),
     Mutation(
         "done_step_called_again",
         "issue 9: a retry calls again a step whose call this message already made successfully",
-        "openhub/engine.py",
+        "openhub/engine/engine.py",
         "    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded\n",
         "    if False:  # reverted: a step's own success is not looked at\n",
-        guard="tests/integration/test_promise.py"),
+        guard="tests/integration/test_promise.py",
+    ),
     # --- issue 26's second read (fixed in ae78926, ba0c020, e97d1c5) -----------------------------------
     Mutation(
         "no_fence",
         "issue 26 #2: a process whose heartbeat fell behind (stalled, store away) still starts step calls",
-        "openhub/workers.py",
+        "openhub/store/workers.py",
         "    return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since\n",
         "    return False  # reverted: no fence\n",
-        model=False, guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing"),
+        model=False,
+        guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing",
+    ),
     Mutation(
         "heartbeat_on_host_clock",
         "issue 26 #3: heartbeats written on each host's clock, so a host 20 s ahead judges the others dead",
-        "openhub/workers.py",
+        "openhub/store/workers.py",
         "            now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()\n",
         "            now = utcnow()  # reverted: this host's clock\n",
-        model=False, guard="tests/integration/test_one_clock.py::test_a_system_limit_holds_across_hosts"),
+        model=False,
+        guard="tests/integration/test_one_clock.py::test_a_system_limit_holds_across_hosts",
+    ),
     Mutation(
-        "split_done_without_children", "issue 26 #8: a split recorded done with 0 children",
-        "openhub/verdicts.py",
-        "        return CallState.FAILED if self.event is Event.SPLIT else self.call_state\n",
+        "split_done_without_children",
+        "issue 26 #8: a split recorded done with 0 children",
+        "openhub/core/verdicts.py",
+        "        return CallState.FAILED if self.event is Event.SPLIT or self.children else self.call_state\n",
         "        return self.call_state\n",
         guard="tests/integration/test_interleavings.py::test_a_split_cancelled_while_it_runs_writes_its_children_"
-              "when_restarted"),
+        "when_restarted",
+    ),
     Mutation(
         "split_restart_reruns_cancelled_child",
         "issue 26 #1: restarting a split parent re-runs a cancelled child's call in flight",
-        "openhub/lifecycle.py",
-        "                    due_at=due, finished_at=None, attempt_id=str(uuid.uuid4()))\n",
-        "                    due_at=due, finished_at=None, step_run=None, attempt_id=str(uuid.uuid4()))\n",
+        "openhub/engine/lifecycle.py",
+        ("            finished_at=None,\n            attempt_id=str(uuid.uuid4()),\n"),
+        ("            finished_at=None,\n            step_run=None,\n            attempt_id=str(uuid.uuid4()),\n"),
         guard="tests/integration/test_interleavings.py::test_restarting_a_cancelled_parent_waits_for_its_childs_"
-              "call_in_flight"),
+        "call_in_flight",
+    ),
     Mutation(
         "total_restart_drops_other_success",
         "issue 26 #4: a total restart deletes an entity record holding an older message's success",
-        "openhub/leases.py",
-        "    conn.execute(delete(ext_calls).where(and_(X.message_id == row.id, or_(X.ok_message_id.is_(None),\n"
-        "                                                                          X.ok_message_id == row.id))))\n",
+        "openhub/engine/leases.py",
+        (
+            "    conn.execute(\n"
+            "        delete(ext_calls).where(and_(X.message_id == row.id, or_(X.ok_message_id.is_(None), X.ok_message_id == row.id)))\n"
+            "    )\n"
+        ),
         "    conn.execute(delete(ext_calls).where(X.message_id == row.id))\n",
         guard="tests/integration/test_interleavings.py::test_a_total_restart_keeps_an_older_messages_success_on_the_"
-              "entity_record"),
+        "entity_record",
+    ),
     Mutation(
         "undrain_starts_sequential_children",
         "issue 26 #7: the end of a drain starts a sequential split's children waiting their turn",
-        "openhub/operator.py",
+        "openhub/service/actions.py",
         "where(and_(M.state.in_(RESUMABLE), M.due_at.is_not(None)))\n",
         "where(M.state.in_(RESUMABLE))\n",
-        guard="tests/integration/test_interleavings.py::test_ending_a_drain_does_not_start_children_waiting_their_turn"),
+        guard="tests/integration/test_interleavings.py::test_ending_a_drain_does_not_start_children_waiting_their_turn",
+    ),
     Mutation(
         "child_key_like_source_id",
         "issue 26 #5: a source system's id 'P#0.1' shares the idempotency key of P's first child",
-        "openhub/verdicts.py",
-        "        name = f\"{name}#{row.id}\"\n",
+        "openhub/core/verdicts.py",
+        '        name = f"{name}#{row.id}"\n',
         "        pass\n",
         guard="tests/integration/test_interleavings.py::test_a_source_systems_id_like_a_childs_gets_its_own_"
-              "idempotency_key"),
+        "idempotency_key",
+    ),
     Mutation(
         "webhook_id_per_message_state",
         "issue 26 #6: a message FAILED twice (restarted between) is confirmed twice under one webhook id",
-        "openhub/context.py",
-        "            return f\"openhub_{self.delivery_key}\"\n",
-        "            return f\"openhub:{self.message.id}:{self.state}\"\n",
-        guard="tests/integration/test_interleavings.py::test_each_webhook_notification_has_its_own_idempotency_key"),
+        "openhub/core/context.py",
+        '            return f"openhub_{self.delivery_key}"\n',
+        '            return f"openhub:{self.message.id}:{self.state}"\n',
+        guard="tests/integration/test_interleavings.py::test_each_webhook_notification_has_its_own_idempotency_key",
+    ),
     # --- issue 33: waits (518ee51) ------------------------------------------------------------------------
     Mutation(
         "duplicate_answers_next_wait",
         "issue 33 #1 (issue 26 #9): a late duplicate of answer 1 is taken as the answer of the next wait",
-        "openhub/waits.py",
+        "openhub/engine/waits.py",
         "    ask = conn.execute(select(waits).where(and_(W.token == token, W.message_id == row.id))).first()\n",
-        "    ask = conn.execute(select(waits).where(and_(W.token == token, W.message_id == row.id))).first()\n"
-        "    if row.state == State.WAITING_FOR_RES:  # reverted: the open wait takes any answer\n"
-        "        _answer(conn, _latest_ask(conn, row.id).id, text, by, now)\n"
-        "        update_message(conn, row.id, response=text)\n"
-        "        return Received.TAKEN, about\n",
-        guard="tests/integration/test_waits.py"),
+        (
+            "    ask = conn.execute(select(waits).where(and_(W.token == token, W.message_id == row.id))).first()\n"
+            "    if row.state == State.WAITING_FOR_RES:  # reverted: the open wait takes any answer\n"
+            "        _answer(conn, _latest_ask(conn, row.id).id, text, by, now)\n"
+            "        update_message(conn, row.id, response=text)\n"
+            "        return Received.TAKEN, about\n"
+        ),
+        guard="tests/integration/test_waits.py",
+    ),
     Mutation(
         "equal_answer_dropped",
         "issue 33 #2: a genuine answer equal to the previous one is dropped as a duplicate (matched by content)",
-        "openhub/waits.py",
+        "openhub/engine/waits.py",
         "    if ask is not None and ask.answer is not None:\n",
         "    if (ask is not None and ask.answer is not None) or (row.response is not None and row.response == text):\n",
-        guard="tests/integration/test_waits.py"),
+        guard="tests/integration/test_waits.py",
+    ),
     Mutation(
         "stale_answer_taken",
         "issue 33 #1: an answer for a wait that ended (asked again) is taken by the open wait",
-        "openhub/waits.py",
-        "            and ask.id == _latest_ask(conn, row.id).id:\n",
-        "            and ask.id is not None:\n",
-        guard="tests/integration/test_waits.py"),
+        "openhub/engine/waits.py",
+        (
+            "    if (\n"
+            "        ask is not None\n"
+            "        and row.state == State.WAITING_FOR_RES\n"
+            "        and ask.asked_at is not None\n"
+            "        and ask.id == _latest_ask(conn, row.id).id\n"
+            "    ):\n"
+        ),
+        "    if ask is not None and row.state == State.WAITING_FOR_RES and ask.asked_at is not None and ask.id is not None:\n",
+        guard="tests/integration/test_waits.py",
+    ),
     # --- issue 33: the hub's own faults (61c363e) --------------------------------------------------------
     Mutation(
         "lost_run_counts_failure",
         "issue 33 #10: a run lost with its worker counts as one of the message's failures",
-        "openhub/states.py",
+        "openhub/core/states.py",
         "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n",
-        "        if event is Event.LEASE_EXPIRED:\n"
-        "            result = _failure(failed_count, max_fails)  # reverted: a lost run is a failure\n"
-        "            if result.state is State.FAILED:\n"
-        "                return Transition(result.state, result.failed_count, _FINISHED)\n"
-        "            return Transition(result.state, result.failed_count, result.actions | {Action.RELEASE_FUNNEL})\n"
-        "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n",
-        guard="tests/integration/test_hub_faults.py"),
+        (
+            "        if event is Event.LEASE_EXPIRED:\n"
+            "            result = _failure(failed_count, max_fails)  # reverted: a lost run is a failure\n"
+            "            if result.state is State.FAILED:\n"
+            "                return Transition(result.state, result.failed_count, _FINISHED)\n"
+            "            return Transition(result.state, result.failed_count, result.actions | {Action.RELEASE_FUNNEL})\n"
+            "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n"
+        ),
+        guard="tests/integration/test_hub_faults.py",
+    ),
     Mutation(
         "max_lost_runs_ignored",
         "issue 33 #10: a step that takes its worker down every time loops for ever (OPENHUB_MAX_LOST_RUNS)",
-        "openhub/states.py",
+        "openhub/core/states.py",
         "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs:\n",
         "        if event is Event.LEASE_EXPIRED and lost_runs > max_lost_runs * 1000:\n",
-        guard="tests/integration/test_hub_faults.py"),
+        guard="tests/integration/test_hub_faults.py",
+    ),
     Mutation(
         "fenced_run_left_to_repair",
         "issue 33 #10: a fenced run leaves its lease to the repair (a lost run) instead of letting it go",
-        "openhub/engine.py",
-        "    drop_fenced(run, entered)\n    return True\n",
+        "openhub/engine/engine.py",
+        ("    drop_fenced(run, entered)\n    return True\n"),
         "    return True  # reverted: left to the repair\n",
-        model=False, guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing"),
+        model=False,
+        guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing",
+    ),
     # --- issue 33: broker (b26aa68, cb31d14, 01ebe72, 6fc0d38) and repair (f80aa42) -----------------------
     Mutation(
         "lost_chains_wait_lease_grace",
         "issue 33 #9: chains lost with the broker are published again only after OPENHUB_LEASE_GRACE",
-        "openhub/poller.py",
+        "openhub/engine/poller.py",
         "        if publisher.broker_marked() is not False:\n",
         "        if True:  # reverted: nobody looks at the broker's mark\n",
-        guard="tests/integration/test_broker_queues.py"),
+        guard="tests/integration/test_broker_queues.py",
+    ),
     Mutation(
         "repair_first_page_only",
         "issue 33: the lost-run repair reads one page (500 rows) and no more",
-        "openhub/poller.py",
+        "openhub/engine/poller.py",
         "(rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None\n",
         "None\n",
         model=False,
         guard="tests/integration/test_repair.py::test_a_dead_worker_with_more_runs_than_a_page_has_them_all_repaired_in_"
-              "one_tick"),
+        "one_tick",
+    ),
     Mutation(
         "redisbroker_connparams",
         "issue 33 #8: a channel's last close after a Redis restart kills the worker",
-        "openhub/redisbroker.py",
+        "openhub/celery/redisbroker.py",
         "        return self._params[asynchronous]\n",
         "        return super()._connparams(asynchronous=asynchronous)\n",
         model=False,
         guard="tests/integration/test_redisbroker.py::test_a_channel_closed_after_its_connection_was_collected_does_not_"
-              "raise"),
+        "raise",
+    ),
+    # --- issue 38: a sync route's result kept with its last call ------------------------------------------
+    Mutation(
+        "sync_result_lost_with_run",
+        "issue 38: a sync route's last call succeeded in a run whose lease was lost (cancelled and restarted "
+        "mid-call); the next run skips it as done and the message ends OK without a result",
+        "openhub/engine/leases.py",
+        "        if done.rowcount and verdict.result is not None:\n",
+        "        if False and done.rowcount and verdict.result is not None:\n",
+    ),
     # --- issue 33: one clock (1827567) --------------------------------------------------------------------
     Mutation(
         "store_now_process_clock",
         "issue 33 #4: stored times taken from each host's own clock on PostgreSQL",
-        "openhub/db.py",
-        "    if url.startswith(\"sqlite\"):\n        return utcnow()\n",
-        "    if True:  # reverted: this host's clock\n        return utcnow()\n",
+        "openhub/store/db.py",
+        ('    if url.startswith("sqlite"):\n        return utcnow()\n'),
+        ("    if True:  # reverted: this host's clock\n        return utcnow()\n"),
         model=False,
-        guard="tests/integration/test_one_clock.py::test_a_host_whose_wall_clock_is_off_tells_the_databases_time"),
+        guard="tests/integration/test_one_clock.py::test_a_host_whose_wall_clock_is_off_tells_the_databases_time",
+    ),
     # --- issue 33: confirmers (41b1548) -------------------------------------------------------------------
     Mutation(
         "confirm_lease_not_renewed",
         "issue 33 #7: a confirmer that outlasts its sending lease is sent again by another tick",
-        "openhub/confirm.py",
+        "openhub/outbound/confirm.py",
         "        while not self._stop.wait(interval):\n",
         "        while False and not self._stop.wait(interval):\n",
         model=False,
         guard="tests/integration/test_slow_receivers.py::test_a_confirmer_that_outlasts_its_lease_is_called_once_while_"
-              "ticks_go_on"),
+        "ticks_go_on",
+    ),
+    # --- issue 33: the fence before every call (c8f9a14, 52e1972) ---------------------------------------------
+    Mutation(
+        "batch_member_called_after_cancel",
+        "issue 33 #3, #6: a batch member's call made though it was cancelled, or its worker lost the store, "
+        "while an earlier member's call ran",
+        "openhub/engine/batch.py",
+        "_run_one(m, still_held=i > 0)",
+        "_run_one(m, still_held=False)",
+        model=False,
+        guard="tests/integration/test_batch.py::"
+        "test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call",
+    ),
+    Mutation(
+        "heartbeat_a_greenlet",
+        "issue 33 #5: under gevent the heartbeat is a greenlet, which a busy step starves",
+        "openhub/store/workers.py",
+        'start_new_thread = monkey.get_original("_thread", "start_new_thread") if monkey is not None else None',
+        "start_new_thread = None",
+        model=False,
+        guard="tests/integration/test_gevent_pool.py::"
+        "test_a_step_computing_past_dead_after_does_not_starve_the_heartbeat",
+    ),
+    Mutation(
+        "call_fence_waits_for_three_quarters",
+        "issue 33 #6: a call started after the heartbeat lost the store, until 3/4 of dead-after",
+        "openhub/store/workers.py",
+        (
+            "    return (\n"
+            "        fenced(since)\n"
+            "        or _store_away\n"
+            "        or time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE\n"
+            "    )\n"
+        ),
+        "    return fenced(since)\n",
+        model=False,
+        guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store",
+    ),
+    # --- issue 33: the fence re-applied (the causes of its revert, 8ca65a1) -----------------------------------
+    Mutation(
+        "batch_member_read_gives_up_on_outage",
+        "issue 33 (fence): a batch member whose read before its call meets a store away is left to the repair, "
+        "not waited out as the group's writes are",
+        "openhub/engine/batch.py",
+        ("        except StoreUnavailable as exc:\n            attempt += 1\n            log.warning(\n"),
+        ("        except StoreUnavailable as exc:\n            return False  # reverted\n            log.warning(\n"),
+        model=False,
+        guard="tests/integration/test_promise.py::test_the_store_away_right_before_a_later_batch_members_call_is_"
+        "waited_out",
+    ),
+    Mutation(
+        "heartbeat_connection_opened_by_its_thread",
+        "issue 33 (fence): the heartbeat thread opens its own connection at its first beat, a gap that fences "
+        "the process's first calls on a loaded box",
+        "openhub/store/workers.py",
+        "beat(worker_id, node, url, broken=True, own=own)",
+        "beat(worker_id, node, url, broken=True)",
+        model=False,
+        guard="tests/unit/test_workers.py::test_the_heartbeat_threads_connection_slow_to_open_fences_no_call",
+    ),
+    # --- issue 37, part 2: fan-out ----------------------------------------------------------------------------
+    Mutation(
+        "fan_out_family_restarted",
+        "issue 37 (fan-out): an operator's restart of a family (OK from its accept) runs its topic's step, which "
+        "has nothing to do, and fails the family",
+        "openhub/service/actions.py",
+        "    if is_topic(get_registry().find_route_of(row)):",
+        "    if False:",
+        guard="tests/integration/test_fanout.py::test_each_of_three_subscribers_is_called_exactly_once",
+    ),
+    Mutation(
+        "fan_out_receivers_unconfirmed",
+        "issue 37 (fan-out): a family's receivers, whose ids the source system was answered with, are not "
+        "confirmed to it",
+        "openhub/core/topics.py",
+        "bound=False, confirm_children=True)",
+        "bound=False, confirm_children=False)",
+        guard="tests/integration/test_fanout.py::test_each_receiver_is_confirmed_to_the_source_system_and_the_family_"
+        "is_not",
+    ),
 ]
 
 

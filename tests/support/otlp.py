@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from email.message import Message
 from typing import Any
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                        ExportTraceServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from tests.support.stubs import PostStub
 
@@ -61,14 +63,21 @@ class Receiver(PostStub):
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             for scope_spans in resource_spans.scope_spans:
                 for s in scope_spans.spans:
-                    found.append(Span(service=str(resource.get("service.name")), name=s.name,
-                                      trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                                      parent_id=s.parent_span_id.hex(), kind=s.kind,
-                                      attributes={a.key: _value(a.value) for a in s.attributes},
-                                      status=s.status.code, status_message=s.status.message,
-                                      links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
-                                      events=tuple((e.name, {a.key: _value(a.value) for a in e.attributes})
-                                                   for e in s.events)))
+                    found.append(
+                        Span(
+                            service=str(resource.get("service.name")),
+                            name=s.name,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_id=s.parent_span_id.hex(),
+                            kind=s.kind,
+                            attributes={a.key: _value(a.value) for a in s.attributes},
+                            status=s.status.code,
+                            status_message=s.status.message,
+                            links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
+                            events=tuple((e.name, {a.key: _value(a.value) for a in e.attributes}) for e in s.events),
+                        )
+                    )
         with self._lock:
             self.requests += 1
             self.spans.extend(found)
@@ -77,4 +86,3 @@ class Receiver(PostStub):
         """The spans of one trace received so far."""
         with self._lock:
             return [s for s in self.spans if s.trace_id == trace_id]
-

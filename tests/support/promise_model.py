@@ -3,9 +3,15 @@
 Its rules interleave what happens to a hub in production: messages submitted to routes with entity
 scope, funnels, sequential and parallel splits and waits; chains run; steps that fail; poller ticks
 hours apart; and, while a step's call is in flight, an operator's cancel, restart, total restart,
-drain and end of the drain, a responder's answer (or its duplicate), followed by whatever chains
-those publish, run at once beside the call. After every rule the invariants are checked against
-the external systems' own log (`promise_routes.CALLS`, what each call's key saw), not the hub's view.
+restart from a step, retry now (issue 36), drain and end of the drain (of everything, or of new messages
+only), a host's workers told to finish and back (worker states), a responder's answer (or its
+duplicate), followed by whatever chains those publish, run at once beside the call. After every rule the
+invariants are checked against the external systems' own log (`promise_routes.CALLS`, what each call's
+key saw), not the hub's view.
+
+A synchronous route (p.sync) is submitted as the API does it: the caller waits a while for the message
+(openhub.api.sync), and either gets its result or a 202 and sends the same message again later; its result
+must be the one its last step's single call gave, never a second call's.
 
 `tests/integration/test_promise_model.py` runs it with a fixed seed in CI; `bench/model_soak.py`
 runs it long.
@@ -13,26 +19,41 @@ runs it long.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+import threading
 from collections import Counter
+from email.message import Message
+from types import SimpleNamespace
 from typing import Any
 
+import sqlalchemy as sa
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 import openhub
-from openhub import operator
-from openhub.config import get_settings
-from openhub.db import transaction
-from openhub.errors import OpenHubError
-from openhub.schema import ext_calls, messages
-from openhub.states import FINAL
+from openhub.api import sync
+from openhub.core.config import get_settings
+from openhub.core.errors import Draining, OpenHubError
+from openhub.core.registry import get_registry
+from openhub.core.signing import verify_signature
+from openhub.core.states import FINAL
+from openhub.core.verdicts import idempotency_key
+from openhub.service import actions as operator
+from openhub.service import worker_states
+from openhub.store.db import transaction
+from openhub.store.schema import ext_calls, messages, transitions
 from tests.support import promise_routes as routes
+from tests.support.stubs import PostStub
 
 # route -> the payloads it is given (splits make children of p.leaf)
 ROUTES = {
     "p.flow": lambda n: {},
     "p.fused": lambda n: {},
+    "p.sync": lambda n: {},
     "p.entity": lambda n: {"id": str(n % 2)},
     "p.split_hooked": lambda n: {"children": 2},
     "p.sequence": lambda n: {"children": 3},
@@ -42,13 +63,58 @@ ROUTES = {
     "p.batch_entity": lambda n: {"id": str(n % 2)},
     "p.batch_funnel": lambda n: {"group": "g"},
     "p.batch_waits": lambda n: {},
+    "p.forever": lambda n: {},
+    "p.unbound": lambda n: {"children": 2},
+    "p.published": lambda n: {},  # a topic: one message per subscribed route (routes.RECEIVERS)
 }
-STEPS = ["*", "*", "first", "second", "sync", "split"]  # "*": the next call of any step
+ORDERS = sa.table("caller_orders", sa.column("id"))  # the caller's own table, on the hub's database
+STEPS = ["*", "*", "first", "second", "sync", "split", "quote"]  # "*": the next call of any step
 FINAL_STATES = {s.value for s in FINAL}
 ASKED = {"waits", "waits_again"}  # calls that ask a question answered through openhub.respond()
-ACTIONS = ["cancel", "restart", "total_restart", "cancel_restart", "drain_undrain", "respond", "respond_twice",
-           "respond_stale", "fail", "reject", "crash", "poison"]
+ACTIONS = [
+    "cancel",
+    "restart",
+    "total_restart",
+    "cancel_restart",
+    "drain_undrain",
+    "drain_new_only_undrain",
+    "respond",
+    "respond_twice",
+    "respond_stale",
+    "fail",
+    "reject",
+    "crash",
+    "poison",
+    "restart_from",
+    "retry_now",
+]
 TARGETS = ["self", "parent", "oldest"]
+PROTO_SECRET = "the-protocol-systems-own-secret-of-40-chars"
+
+
+class ProtocolReceiver(PostStub):
+    """Source system PROTO's endpoint of the stock confirmation protocol (OPENHUB_CONFIRM_ENDPOINTS, issue 38):
+    refuses (503) the next `failing` POSTs; keeps each accepted one's (webhook id, message id, state)."""
+
+    def __init__(self) -> None:
+        self.failing = 0
+        self.accepted: list[tuple[str, int, str]] = []
+        self.unsigned: list[str] = []
+        self.lock = threading.Lock()
+        super().__init__("protocol-receiver")
+
+    def received(self, path: str, headers: Message, body: bytes) -> tuple[int, str | None, bytes]:
+        with self.lock:
+            if self.failing:
+                self.failing -= 1
+                return 503, None, b""
+            try:
+                verify_signature(PROTO_SECRET, dict(headers.items()), body)
+            except OpenHubError as exc:
+                self.unsigned.append(str(exc))
+            sent = json.loads(body)
+            self.accepted.append((headers["webhook-id"], sent["id"], sent["state"]))
+        return 200, None, b""
 
 
 class PromiseMachine(RuleBasedStateMachine):
@@ -56,8 +122,17 @@ class PromiseMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._hub_cm = routes.local_hub(OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="300",
-                                        OPENHUB_MAX_FAILS="3", OPENHUB_POSTPONE_INTERVAL="5")
+        self.receiver = ProtocolReceiver()
+        endpoint = {"PROTO": {"url": f"{self.receiver.url}/confirm", "max_fails": "forever", "interval": 30}}
+        self._hub_cm = routes.local_hub(
+            OPENHUB_RETRY_INTERVAL="60",
+            OPENHUB_LEASE_GRACE="300",
+            OPENHUB_MAX_FAILS="3",
+            OPENHUB_POSTPONE_INTERVAL="5",
+            OPENHUB_CONFIRM_ENDPOINTS=json.dumps(endpoint),
+            OPENHUB_CONFIRM_SECRETS=f"PROTO={PROTO_SECRET}",
+            OPENHUB_CONFIRM_TIMEOUT="5",
+        )
         self.hub = self._hub_cm.__enter__()
         self.ids: list[int] = []
         self.count = 0
@@ -66,9 +141,21 @@ class PromiseMachine(RuleBasedStateMachine):
         self.poisoned: set[int] = set()  # messages made poison (each of their calls takes the worker down)
         self.answered: set[str] = set()  # wait tokens the model's responder answered (taken or kept)
         self.wrong: list[str] = []  # answers the hub took wrongly (noted here: a hook's assert would fail its step)
+        # message restarted from a step -> (its keys' prefix, the earlier steps it had called, CALLS seen then)
+        self.restarted_from: dict[int, tuple[str, set[str], int]] = {}
+        self.rejected: set[int] = set()  # messages one of whose calls the model rejected (a verdict: FAILED)
+        self.caller = sa.create_engine(get_settings().database_url)  # a service's own, on the hub's database
+        with self.caller.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS caller_orders (id VARCHAR(200) PRIMARY KEY)")
+        self.orders: dict[str, str] = {}  # the caller's order -> how its transaction ended
+        self.sync_ids: dict[int, str] = {}  # p.sync messages -> their correlation id (to send them again)
+        self.priorities: dict[int, int] = {}  # message -> the priority it was submitted with
+        self.acted: set[int] = set()  # messages an operator action named (the only ones it may change)
 
     def teardown(self) -> None:
+        self.caller.dispose()
         self._hub_cm.__exit__(None, None, None)
+        self.receiver.stop()
 
     # --- rules ------------------------------------------------------------------------------------------
     @rule(route=st.sampled_from(sorted(ROUTES)))
@@ -76,6 +163,104 @@ class PromiseMachine(RuleBasedStateMachine):
         self.count += 1
         view = self.hub.submit(route, ROUTES[route](self.count), correlation_id=f"m{self.count}")
         self.ids.append(view.id)
+
+    @rule(route=st.sampled_from(sorted(ROUTES)))
+    def submit_from_a_protocol_system(self, route: str) -> None:
+        """A message of source system PROTO, confirmed by the stock protocol (no code) instead of a confirmer."""
+        self.count += 1
+        view = self.hub.submit(route, ROUTES[route](self.count), correlation_id=f"m{self.count}", source_system="PROTO")
+        self.ids.append(view.id)
+
+    @rule(times=st.sampled_from([1, 3, 5]))
+    def protocol_receiver_fails(self, times: int) -> None:
+        """PROTO's endpoint answers 503 to its next `times` confirmations (more than OPENHUB_CONFIRM_MAX_FAILS:
+        its endpoint retries forever)."""
+        self.receiver.failing = times
+
+    @rule(route=st.sampled_from(sorted(ROUTES)), ends=st.sampled_from(["commit", "rollback", "killed_after_commit"]))
+    def submit_in_callers_transaction(self, route: str, ends: str) -> None:
+        """A service writes its order and submits its message in one transaction of its own (a Session, on
+        the hub's database), then commits, rolls back, or commits and dies before the chain is published
+        (the broker never gets it: the poller must publish it)."""
+        self.count += 1
+        order = f"order{self.count}"
+        published = len(self.hub.publisher.chains)
+        with Session(self.caller) as session:
+            session.execute(sa.insert(ORDERS).values(id=order))
+            view = openhub.submit(
+                route, ROUTES[route](self.count), source_system="CONFIRMED", correlation_id=order, connection=session
+            )
+            if ends == "rollback":
+                session.rollback()
+            else:
+                session.commit()
+        if ends == "killed_after_commit":  # what the commit published never reached the broker
+            while len(self.hub.publisher.chains) > published:
+                self.hub.publisher.chains.pop()
+        self.orders[order] = ends
+        if ends != "rollback":
+            self.ids.append(view.id)
+
+    @rule(chains=st.sampled_from([0, 1, 10_000]), wait=st.sampled_from([0.0, 0.02]))
+    def call_sync(self, chains: int, wait: float) -> None:
+        """A caller of the synchronous route: it submits, the workers run `chains` chains meanwhile, and it
+        waits `wait` seconds for the end (the API's wait, openhub.api.sync); ended, its answer must be the
+        stored outcome, else it had a 202 and the message goes on."""
+        self.count += 1
+        cid = f"s{self.count}"
+        view = self.hub.submit("p.sync", {}, correlation_id=cid)
+        self.ids.append(view.id)
+        self.sync_ids[view.id] = cid
+        if chains:
+            self._run(limit=chains)
+        self._check_answer(view.id, wait)
+
+    @rule(action=st.sampled_from(ACTIONS), nested=st.booleans(), wait=st.sampled_from([0.0, 0.02]))
+    def call_sync_interrupted(self, action: str, nested: bool, wait: float) -> None:
+        """A sync caller whose message meets `action` in its last step's call, the one that gives the result
+        (a cancel and restart there: the call succeeded, its outcome is discarded, and the next run skips it)."""
+        self._run()
+        self.arm_in_flight("quote", action, "self", nested)
+        self.call_sync(10_000, wait)
+
+    @precondition(lambda self: self.sync_ids)
+    @rule(pick=st.integers(min_value=0))
+    def call_sync_again(self, pick: int) -> None:
+        """The caller that had a 202 sends the same message again (same correlation id) and waits: the same
+        message answers, no second one is made, and its steps are not run again."""
+        message_id = sorted(self.sync_ids)[pick % len(self.sync_ids)]
+        again = self.hub.submit("p.sync", {}, correlation_id=self.sync_ids[message_id])
+        assert (again.id, again.duplicate) == (message_id, True), (again.id, message_id)
+        self._check_answer(message_id, 0.0)
+
+    def _check_answer(self, message_id: int, wait: float) -> None:
+        row = asyncio.run(sync.ended(message_id, wait))
+        if row is None:  # the caller's 202: nothing to check until the message ends
+            return
+        body, status = sync.answer({"id": message_id}, row)
+        stored = openhub.get_message(message_id)
+        assert (body["state"], body["result"]) == (stored.state, stored.result), (body, stored.state, stored.result)
+        assert status == (200 if stored.state == "OK" else 422)
+
+    @rule(
+        route=st.sampled_from(sorted(ROUTES)),
+        priority=st.integers(min_value=0, max_value=9),
+        behind=st.integers(min_value=0, max_value=3),
+    )
+    def submit_with_priority(self, route: str, priority: int, behind: int) -> None:
+        """A message of its own priority, after `behind` of priority 0: the next chain taken is of the
+        highest priority waiting (the broker's priority queue; the poller's due scan likewise)."""
+        for _ in range(behind):
+            self.count += 1
+            view = self.hub.submit(route, ROUTES[route](self.count), correlation_id=f"m{self.count}", priority=0)
+            self.ids.append(view.id)
+            self.priorities[view.id] = 0
+        self.count += 1
+        view = self.hub.submit(route, ROUTES[route](self.count), correlation_id=f"m{self.count}", priority=priority)
+        self.ids.append(view.id)
+        self.priorities[view.id] = priority
+        waiting = [chain[5] for chain in self.hub.publisher.chains if chain[5] is not None]
+        assert max(waiting) >= priority, waiting
 
     @precondition(lambda self: self.ids)
     @rule(pick=st.integers(min_value=0))
@@ -87,12 +272,17 @@ class PromiseMachine(RuleBasedStateMachine):
         view = self.hub.submit("p.leaf", {}, correlation_id=f"{openhub.get_message(parent).correlation_id}#0.1")
         self.ids.append(view.id)
 
-    @rule(step=st.sampled_from(STEPS), action=st.sampled_from(ACTIONS), whom=st.sampled_from(TARGETS),
-          nested=st.booleans())
+    @rule(
+        step=st.sampled_from(STEPS),
+        action=st.sampled_from(ACTIONS),
+        whom=st.sampled_from(TARGETS),
+        nested=st.booleans(),
+    )
     def arm_in_flight(self, step: str, action: str, whom: str, nested: bool) -> None:
         """The next call of `step` does `action` to `target` while it is in flight (once), and with
         `nested` runs at once whatever chains that published, beside the call; `whom` is the message
         calling, its parent or the oldest message."""
+
         def hook(ctx: Any) -> None:
             routes.HOOKS.pop(step, None)
             if action == "fail":
@@ -100,6 +290,7 @@ class PromiseMachine(RuleBasedStateMachine):
                 raise RuntimeError(f"{step} answered 503")
             if action == "reject":
                 self.fails[int(ctx.message.id)] += 1
+                self.rejected.add(int(ctx.message.id))
                 raise openhub.Reject(f"{step} refused it")
             if action == "crash":
                 raise routes.WorkerDied(f"the worker died in {step}")
@@ -113,8 +304,12 @@ class PromiseMachine(RuleBasedStateMachine):
 
         routes.HOOKS[step] = hook
 
-    @rule(route=st.sampled_from(sorted(ROUTES)), action=st.sampled_from(ACTIONS), whom=st.sampled_from(TARGETS),
-          nested=st.booleans())
+    @rule(
+        route=st.sampled_from(sorted(ROUTES)),
+        action=st.sampled_from(ACTIONS),
+        whom=st.sampled_from(TARGETS),
+        nested=st.booleans(),
+    )
     def submit_and_interrupt(self, route: str, action: str, whom: str, nested: bool) -> None:
         """A message whose chain meets `action` at its first call (the others' chains run first)."""
         self._run()
@@ -145,8 +340,15 @@ class PromiseMachine(RuleBasedStateMachine):
         self._tick(extra=poll + 1)
         with transaction() as conn:
             # published and not yet run (a sequential split's children awaiting their turn have no due time)
-            lost = conn.execute(select(messages.c.id).where(messages.c.state.in_(("NEW", "IN_QUEUE")),
-                                                            messages.c.due_at.is_not(None))).scalars().all()
+            lost = (
+                conn.execute(
+                    select(messages.c.id).where(
+                        messages.c.state.in_(("NEW", "IN_QUEUE")), messages.c.due_at.is_not(None)
+                    )
+                )
+                .scalars()
+                .all()
+            )
         assert not lost or self.hub.publisher.chains, f"chains lost with the broker not published again: {lost}"
 
     def _run(self, limit: int = 10_000) -> None:
@@ -164,11 +366,74 @@ class PromiseMachine(RuleBasedStateMachine):
             pass
 
     @precondition(lambda self: self.ids)
-    @rule(action=st.sampled_from(["cancel", "restart", "total_restart", "respond", "respond_stale",
-                                  "drain_undrain"]),
-          pick=st.integers(min_value=0))
+    @rule(
+        action=st.sampled_from(
+            [
+                "cancel",
+                "restart",
+                "total_restart",
+                "respond",
+                "respond_stale",
+                "drain_undrain",
+                "drain_new_only_undrain",
+                "restart_from",
+                "retry_now",
+            ]
+        ),
+        pick=st.integers(min_value=0),
+    )
     def operator_acts(self, action: str, pick: int) -> None:
         self._act(action, self.ids[pick % len(self.ids)])
+        self._run()
+
+    @rule(route=st.sampled_from(sorted(ROUTES)), minutes=st.sampled_from([1, 120]))
+    def drain_new_only_while_time_passes(self, route: str, minutes: int) -> None:
+        """Issue 36's drain of new messages only: a submission is refused, while the messages stored go on, their
+        retries and postponed steps when due, as without a drain (the invariants hold over them); then it ends."""
+        operator.drain("model", hold_retries=False)
+        try:
+            self.count += 1
+            try:
+                self.hub.submit(route, ROUTES[route](self.count), correlation_id=f"m{self.count}")
+                self.wrong.append(f"a {route} message was taken during a drain of new messages")
+            except Draining:
+                pass
+            self._run()
+            self.minutes += minutes
+            self._tick()
+        finally:
+            assert operator.undrain() == 0, "a drain of new messages only held stored messages back"
+
+    @rule(route=st.sampled_from(sorted(ROUTES)), fault=st.sampled_from(["fail", "crash"]))
+    def retry_now_after_a_failure(self, route: str, fault: str) -> None:
+        """A message's first call fails (it waits out its back-off, PARTLY_FAILED) or its worker dies; an operator
+        who knows the system is back retries it now (issue 36): no failure counted for that."""
+        self._run()
+        self.submit(route)
+        self.arm_in_flight("*", fault, "self", False)
+        self._run(limit=1)
+        self._act("retry_now", self.ids[-1])
+        self._run()
+
+    @rule(
+        action=st.sampled_from(["cancel", "restart", "total_restart", "cancel_restart", "restart_from", "retry_now"]),
+        which=st.integers(min_value=0, max_value=2),
+        fault=st.sampled_from([None, "fail", "reject", "crash"]),
+        chains=st.sampled_from([0, 1, 2, 10_000]),
+    )
+    def fan_out_and_act_on_one_receiver(self, action: str, which: int, fault: str | None, chains: int) -> None:
+        """A topic's message fans out to its receivers; one of them meets `fault` at its first call, and after
+        `chains` chains ran an operator acts on that one receiver: its siblings and the family are untouched
+        (`a_family_is_its_receivers_and_each_its_own`)."""
+        self._run()
+        self.submit("p.published")
+        receivers = sorted(v.id for v in openhub.list_messages(parent_id=self.ids[-1]))
+        assert len(receivers) == len(routes.RECEIVERS), receivers
+        if fault is not None:
+            self.arm_in_flight("*", fault, "self", False)
+        self._run(limit=chains)
+        routes.HOOKS.pop("*", None)
+        self._act(action, receivers[which])
         self._run()
 
     def _target(self, ctx: Any, target: str) -> int:
@@ -179,6 +444,8 @@ class PromiseMachine(RuleBasedStateMachine):
         return int(ctx.message.id)
 
     def _act(self, action: str, target: int) -> None:
+        if action not in ("retry_now", "drain_undrain"):  # (retry now picks its own target below)
+            self.acted.add(target)
         try:
             if action in ("cancel", "cancel_restart"):
                 operator.cancel(target)
@@ -186,6 +453,18 @@ class PromiseMachine(RuleBasedStateMachine):
                 operator.restart(target)
             elif action == "total_restart":
                 operator.restart(target, total=True)
+                self.restarted_from.pop(target, None)  # every call is made again: by design
+            elif action == "restart_from":
+                self._restart_from(target)
+            elif action == "retry_now":
+                # A message waiting out its back-off (the one picked, or else the first there is): refused otherwise.
+                waiting = [v.id for v in openhub.list_messages(limit=1000) if v.state in ("PARTLY_FAILED", "POSTPONED")]
+                target = target if target in waiting or not waiting else waiting[target % len(waiting)]
+                self.acted.add(target)
+                before = openhub.get_message(target).failed_count
+                after = operator.retry_now(target).failed_count
+                if after != before:
+                    self.wrong.append(f"message {target}: retry now changed its failure count {before} -> {after}")
             elif action in ("respond", "respond_twice"):
                 # The responder of the message's latest question, with the token it was given (an answer to
                 # a question that ended, or twice, or before any was asked, is refused or a duplicate). Every
@@ -196,8 +475,9 @@ class PromiseMachine(RuleBasedStateMachine):
                     view = operator.respond(target, {"answer": target}, token=token)
                     if token is not None:
                         if view.duplicate and token not in self.answered:
-                            self.wrong.append(f"message {target}: the first answer to wait {token} was dropped "
-                                              "as a duplicate")
+                            self.wrong.append(
+                                f"message {target}: the first answer to wait {token} was dropped as a duplicate"
+                            )
                         self.answered.add(token)
             elif action == "respond_stale":
                 # A late retry of the answer to the question before the latest (answered, or asked again since):
@@ -210,10 +490,59 @@ class PromiseMachine(RuleBasedStateMachine):
             elif action == "drain_undrain":
                 operator.drain("model")
                 operator.undrain()
+            elif action == "drain_new_only_undrain":
+                # Issue 36: the drain of new messages only, and this host's workers told to finish what they
+                # have and back: each audited in a transaction of its own, while a step's call may be in flight.
+                operator.drain("model", hold_retries=False)
+                worker_states.finish_host(socket.gethostname(), "model")
+                worker_states.resume_host(socket.gethostname())
+                operator.undrain()
         except OpenHubError:  # refused for the state it is in (409): nothing happened
             pass
 
+    def _restart_from(self, target: int) -> None:
+        """Restart the message from its route's last step (the second of a two-step route): the model notes
+        which earlier steps it had called, which it must never call again (until a total restart)."""
+        view = openhub.get_message(target)
+        route = get_registry().route(view.route)
+        keys = [item.key for item in route.steps]
+        row = SimpleNamespace(
+            correlation_id=view.correlation_id,
+            parent_id=view.parent_id,
+            id=view.id,
+            source_system=view.source_system,
+            generation=0,
+        )
+        prefix = idempotency_key(row, SimpleNamespace(key=""))  # `<source>/<name>/`: every key of the message
+        called = {step for step, key in routes.CALLS if key.startswith(prefix)}
+        operator.restart_from(target, keys[-1])  # refused (not final, live children): nothing to note
+        self.restarted_from[target] = (prefix, called & set(keys[:-1]), len(routes.CALLS))
+
     # --- invariants -------------------------------------------------------------------------------------
+    @invariant()
+    def restart_from_a_step_never_calls_the_steps_before_it(self) -> None:
+        """After a restart from step N, the steps before N that the message had called are never called
+        again by it (issue 36); N and the later ones are, with new keys (no_successful_call_made_twice)."""
+        again = {
+            target: [(step, key) for step, key in routes.CALLS[seen:] if key.startswith(prefix) and step in earlier]
+            for target, (prefix, earlier, seen) in self.restarted_from.items()
+        }
+        again = {target: calls for target, calls in again.items() if calls}
+        assert not again, f"steps before the restart's step called again: {again}"
+
+    @invariant()
+    def each_message_kept_once_with_its_priority(self) -> None:
+        """Priorities reorder the work, never lose or double it: every message submitted is stored once,
+        with the priority it was given, whatever restarts, repairs and re-drives happened to it."""
+        with transaction() as conn:
+            rows = conn.execute(
+                select(messages.c.id, messages.c.priority, messages.c.correlation_id).where(messages.c.id.in_(self.ids))
+            ).all()
+        assert {r.id for r in rows} == set(self.ids)  # none lost
+        assert len({r.correlation_id for r in rows}) == len(rows)  # none stored twice under two ids
+        stored = {r.id: r.priority for r in rows}
+        assert {m: stored[m] for m in self.priorities} == self.priorities
+
     @invariant()
     def no_successful_call_made_twice(self) -> None:
         """Each idempotency key saw at most one successful call; but a question whose answer did not come
@@ -235,9 +564,12 @@ class PromiseMachine(RuleBasedStateMachine):
         once (OPENHUB_MAX_LOST_RUNS). Routes with waits are left out: a response timeout is a failure."""
         with transaction() as conn:
             rows = conn.execute(select(messages.c.id, messages.c.failed_count, messages.c.operation)).all()
-        over = {r.id: (r.failed_count, self.fails[r.id]) for r in rows
-                if r.operation not in ("two_waits", "batch_waits")
-                and r.failed_count > self.fails[r.id] + (r.id in self.poisoned)}
+        over = {
+            r.id: (r.failed_count, self.fails[r.id])
+            for r in rows
+            if r.operation not in ("two_waits", "batch_waits")
+            and r.failed_count > self.fails[r.id] + (r.id in self.poisoned)
+        }
         assert not over, f"failures counted beyond the calls' (counted, injected): {over}"
 
     @invariant()
@@ -246,6 +578,30 @@ class PromiseMachine(RuleBasedStateMachine):
         never share one (issue 26 #6); the retries of one share it."""
         shared = {key: seen for key, seen in routes.DELIVERIES.items() if len(seen) > 1}
         assert not shared, f"transitions confirmed under one webhook id: {shared}"
+
+    @invariant()
+    def the_protocol_confirms_each_transition_once_signed(self) -> None:
+        """PROTO's endpoint accepted each confirmation once, signed with its secret, one transition per webhook id."""
+        with self.receiver.lock:
+            accepted = list(self.receiver.accepted)
+            unsigned = list(self.receiver.unsigned)
+        assert not unsigned, f"confirmations not signed with PROTO's secret: {unsigned}"
+        twice = {wid: n for wid, n in Counter(wid for wid, _, _ in accepted).items() if n > 1}
+        assert not twice, f"confirmations accepted twice: {twice}"
+
+    @invariant()
+    def a_sync_result_is_its_last_calls(self) -> None:
+        """Every p.sync message that ended OK holds a result, and it is the one its last step's call gave: that
+        call succeeded, once (a second success of its key is `no_successful_call_made_twice`'s)."""
+        with transaction() as conn:
+            rows = conn.execute(
+                select(messages.c.id, messages.c.result).where(messages.c.operation == "sync", messages.c.state == "OK")
+            ).all()
+        made = {k for step, k in routes.CALLS if step == "quote"}
+        for row in rows:
+            result = openhub.get_message(row.id).result
+            assert isinstance(result, dict) and result.get("message") == row.id, f"message {row.id}: {result!r}"
+            assert result["key"] in made, f"message {row.id}'s result names no call made: {result!r}"
 
     @invariant()
     def never_two_calls_of_one_step_in_flight(self) -> None:
@@ -263,12 +619,21 @@ class PromiseMachine(RuleBasedStateMachine):
     @invariant()
     def a_split_done_has_its_children(self) -> None:
         """A split step recorded OK has written its children."""
+        # One query for every split (a query per split made the check grow with the messages, after every rule).
+        children = select(messages.c.id).where(messages.c.parent_id == ext_calls.c.message_id)
         with transaction() as conn:
-            done = conn.execute(select(ext_calls.c.message_id).where(
-                ext_calls.c.step_key.in_(("many", "hooked_many")), ext_calls.c.state == "OK")).scalars().all()
-            for parent in done:
-                children = conn.execute(select(messages.c.id).where(messages.c.parent_id == parent)).all()
-                assert children, f"message {parent}'s split was recorded OK without children"
+            childless = (
+                conn.execute(
+                    select(ext_calls.c.message_id).where(
+                        ext_calls.c.step_key.in_(("many", "hooked_many", "unbound_many")),
+                        ext_calls.c.state == "OK",
+                        ~children.exists(),
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        assert not childless, f"messages whose split was recorded OK without children: {childless}"
 
     @invariant()
     def a_sequential_family_calls_in_order(self) -> None:
@@ -276,13 +641,104 @@ class PromiseMachine(RuleBasedStateMachine):
         family: dict[int, list[tuple[int, int]]] = {}
         with transaction() as conn:
             parents = select(messages.c.id).where(messages.c.operation == "sequence")
-            for r in conn.execute(select(messages.c.id, messages.c.parent_id, ext_calls.c.id.label("call"))
-                                  .join(ext_calls, ext_calls.c.message_id == messages.c.id)
-                                  .where(messages.c.parent_id.in_(parents))):
+            for r in conn.execute(
+                select(messages.c.id, messages.c.parent_id, ext_calls.c.id.label("call"))
+                .join(ext_calls, ext_calls.c.message_id == messages.c.id)
+                .where(messages.c.parent_id.in_(parents))
+            ):
                 family.setdefault(r.parent_id, []).append((r.call, r.id))
         for parent, calls in family.items():
             by_call = [child for _, child in sorted(calls)]
             assert by_call == sorted(by_call), f"sequential children of {parent} called out of order: {by_call}"
+
+    @invariant()
+    def a_message_submitted_in_a_transaction_exists_iff_its_order_does(self) -> None:
+        """The caller's row and the message commit or roll back together (issue 37, part 1)."""
+        with transaction() as conn:
+            orders = set(conn.execute(select(ORDERS.c.id)).scalars())
+            stored = set(
+                conn.execute(
+                    select(messages.c.correlation_id).where(  # (not a message named like one's child)
+                        messages.c.correlation_id.in_(list(self.orders)), messages.c.parent_id.is_(None)
+                    )
+                ).scalars()
+            )
+        assert orders == stored == {o for o, ends in self.orders.items() if ends != "rollback"}, (
+            orders,
+            stored,
+            self.orders,
+        )
+        rolled = [o for o, ends in self.orders.items() if ends == "rollback"]
+        with transaction() as conn:  # nor any fan-out receiver of one rolled back
+            left = conn.execute(
+                select(messages.c.correlation_id).where(
+                    messages.c.parent_id.is_not(None),
+                    messages.c.correlation_id.in_([f"{o}#0.{n}" for o in rolled for n in (1, 2, 3)]),
+                )
+            ).all()
+        assert not left, f"receivers of rolled-back submits: {left}"
+
+    @invariant()
+    def a_message_retried_for_ever_fails_only_by_a_verdict(self) -> None:
+        """p.forever (`RetryPolicy(max_fails=None)`) ends FAILED only by a rejected call or a poison run, never
+        by failures counted (issue 37, part 4)."""
+        with transaction() as conn:
+            failed = conn.execute(
+                select(messages.c.id, messages.c.failed_count).where(
+                    messages.c.operation == "forever", messages.c.state == "FAILED"
+                )
+            ).all()
+        wrong = [r.id for r in failed if r.id not in self.rejected | self.poisoned]
+        assert not wrong, f"messages retried for ever ended FAILED by their failures: {wrong}"
+
+    @invariant()
+    def an_unbound_parent_never_waits_for_its_children(self) -> None:
+        """A parent of independent children (issue 37, part 5) is never WAITING for them, and none of their
+        ends makes it fail: it fails only by its own calls."""
+        with transaction() as conn:
+            parents = conn.execute(
+                select(messages.c.id, messages.c.state, messages.c.failed_error).where(
+                    messages.c.operation == "unbound"
+                )
+            ).all()
+        assert not [p.id for p in parents if p.state == "WAITING"], parents
+        assert not [p.id for p in parents if p.state == "FAILED" and "child" in (p.failed_error or "")], parents
+
+    @invariant()
+    def a_family_is_its_receivers_and_each_its_own(self) -> None:
+        """A topic's message (issue 37, part 2) is OK from its accept, with one receiver per subscribed route
+        written with it, never more (no restart adds one); an operator action on a receiver (or on the family,
+        refused) changes no other message: a receiver cancelled or restarted is one an action named."""
+        with transaction() as conn:
+            families = dict(
+                conn.execute(
+                    select(messages.c.id, messages.c.state).where(
+                        messages.c.service == "p", messages.c.operation == "published", messages.c.parent_id.is_(None)
+                    )
+                ).all()
+            )
+            members = conn.execute(
+                select(messages.c.id, messages.c.parent_id, messages.c.service, messages.c.operation).where(
+                    messages.c.parent_id.in_(list(families))
+                )
+            ).all()
+            touched = set(
+                conn.execute(
+                    select(transitions.c.message_id).where(
+                        transitions.c.message_id.in_([m.id for m in members] + list(families)),
+                        transitions.c.event.in_(("cancelled", "restarted")),
+                    )
+                ).scalars()
+            )
+        assert all(state == "OK" for state in families.values()), families
+        got: dict[int, list[str]] = {family: [] for family in families}
+        for m in sorted(members, key=lambda m: m.id):
+            got[m.parent_id].append(f"{m.service}.{m.operation}")
+        wrong = {family: names for family, names in got.items() if names != list(routes.RECEIVERS)}
+        assert not wrong, f"families whose receivers are not the topic's subscribers: {wrong}"
+        assert touched <= self.acted - set(families), (
+            f"messages cancelled or restarted by no action: {touched - self.acted}"
+        )
 
     @rule()
     def settle(self) -> None:
@@ -292,8 +748,34 @@ class PromiseMachine(RuleBasedStateMachine):
         for _ in range(16):  # a poison message's runs are lost until OPENHUB_MAX_LOST_RUNS (5) ends it FAILED
             self.minutes += 120
             self._tick()
-            stuck = {v.id: v.state for v in openhub.list_messages(limit=1000)
-                     if v.state not in FINAL_STATES and v.state != "WAITING_FOR_RES"}
+            stuck = {
+                v.id: v.state
+                for v in openhub.list_messages(limit=1000)
+                if v.state not in FINAL_STATES and v.state != "WAITING_FOR_RES"
+            }
             if not stuck:
                 break
         assert not stuck, f"messages not final after 32 quiet hours: {stuck}"
+        self.receiver.failing = 0
+        self.minutes += 120
+        self._tick()  # the protocol's due confirmations are sent
+        # What the source system was told of: its messages, and for a topic's message (a family, itself not
+        # confirmed) each of its receivers, whose ids the accept answered with.
+        families = select(messages.c.id).where(messages.c.operation == "published", messages.c.parent_id.is_(None))
+        with transaction() as conn:
+            final = {
+                (r.id, r.state)
+                for r in conn.execute(
+                    select(messages.c.id, messages.c.state).where(
+                        messages.c.source_system == "PROTO",
+                        sa.or_(
+                            sa.and_(messages.c.parent_id.is_(None), messages.c.id.not_in(families)),
+                            messages.c.parent_id.in_(families),
+                        ),
+                        messages.c.state.in_(FINAL_STATES - {"SKIPPED"}),
+                    )
+                )
+            }
+        with self.receiver.lock:
+            told = {(message, state) for _, message, state in self.receiver.accepted}
+        assert final <= told, f"final PROTO messages never confirmed by the protocol: {final - told}"

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator
 
-from openhub import Child, Outcome, Route, Split, StepContext, confirmation, on_state, step
+from openhub import Child, Outcome, RetryPolicy, Route, Split, StepContext, Topic, confirmation, on_state, step
 
 CALLS: list[tuple[str, str]] = []  # (step, idempotency key) of every call that succeeded
 ACTIVE: dict[str, int] = {}  # step -> calls in flight now
@@ -35,8 +35,23 @@ class WorkerDied(BaseException):
 
 def reset() -> None:
     """Forget every call, hook and confirmation."""
-    for registry in (CALLS, ACTIVE, MOST, HOOKS, CONFIRMED, NOTIFIED, ANSWERS, IN_FLIGHT, OVERLAPS, FAMILY,
-                     FAMILY_MOST, ASKS, POISON, STALE_TAKEN, DELIVERIES):
+    for registry in (
+        CALLS,
+        ACTIVE,
+        MOST,
+        HOOKS,
+        CONFIRMED,
+        NOTIFIED,
+        ANSWERS,
+        IN_FLIGHT,
+        OVERLAPS,
+        FAMILY,
+        FAMILY_MOST,
+        ASKS,
+        POISON,
+        STALE_TAKEN,
+        DELIVERIES,
+    ):
         registry.clear()
 
 
@@ -45,15 +60,16 @@ def local_hub(**env: str) -> Iterator[Any]:
     """A LocalHub over these routes (messages from source system CONFIRMED, which has a confirmer),
     with every call, hook and confirmation forgotten before and after. Given OPENHUB_DATABASE_URL (a
     migrated PostgreSQL database), every table of that store is emptied first."""
-    from openhub.db import transaction
-    from openhub.schema import Base
+    from openhub.store.db import transaction
+    from openhub.store.schema import Base
     from openhub.testing import LocalHub
 
     reset()
     if "OPENHUB_DATABASE_URL" in env:
         with transaction(env["OPENHUB_DATABASE_URL"]) as conn:
-            conn.exec_driver_sql(f"TRUNCATE {', '.join(t.name for t in Base.metadata.sorted_tables)} "
-                                 "RESTART IDENTITY CASCADE")
+            conn.exec_driver_sql(
+                f"TRUNCATE {', '.join(t.name for t in Base.metadata.sorted_tables)} RESTART IDENTITY CASCADE"
+            )
     try:
         with LocalHub(__name__, source_system="CONFIRMED", **env) as hub:
             yield hub
@@ -74,6 +90,7 @@ def calls(name: str, key: str | None = None) -> int:
 
 def external(name: str) -> Callable[[StepContext], None]:
     """A step whose call runs the test's hook in flight, then succeeds (unless the hook raised)."""
+
     def run(ctx: StepContext) -> None:
         ACTIVE[name] = ACTIVE.get(name, 0) + 1
         MOST[name] = max(MOST.get(name, 0), ACTIVE[name])
@@ -100,6 +117,7 @@ def external(name: str) -> Callable[[StepContext], None]:
             IN_FLIGHT[key] -= 1
             if parent is not None:
                 FAMILY[parent] -= 1
+
     run.__name__ = name
     return run
 
@@ -107,6 +125,13 @@ def external(name: str) -> Callable[[StepContext], None]:
 first, second = step(external("first")), step(external("second"))
 bill = step(key="bill", system="billing")(external("bill"))
 sync = step(key="sync", scope="entity")(external("sync"))
+
+
+@step(key="quote")
+def quote(ctx: StepContext) -> dict:
+    """A synchronous route's last step: its call, then the route's result, naming the call it came from."""
+    external("quote")(ctx)
+    return {"message": int(ctx.message.id), "key": ctx.idempotency_key}
 
 
 @step
@@ -180,6 +205,9 @@ def rekeyed(ctx: StepContext) -> None:
     ctx.custom_data["gen"] = ctx.custom_data.get("gen", 0) + 1
 
 
+FOREVER = RetryPolicy(max_fails=None, interval=timedelta(minutes=1), backoff=2, max_interval=timedelta(minutes=10))
+
+
 def many(ctx: StepContext) -> list[Child]:
     """As many children as the payload asks for."""
     return [Child("p.leaf", payload={"n": n}) for n in range(ctx.payload["children"])]
@@ -204,6 +232,7 @@ routes = [
     Route("p.reserve", steps=[reserve]),
     Route("p.flow", steps=[first, second]),
     Route("p.fused", steps=[first, second], fused=True),
+    Route("p.sync", steps=[first, quote], sync=True),
     Route("p.billing", steps=[first, bill]),
     Route("p.limited", steps=[step(key="post", system="post")(external("post"))]),
     Route("p.paced", steps=[step(key="paced", system="paced")(external("paced"))]),
@@ -219,16 +248,29 @@ routes = [
     Route("p.waiting", steps=[wait_reply], funnel=lambda p: p["group"]),
     Route("p.answered", steps=[first, wait_reply, use_reply]),
     Route("p.two_waits", steps=[wait_reply, second, wait_again, use_answer]),
-    Route("p.ordered", steps=[first], funnel=lambda p: p["group"], guaranteed_order=True,
-          order_timeout=timedelta(seconds=3)),
-    # Batch routes (openhub.batch): several messages per task, in lockstep.
+    Route(
+        "p.ordered",
+        steps=[first],
+        funnel=lambda p: p["group"],
+        guaranteed_order=True,
+        order_timeout=timedelta(seconds=3),
+    ),
+    # Batch routes (openhub.engine.batch): several messages per task, in lockstep.
     Route("p.batch", steps=[first, second], batch=3),
     Route("p.batch_entity", steps=[sync, second], object_id=lambda p: p["id"], entity_type="thing", batch=3),
     Route("p.batch_funnel", steps=[first], funnel=lambda p: p["group"], batch=3),
     Route("p.rekeyed", steps=[rekeyed, second, first], fused=True),
     Route("p.batch_rekeyed", steps=[rekeyed, second, first], batch=3),
     Route("p.batch_waits", steps=[wait_reply, second, wait_again, use_answer], batch=3),
+    # Issue 37: retried for ever (its back-off capped at ten minutes); independent children.
+    Route("p.forever", steps=[first, second], retry=FOREVER),
+    Route("p.unbound", steps=[first, Split(hooked_many, key="unbound_many", route="p.leaf", bound=False), second]),
+    # Fan-out (issue 37, part 2): a topic and its three receivers, one retried for ever.
+    Topic("p.published"),
+    *(Route(name, steps=[first, second], subscribes="p.published") for name in ("p.sub_a", "p.sub_b")),
+    Route("p.sub_c", steps=[first], subscribes="p.published", retry=FOREVER),
 ]
+RECEIVERS = ("p.sub_a", "p.sub_b", "p.sub_c")  # p.published's, in a family's order
 
 
 @confirmation("CONFIRMED")

@@ -12,9 +12,21 @@ from datetime import timedelta
 
 import httpx
 
-from openhub import (Child, Holdback, Outcome, Postpone, Reject, RetryPolicy, Route, Split, StepContext,
-                     confirmation, step)
-from openhub.http import HttpCall
+from openhub import (
+    Child,
+    Holdback,
+    Outcome,
+    Postpone,
+    Reject,
+    RetryPolicy,
+    Route,
+    Soap,
+    Split,
+    StepContext,
+    confirmation,
+    step,
+)
+from openhub.outbound.http import HttpCall
 
 
 def external_url() -> str:
@@ -27,21 +39,31 @@ def call(ctx: StepContext, name: str, body: dict | None = None, began: float | N
     from a test's worker process, `X-Test-Worker`: which worker made the call; `X-Test-Pid`: which process, for the
     multi-host checker, tests/support/history.py; `X-Test-Began`: the monotonic time the step's body began,
     `began`, or now)."""
-    headers = {"Idempotency-Key": ctx.idempotency_key, "X-Test-Pid": str(os.getpid()),
-               "X-Test-Began": f"{time.monotonic() if began is None else began:.6f}"}
+    headers = {
+        "Idempotency-Key": ctx.idempotency_key,
+        "X-Test-Pid": str(os.getpid()),
+        "X-Test-Began": f"{time.monotonic() if began is None else began:.6f}",
+        "X-Test-Redelivered": str(ctx.redelivered),
+    }
+    ctx.check_fence()  # a step calling with its own client fences its call itself (README)
     if os.environ.get("OPENHUB_TEST_WORKER"):
         headers["X-Test-Worker"] = os.environ["OPENHUB_TEST_WORKER"]
     funnel = ctx.payload.get("funnel_header")
     if funnel:
         headers["X-Funnel"] = funnel
-    r = httpx.post(f"{external_url()}{ctx.payload['prefix']}/{name}", json=ctx.payload if body is None else body,
-                   headers=headers, timeout=30)
+    r = httpx.post(
+        f"{external_url()}{ctx.payload['prefix']}/{name}",
+        json=ctx.payload if body is None else body,
+        headers=headers,
+        timeout=30,
+    )
     r.raise_for_status()
     return r.json() or {}
 
 
-def scripted(name: str):  # noqa: ANN201
+def scripted(name: str):
     """A step that calls the external system, then does what the payload scripts for it."""
+
     def run(ctx: StepContext) -> None:
         began = time.monotonic()
         script = ctx.payload.get("script", {}).get(name, {})
@@ -52,7 +74,7 @@ def scripted(name: str):  # noqa: ANN201
             ctx.no_effect()
         if script.get("postpone_once") and f"{name}:postponed" not in done:
             done.append(f"{name}:postponed")
-            raise Postpone(timedelta(seconds=0.2))
+            raise Postpone(timedelta(seconds=script.get("postpone_for", 0.2)))
         if script.get("holdback_once") and f"{name}:held" not in done:
             done.append(f"{name}:held")
             raise Holdback("downstream asked us to stop")
@@ -63,6 +85,7 @@ def scripted(name: str):  # noqa: ANN201
             raise Reject(f"{name} refuses this message", code="E400")
         ctx.custom_data[f"{name}_attempt"] = ctx.attempt
         ctx.custom_data["steps"] = ctx.custom_data.get("steps", 0) + 1
+
     run.__name__ = name
     return step(run)
 
@@ -127,8 +150,12 @@ def use_answer(ctx: StepContext) -> None:
 
 def lines(ctx: StepContext) -> list[Child]:
     """One child per line of the order (to the line route of the parent's service)."""
-    return [Child(f"{ctx.message.service}.line", payload={"prefix": ctx.payload["prefix"], **line},
-                  object_id=str(line["sku"])) for line in ctx.payload["lines"]]
+    return [
+        Child(
+            f"{ctx.message.service}.line", payload={"prefix": ctx.payload["prefix"], **line}, object_id=str(line["sku"])
+        )
+        for line in ctx.payload["lines"]
+    ]
 
 
 @step
@@ -152,16 +179,28 @@ def behaviour_routes(service: str, fused: bool = False, batch: int | None = None
 
     def orders(ctx: StepContext) -> list[Child]:
         """Nested split: one order child per group of lines."""
-        return [Child(f"{service}.order", payload={"prefix": ctx.payload["prefix"], "lines": group})
-                for group in ctx.payload["groups"]]
+        return [
+            Child(f"{service}.order", payload={"prefix": ctx.payload["prefix"], "lines": group})
+            for group in ctx.payload["groups"]
+        ]
 
     def group_members(ctx: StepContext) -> list[Child]:
         """Children in the same funnel as their parent."""
-        return [Child(f"{service}.funnel", payload={"prefix": ctx.payload["prefix"], "group": ctx.payload["group"],
-                                                    "n": n}) for n in range(2)]
+        return [
+            Child(f"{service}.funnel", payload={"prefix": ctx.payload["prefix"], "group": ctx.payload["group"], "n": n})
+            for n in range(2)
+        ]
 
-    def route(name: str, steps: list, **options) -> Route:  # noqa: ANN003
+    def route(name: str, steps: list, **options) -> Route:
+        options.setdefault("errors", {"E400": "the scripted step refuses the message"})
         return Route(f"{service}.{name}", steps=steps, fused=fused, batch=batch, **options)
+
+    @step(key="quote")
+    def quote(ctx: StepContext) -> dict:
+        """A synchronous route's last step: calls the external system (slow when a test delays its path) and
+        returns the route's result."""
+        call(ctx, "quote")
+        return {"quote": 10 * int(ctx.payload.get("n", 1)), "prefix": ctx.payload["prefix"]}
 
     @step(key="bill", system=f"{service}-billing")  # a breaker of its own per mode
     def bill(ctx: StepContext) -> None:
@@ -189,8 +228,9 @@ def behaviour_routes(service: str, fused: bool = False, batch: int | None = None
         route("order", [step_a, Split(lines, route=f"{service}.line"), after_lines]),
         route("line", [book_line]),
         route("funnel", [ordered], funnel=lambda p: p["group"]),
-        route("ordered", [ordered], funnel=lambda p: p["group"], guaranteed_order=True,
-              order_timeout=timedelta(seconds=3)),
+        route(
+            "ordered", [ordered], funnel=lambda p: p["group"], guaranteed_order=True, order_timeout=timedelta(seconds=3)
+        ),
         route("ordered_x", [ordered], funnel=lambda p: p["group"], guaranteed_order=True, exclude_failed=True),
         route("nest", [Split(orders, route=f"{service}.order")]),
         route("funnelled_split", [Split(group_members, route=f"{service}.funnel")], funnel=lambda p: p["group"]),
@@ -199,17 +239,49 @@ def behaviour_routes(service: str, fused: bool = False, batch: int | None = None
         route("billed", [step_a, bill]),
         route("limited", [step_a, post]),
         route("paced", [paced]),
+        *([route("quote", [step_a, quote], sync=True)] if batch is None else []),  # a sync route is never batched
     ]
 
 
-routes = (behaviour_routes("test") + behaviour_routes("fused", fused=True)
-          + behaviour_routes("batched", batch=20))
+routes = behaviour_routes("test") + behaviour_routes("fused", fused=True) + behaviour_routes("batched", batch=20)
+
+
+def _delivery_routes() -> list[Route]:  # after `call` is defined: they call out through it
+    from tests.support import delivery_routes
+
+    return delivery_routes.routes
+
+
+routes += _delivery_routes()
 
 
 @confirmation("CONFIRMED")
 def confirm(outcome: Outcome) -> None:
     """Confirm to the external system (its path from the payload), failing when it fails."""
     prefix = outcome.message.payload["prefix"]
-    httpx.post(f"{external_url()}{prefix}/confirm", json=outcome.as_dict(),
-               headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}", "X-Test-Pid": str(os.getpid())},
-               timeout=10).raise_for_status()
+    httpx.post(
+        f"{external_url()}{prefix}/confirm",
+        json=outcome.as_dict(),
+        headers={"Idempotency-Key": f"{outcome.message.id}:{outcome.state}", "X-Test-Pid": str(os.getpid())},
+        timeout=10,
+    ).raise_for_status()
+
+
+SOAP_XSD = """<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema" targetNamespace="urn:example:customers"
+           xmlns="urn:example:customers" elementFormDefault="qualified">
+  <xs:element name="customer"><xs:complexType><xs:sequence>
+    <xs:element name="id" type="xs:string"/>
+    <xs:element name="name" type="xs:string"/>
+    <xs:element name="credit" type="xs:decimal" minOccurs="0"/>
+  </xs:sequence><xs:attribute name="kind" type="xs:string"/></xs:complexType></xs:element>
+</xs:schema>"""
+
+
+@step(key="soap_seen")
+def soap_seen(ctx: StepContext) -> None:
+    """A SOAP route's step: the payload is the decoded dict, which it hands to the external system."""
+    assert isinstance(ctx.payload, dict) and ctx.payload["id"], ctx.payload
+    httpx.post(f"{external_url()}/soap/{ctx.payload['id']}", json=ctx.payload, timeout=10).raise_for_status()
+
+
+routes.append(Route("soaptest.setCustomer", steps=[soap_seen], soap=Soap(xsd=SOAP_XSD, element="customer")))

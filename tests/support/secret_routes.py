@@ -14,8 +14,8 @@ import os
 from urllib.parse import urlsplit
 
 from openhub import Outcome, Route, StepContext, confirmation, on_state, step
-from openhub.http import HttpCall
-from openhub.notify import webhook
+from openhub.outbound.http import HttpCall
+from openhub.outbound.notify import webhook
 
 echo = HttpCall(record=True, timeout=5, business_errors={409: "E409"})
 
@@ -39,22 +39,35 @@ def with_userinfo() -> str:
 
 def _headers() -> dict[str, str]:
     s = planted()
-    return {"Authorization": f"Bearer {s['bearer']}", "X-Functions-Key": s["functions_key"],
-            "X-Access-Key": s["access_key"], "X-Pass": s["pass_header"], "X-Hub-Key": s["hub_key"],
-            "Ocp-Apim-Subscription-Key": s["subscription"]}
+    return {
+        "Authorization": f"Bearer {s['bearer']}",
+        "X-Functions-Key": s["functions_key"],
+        "X-Access-Key": s["access_key"],
+        "X-Pass": s["pass_header"],
+        "X-Hub-Key": s["hub_key"],
+        "Ocp-Apim-Subscription-Key": s["subscription"],
+    }
 
 
 def _query() -> str:
     s = planted()
-    return (f"api_key={s['api_key']}&pass={s['query_pass']}&pwd={s['query_pwd']}&access_key={s['query_access']}"
-            f"&private_key={s['query_private']}&jwt={s['jwt']}&page=2#access_token={s['fragment']}")
+    return (
+        f"api_key={s['api_key']}&pass={s['query_pass']}&pwd={s['query_pwd']}&access_key={s['query_access']}"
+        f"&private_key={s['query_private']}&jwt={s['jwt']}&page=2#access_token={s['fragment']}"
+    )
 
 
 def _body(ctx: StepContext) -> dict:
     s = planted()
-    return {"order": ctx.payload.get("order"), "client_secret": s["client_secret"], "pwd": s["body_pwd"],
-            "pin": s["body_pin"], "privateKey": s["private_key"], "nested": {"password": s["nested_password"]},
-            "fields": [{"name": "password", "value": s["name_value"]}, {"name": "user", "value": "ann"}]}
+    return {
+        "order": ctx.payload.get("order"),
+        "client_secret": s["client_secret"],
+        "pwd": s["body_pwd"],
+        "pin": s["body_pin"],
+        "privateKey": s["private_key"],
+        "nested": {"password": s["nested_password"]},
+        "fields": [{"name": "password", "value": s["name_value"]}, {"name": "user", "value": "ann"}],
+    }
 
 
 @step
@@ -92,11 +105,16 @@ def refuse_the_card(ctx: StepContext) -> None:
 
 
 routes = [
-    Route("secret.fail", steps=[call_and_fail]),
-    Route("secret.conflict", steps=[call_ok]),
-    Route("secret.webhook", steps=[call_a_webhook_url]),
-    Route("secret.newline", steps=[send_a_newline]),
-    Route("secret.card", steps=[refuse_the_card], secret_fields=["card.pin", "card.cvc"]),
+    Route("secret.fail", steps=[call_and_fail], errors={"E409": "the echo system answered 409"}),
+    Route("secret.conflict", steps=[call_ok], errors={"E409": "the echo system answered 409"}),
+    Route("secret.webhook", steps=[call_a_webhook_url], errors={"E409": "the echo system answered 409"}),
+    Route("secret.newline", steps=[send_a_newline], errors={"E409": "the echo system answered 409"}),
+    Route(
+        "secret.card",
+        steps=[refuse_the_card],
+        secret_fields=["card.pin", "card.cvc"],
+        errors={"E402": "the card was declined"},
+    ),
 ]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from openhub import Child, Outcome, Route, Split, StepContext, confirmation, step
-from openhub.http import HttpCall, pooled_client
+from openhub.outbound.http import HttpCall, pooled_client
 
 system = HttpCall(timeout=5)
 
@@ -51,7 +51,9 @@ def book_line(ctx: StepContext) -> None:
     system.post(ctx, f"{server()}/line", json=ctx.payload)
 
 
-routes = [Route("trace.order", steps=[reserve, charge, ship]),
-          Route("trace.batch", steps=[ship], batch=10),
-          Route("trace.lines", steps=[Split(lines, key="lines")]),
-          Route("trace.line", steps=[book_line])]
+routes = [
+    Route("trace.order", steps=[reserve, charge, ship]),
+    Route("trace.batch", steps=[ship], batch=10),
+    Route("trace.lines", steps=[Split(lines, key="lines")]),
+    Route("trace.line", steps=[book_line]),
+]

@@ -17,16 +17,16 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from openhub.config import reset_settings
-from openhub.db import dispose_engines, transaction
-from openhub.migrate import upgrade
-from openhub.schema import confirmations, http_exchanges, messages, route_pauses
+from openhub.core.config import reset_settings
+from openhub.store.db import dispose_engines, transaction
+from openhub.store.migrate import upgrade
+from openhub.store.schema import confirmations, http_exchanges, messages, route_pauses
 
 # route, state, received (minutes ago), finished (minutes ago or None), how many
 TRAFFIC = [
     ("customer.setCustomer", "OK", 6, 5, 6),
     ("customer.setCustomer", "FAILED", 7, 5, 2),
-    ("customer.setCustomer", "OK", 181, 180, 4),         # in the day, not the hour
+    ("customer.setCustomer", "OK", 181, 180, 4),  # in the day, not the hour
     ("customer.setCustomer", "OK", 2 * 1440, 2 * 1440 - 1, 3),  # older than a day: not counted
     ("customer.setCustomer", "PARTLY_FAILED", 30, None, 1),
     ("customer.setCustomer", "PARTLY_FAILED", 10, None, 1),
@@ -36,12 +36,22 @@ TRAFFIC = [
 ]
 
 EXPECTED = {
-    "hour_finished": 11, "hour_failed": 2, "day_finished": 15, "day_failed": 2,
+    "hour_finished": 11,
+    "hour_failed": 2,
+    "day_finished": 15,
+    "day_failed": 2,
     "live": {"PARTLY_FAILED": 2, "NEW": 1, "WAITING": 1},
-    "counts": {("customer.setCustomer", "OK"): 10, ("customer.setCustomer", "FAILED"): 2,
-               ("customer.setCustomer", "PARTLY_FAILED"): 2, ("customer.setCustomer", "NEW"): 1,
-               ("order.create", "WAITING"): 1, ("order.create", "OK"): 3},
-    "oldest_partly_failed_minutes": 30, "parked": 2, "pending_confirmations": 1,
+    "counts": {
+        ("customer.setCustomer", "OK"): 10,
+        ("customer.setCustomer", "FAILED"): 2,
+        ("customer.setCustomer", "PARTLY_FAILED"): 2,
+        ("customer.setCustomer", "NEW"): 1,
+        ("order.create", "WAITING"): 1,
+        ("order.create", "OK"): 3,
+    },
+    "oldest_partly_failed_minutes": 30,
+    "parked": 2,
+    "pending_confirmations": 1,
     "paused": ["order.bookLine"],
     "parked_error": "HTTP 500 from https://crm.example/confirmations",  # the line of PARKED_ERROR
 }
@@ -60,17 +70,35 @@ For more information check: https://developer.mozilla.org/en-US/docs/Web/HTTP/St
 
 def _row(route: str, state: str, received: datetime, finished: datetime | None) -> dict[str, Any]:
     service, operation = route.split(".")
-    return {"source_system": "CRM", "correlation_id": f"known-{uuid.uuid4().hex}", "process_id": None,
-            "service": service, "operation": operation, "object_id": "42", "entity_type": operation,
-            "funnel": None, "parent_id": None, "payload": json.dumps({"externalCustomerId": "42"}),
-            "state": state, "failed_count": 1 if state in ("FAILED", "PARTLY_FAILED") else 0, "attempt_id": None,
-            "step_run": None, "due_at": None if finished else received + timedelta(hours=1),
-            "received_at": received, "msg_timestamp": received, "started_at": received,
-            "updated_at": finished or received, "finished_at": finished, "attempts": 1, "generation": 0,
-            "custom_data": None, "business_errors": None, "response": None,
-            "failed_step": "update_billing" if state in ("FAILED", "PARTLY_FAILED") else None,
-            "failed_error": "TransientError: POST /billing answered 503" if state in ("FAILED", "PARTLY_FAILED")
-            else None}
+    return {
+        "source_system": "CRM",
+        "correlation_id": f"known-{uuid.uuid4().hex}",
+        "process_id": None,
+        "service": service,
+        "operation": operation,
+        "object_id": "42",
+        "entity_type": operation,
+        "funnel": None,
+        "parent_id": None,
+        "payload": json.dumps({"externalCustomerId": "42"}),
+        "state": state,
+        "failed_count": 1 if state in ("FAILED", "PARTLY_FAILED") else 0,
+        "attempt_id": None,
+        "step_run": None,
+        "due_at": None if finished else received + timedelta(hours=1),
+        "received_at": received,
+        "msg_timestamp": received,
+        "started_at": received,
+        "updated_at": finished or received,
+        "finished_at": finished,
+        "attempts": 1,
+        "generation": 0,
+        "custom_data": None,
+        "business_errors": None,
+        "response": None,
+        "failed_step": "update_billing" if state in ("FAILED", "PARTLY_FAILED") else None,
+        "failed_error": "TransientError: POST /billing answered 503" if state in ("FAILED", "PARTLY_FAILED") else None,
+    }
 
 
 def write_known_traffic(now: datetime, url: str | None = None) -> dict[str, Any]:
@@ -79,29 +107,62 @@ def write_known_traffic(now: datetime, url: str | None = None) -> dict[str, Any]
     with transaction(url) as conn:
         for route, state, received, finished, count in TRAFFIC:
             for _ in range(count):
-                row = _row(route, state, now - timedelta(minutes=received),
-                           now - timedelta(minutes=finished) if finished is not None else None)
+                row = _row(
+                    route,
+                    state,
+                    now - timedelta(minutes=received),
+                    now - timedelta(minutes=finished) if finished is not None else None,
+                )
                 mid = conn.execute(insert(messages).values(**row).returning(messages.c.id)).scalar_one()
                 if state == "PARTLY_FAILED" and received == 30:
                     ids["oldest_partly_failed"] = mid
                 if state == "FAILED":
                     ids["failed"].append(mid)
         for mid in ids["failed"]:
-            conn.execute(insert(confirmations).values(
-                message_id=mid, outcome="FAILED", state="FAILED_END", attempts=3, due_at=None,
-                created_at=now, updated_at=now, last_error=PARKED_ERROR))
-        conn.execute(insert(confirmations).values(
-            message_id=ids["oldest_partly_failed"], outcome="OK", state="PENDING", attempts=0, due_at=now,
-            created_at=now, updated_at=now))
+            conn.execute(
+                insert(confirmations).values(
+                    message_id=mid,
+                    outcome="FAILED",
+                    state="FAILED_END",
+                    attempts=3,
+                    due_at=None,
+                    created_at=now,
+                    updated_at=now,
+                    last_error=PARKED_ERROR,
+                )
+            )
+        conn.execute(
+            insert(confirmations).values(
+                message_id=ids["oldest_partly_failed"],
+                outcome="OK",
+                state="PENDING",
+                attempts=0,
+                due_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+        )
         conn.execute(insert(route_pauses).values(route="order.bookLine", paused_at=now, reason="warehouse closed"))
         # One recorded exchange, for the detail page's HTTP section.
-        conn.execute(insert(http_exchanges).values(
-            message_id=ids["oldest_partly_failed"], step_key="update_billing", attempt=1, method="POST",
-            url="http://billing.example/customers", status=503, error=None,
-            request_headers=json.dumps({"idempotency-key": "CRM/known/update_billing",
-                                        "authorization": "[redacted]"}),
-            request_body='{"externalCustomerId": "42"}', response_headers=json.dumps({"retry-after": "5"}),
-            response_body="billing is down", duration_ms=42, at=now - timedelta(minutes=30)))
+        conn.execute(
+            insert(http_exchanges).values(
+                message_id=ids["oldest_partly_failed"],
+                step_key="update_billing",
+                attempt=1,
+                method="POST",
+                url="http://billing.example/customers",
+                status=503,
+                error=None,
+                request_headers=json.dumps(
+                    {"idempotency-key": "CRM/known/update_billing", "authorization": "[redacted]"}
+                ),
+                request_body='{"externalCustomerId": "42"}',
+                response_headers=json.dumps({"retry-after": "5"}),
+                response_body="billing is down",
+                duration_ms=42,
+                at=now - timedelta(minutes=30),
+            )
+        )
     return ids
 
 

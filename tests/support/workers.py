@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +28,9 @@ class _CeleryProcess:
     def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.args, env=self.env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def _groups(self) -> list[subprocess.Popen]:
         """The processes whose groups (sessions) are this one: its own, and its companion's."""
@@ -54,25 +56,59 @@ class _CeleryProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`with Worker(...).start() as worker:` stops it after the block."""
+        self.stop()
+
 
 class Worker(_CeleryProcess):
     """One `celery -A tasks worker` process (optionally with a beat; `pool` as -P names it). gevent
     takes no embedded beat (-B): its beat is a standalone `celery beat` started, stopped and killed with
     the worker, as an embedded one would be."""
 
-    def __init__(self, env: dict[str, str], workdir: Path, *, beat: bool = True, concurrency: int = 2,
-                 name: str | None = None, queues: str | None = None, pool: str | None = None,
-                 exclude_queues: str | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        workdir: Path,
+        *,
+        beat: bool = True,
+        concurrency: int = 2,
+        name: str | None = None,
+        queues: str | None = None,
+        pool: str | None = None,
+        exclude_queues: str | None = None,
+    ) -> None:
         self.name = name or f"w{uuid.uuid4().hex[:6]}"
         self.workdir = workdir
         self.heartbeat = workdir / f"{self.name}.heartbeat"
         self.log_path = workdir / f"{self.name}.log"
         # OPENHUB_TEST_WORKER: the test routes' calls say which worker made them (tests/support/routes.call)
-        self.env = dict(os.environ, **env, OPENHUB_WORKER_HEARTBEAT_FILE=str(self.heartbeat),
-                        OPENHUB_TEST_WORKER=self.name, PYTHONPATH=str(PROJECT))
-        self.args = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--loglevel", "INFO",
-                     "--concurrency", str(concurrency), "--hostname", f"{self.name}@%h", "--without-gossip",
-                     "--without-mingle"]
+        self.env = dict(
+            os.environ,
+            **env,
+            OPENHUB_WORKER_HEARTBEAT_FILE=str(self.heartbeat),
+            OPENHUB_TEST_WORKER=self.name,
+            PYTHONPATH=str(PROJECT),
+        )
+        self.args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            str(concurrency),
+            "--hostname",
+            f"{self.name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ]
         if beat and pool == "gevent":
             self.companion = Beat(env, workdir)
         elif beat:
@@ -119,8 +155,18 @@ class Beat(_CeleryProcess):
         self.workdir = workdir
         self.log_path = workdir / f"beat-{uuid.uuid4().hex[:6]}.log"
         self.env = dict(os.environ, **env, PYTHONPATH=str(PROJECT))
-        self.args = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "--loglevel", "INFO",
-                     "--schedule", str(workdir / f"{self.log_path.stem}-schedule")]
+        self.args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "beat",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            str(workdir / f"{self.log_path.stem}-schedule"),
+        ]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Beat":

@@ -9,7 +9,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from openhub import errors
+from openhub.core import errors
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
@@ -28,11 +28,18 @@ def _celery_exceptions_in_tasks() -> set[type[BaseException]]:
     found: set[type[BaseException]] = set()
     for path in TASKS.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level \
-                    and node.module.split(".")[0] in ("celery", "billiard"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and not node.level
+                and node.module.split(".")[0] in ("celery", "billiard")
+            ):
                 module = importlib.import_module(node.module)
-                found.update(c for a in node.names if isinstance(c := getattr(module, a.name), type)
-                             and issubclass(c, BaseException))
+                found.update(
+                    c
+                    for a in node.names
+                    if isinstance(c := getattr(module, a.name), type) and issubclass(c, BaseException)
+                )
     return found
 
 

@@ -16,8 +16,16 @@ IP = {name: ip for ip, name in HOSTS.items()}
 FINAL = {"OK", "FAILED", "CANCEL"}
 
 
-def call(path: str, key: str, at: float, host: str = "h1", pid: int = 101, took: float = 0.1,
-         funnel: str | None = None, began: float | None = None) -> Call:
+def call(
+    path: str,
+    key: str,
+    at: float,
+    host: str = "h1",
+    pid: int = 101,
+    took: float = 0.1,
+    funnel: str | None = None,
+    began: float | None = None,
+) -> Call:
     headers = {"x-test-pid": str(pid)}
     if began is not None:
         headers["x-test-began"] = str(began)
@@ -32,12 +40,18 @@ def message(n: int, route: str = "test.funnel", prefix: str = "/funnel", group: 
 
 def one_call(n: int, at: float, **how: Any) -> list[Call]:
     """A funnel message's one step and its confirmation, each made once."""
-    return [call("/funnel/ordered", f"CONFIRMED/c{n}/ordered", at, funnel="g0", **how),
-            call("/funnel/confirm", f"{n}:OK", at + 1.0, **how)]
+    return [
+        call("/funnel/ordered", f"CONFIRMED/c{n}/ordered", at, funnel="g0", **how),
+        call("/funnel/confirm", f"{n}:OK", at + 1.0, **how),
+    ]
 
 
-def run(calls: list[Call], faults: list[Fault], submitted: dict[str, dict[str, Any]] | None = None,
-        overlaps: list[str] | None = None) -> Report:
+def run(
+    calls: list[Call],
+    faults: list[Fault],
+    submitted: dict[str, dict[str, Any]] | None = None,
+    overlaps: list[str] | None = None,
+) -> Report:
     submitted = submitted if submitted is not None else {"c1": message(1)}
     states = {v["id"]: "OK" for v in submitted.values()}
     return check(calls, overlaps or [], faults, HOSTS.get, submitted, states, FINAL, origin=0.0)
@@ -65,8 +79,11 @@ def test_a_repeat_explained_by_its_own_stalled_process_passes() -> None:
 
 
 def test_a_repeat_explained_by_a_kill_or_a_store_cut_of_its_host_passes() -> None:
-    for fault in (Fault("kill", "h1", 10.05, 15.0, pids=[101]), Fault("cut_pg", "h1", 10.05, 15.0),
-                  Fault("cut_both", "h1", 11.5, 15.0)):  # the record may come up to SLACK after the answer
+    for fault in (
+        Fault("kill", "h1", 10.05, 15.0, pids=[101]),
+        Fault("cut_pg", "h1", 10.05, 15.0),
+        Fault("cut_both", "h1", 11.5, 15.0),
+    ):  # the record may come up to SLACK after the answer
         again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 16.0, host="h3", pid=301, funnel="g0")
         report = run(one_call(1, 10.0) + [again], [fault])
         assert report.ok, (fault, report.details())
@@ -91,20 +108,27 @@ def test_a_stalled_process_that_sends_its_call_on_resume_is_flagged() -> None:
     # stopped after its step began, before its call: the repair made the call, then the stalled one did
     repair = call("/funnel/ordered", "CONFIRMED/c1/ordered", 14.0, host="h2", pid=201, funnel="g0")
     late = call("/funnel/ordered", "CONFIRMED/c1/ordered", 50.2, pid=101, funnel="g0", began=9.9)
-    report = run([repair, late, call("/funnel/confirm", "1:OK", 15.0, host="h2", pid=201)],
-                 [Fault("stall", "h1", 10.0, 50.0, pids=[101])])
+    report = run(
+        [repair, late, call("/funnel/confirm", "1:OK", 15.0, host="h2", pid=201)],
+        [Fault("stall", "h1", 10.0, 50.0, pids=[101])],
+    )
     assert [r["pids"] for r in report.repeated] == [[201, 101]]
     # its late call repeated afterwards: the stall hit before that call arrived, so it explains nothing
     after = call("/funnel/ordered", "CONFIRMED/c1/ordered", 55.0, host="h2", pid=201, funnel="g0")
-    report = run([late, after, call("/funnel/confirm", "1:OK", 56.0, host="h2", pid=201)],
-                 [Fault("stall", "h1", 10.0, 50.0, pids=[101])])
+    report = run(
+        [late, after, call("/funnel/confirm", "1:OK", 56.0, host="h2", pid=201)],
+        [Fault("stall", "h1", 10.0, 50.0, pids=[101])],
+    )
     assert [r["pids"] for r in report.repeated] == [[101, 201]]
 
 
 def test_a_repeat_during_a_fault_on_another_host_is_flagged() -> None:
     again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 14.0, host="h2", pid=201, funnel="g0")
-    for fault in (Fault("stall", "h2", 10.05, 50.0, pids=[201]), Fault("cut_pg", "h3", 10.05, 15.0),
-                  Fault("kill", "h2", 10.05, 15.0, pids=[201, 202])):
+    for fault in (
+        Fault("stall", "h2", 10.05, 50.0, pids=[201]),
+        Fault("cut_pg", "h3", 10.05, 15.0),
+        Fault("kill", "h2", 10.05, 15.0, pids=[201, 202]),
+    ):
         report = run(one_call(1, 10.0) + [again], [fault])
         assert [r["key"] for r in report.repeated] == ["CONFIRMED/c1/ordered"], fault
         assert not report.ok
@@ -120,11 +144,9 @@ def test_a_repeat_by_another_process_than_the_stalled_one_is_flagged() -> None:
 
 
 def test_a_call_without_its_process_is_not_explained_by_a_stall() -> None:
-    first = Call("/funnel/ordered", "CONFIRMED/c1/ordered", None, 200, 10.0, 10.1, False, {"x-funnel": "g0"},
-                 IP["h1"])
+    first = Call("/funnel/ordered", "CONFIRMED/c1/ordered", None, 200, 10.0, 10.1, False, {"x-funnel": "g0"}, IP["h1"])
     again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 14.0, host="h2", pid=201, funnel="g0")
-    report = run([first, again, call("/funnel/confirm", "1:OK", 11.0)],
-                 [Fault("stall", "h1", 10.05, 50.0, pids=[101])])
+    report = run([first, again, call("/funnel/confirm", "1:OK", 11.0)], [Fault("stall", "h1", 10.05, 50.0, pids=[101])])
     assert len(report.repeated) == 1
 
 
@@ -171,8 +193,11 @@ def test_a_late_arrival_in_a_guaranteed_order_funnel_is_flagged() -> None:
     report = run([c, a, b, *confirms3], [], submitted3)
     assert [line.split(" (")[0] for line in report.out_of_order] == ["g0: 1", "g0: 2"]
     # in submission order, the same calls pass
-    report = run([a, late_a, *confirms, call("/ordered/ordered", "CONFIRMED/c2/ordered", 38.0, funnel="g0")],
-                 [Fault("stall", "h1", 10.05, 30.0, pids=[101])], submitted)
+    report = run(
+        [a, late_a, *confirms, call("/ordered/ordered", "CONFIRMED/c2/ordered", 38.0, funnel="g0")],
+        [Fault("stall", "h1", 10.05, 30.0, pids=[101])],
+        submitted,
+    )
     assert report.ok, report.details()
 
 
@@ -195,8 +220,12 @@ def test_an_overlap_in_a_funnel_is_flagged() -> None:
 
 def test_a_split_with_a_line_missing_is_flagged() -> None:
     submitted = {"c1": {"id": 1, "route": "test.order", "group": None, "prefix": "/split/1", "lines": 2}}
-    calls = [call("/split/1/a", "CONFIRMED/c1/a", 1.0), call("/split/1/line", "CONFIRMED/c1%231.1%2310/book_line", 2.0),
-             call("/split/1/after", "CONFIRMED/c1/after_lines", 3.0), call("/split/1/confirm", "1:OK", 4.0)]
+    calls = [
+        call("/split/1/a", "CONFIRMED/c1/a", 1.0),
+        call("/split/1/line", "CONFIRMED/c1%231.1%2310/book_line", 2.0),
+        call("/split/1/after", "CONFIRMED/c1/after_lines", 3.0),
+        call("/split/1/confirm", "1:OK", 4.0),
+    ]
     assert run(calls, [], submitted).missing_calls == ["1 test.order: 1 of 2 lines applied"]
     second = call("/split/1/line", "CONFIRMED/c1%231.2%2311/book_line", 2.0)
     assert run(calls + [second], [], submitted).ok

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from openhub.logs import MessageScope, TextFormatter, install
+from openhub.core.logs import MessageScope, TextFormatter, install
 
 SUFFIX = re.compile(r' \[message (\d+) ("(?:[^"\\]|\\.)*"|[\w.:@#/-]+)(?: trace ([0-9a-f]{32}))?\]$', re.ASCII)
 

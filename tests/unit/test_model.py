@@ -9,22 +9,22 @@ from datetime import timedelta
 import pytest
 
 from openhub import Child, ConfigurationError, RetryPolicy, Route, Split, step
-from openhub.dispatch import task_name
-from openhub.config import get_settings
-from openhub.registry import build_registry
+from openhub.celery.dispatch import task_name
+from openhub.core.config import get_settings
+from openhub.core.registry import build_registry
 
 
 @step
-def one(ctx):  # noqa: ANN001, ANN201
+def one(ctx):
     pass
 
 
 @step(key="two")
-def other(ctx):  # noqa: ANN001, ANN201
+def other(ctx):
     pass
 
 
-def plain(ctx):  # noqa: ANN001, ANN201
+def plain(ctx):
     pass
 
 
@@ -37,47 +37,56 @@ def test_step_options_are_kept() -> None:
     assert (s.key, s.scope, s.timeout, s.queue) == ("mno", "entity", timedelta(seconds=30), "mno")
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"retries": 3}, "unknown @step option"),
-    ({"scope": "global"}, "scope must be one of"),
-    ({"scope": "custom"}, "needs custom_key"),
-    ({"custom_key": lambda c: "x"}, "only allowed with scope='custom'"),
-    ({"key": "bad key"}, "must be an identifier"),
-    ({"timeout": timedelta(0)}, "positive timedelta"),
-    ({"timeout": "soon"}, "positive timedelta"),
-    ({"retry": 3}, "retry must be a RetryPolicy"),
-    ({"queue": 5}, "queue must be a string"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"retries": 3}, "unknown @step option"),
+        ({"scope": "global"}, "scope must be one of"),
+        ({"scope": "custom"}, "needs custom_key"),
+        ({"custom_key": lambda c: "x"}, "only allowed with scope='custom'"),
+        ({"key": "bad key"}, "must be an identifier"),
+        ({"timeout": timedelta(0)}, "positive timedelta"),
+        ({"timeout": "soon"}, "positive timedelta"),
+        ({"retry": 3}, "retry must be a RetryPolicy"),
+        ({"queue": 5}, "queue must be a string"),
+    ],
+)
 def test_malformed_step(options: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         step(**options)(plain)
 
 
-@pytest.mark.parametrize("name, steps, options, message", [
-    ("customer.set", [one], {"retries": 1}, "unknown option"),
-    ("customer", [one], {}, "service.operation"),
-    ("customer.set", [], {}, "has no steps"),
-    ("customer.set", [one, plain], {}, "is not a @step"),
-    ("customer.set", [one, one], {}, "duplicate step key"),
-    ("customer.set", [one], {"object_id": "externalId"}, "object_id must be a callable"),
-    ("customer.set", [one], {"retry": {"max_fails": 1}}, "retry must be a RetryPolicy"),
-    ("customer.set", [one], {"priority": 11}, "priority must be an int"),
-    ("customer.set", [one], {"guaranteed_order": True}, "needs a funnel"),
-    ("customer.set", [one], {"exclude_failed": True}, "needs guaranteed_order"),
-    ("customer.set", [one], {"validate": 3}, "validate must be"),
-    ("customer.set", [one], {"secret_fields": "card.pin"}, "secret_fields must be"),
-    ("customer.set", [one], {"secret_fields": ["card..pin"]}, "secret_fields must be"),
-])
+@pytest.mark.parametrize(
+    "name, steps, options, message",
+    [
+        ("customer.set", [one], {"retries": 1}, "unknown option"),
+        ("customer", [one], {}, "service.operation"),
+        ("customer.set", [], {}, "has no steps"),
+        ("customer.set", [one, plain], {}, "is not a @step"),
+        ("customer.set", [one, one], {}, "duplicate step key"),
+        ("customer.set", [one], {"object_id": "externalId"}, "object_id must be a callable"),
+        ("customer.set", [one], {"retry": {"max_fails": 1}}, "retry must be a RetryPolicy"),
+        ("customer.set", [one], {"priority": 11}, "priority must be an int"),
+        ("customer.set", [one], {"guaranteed_order": True}, "needs a funnel"),
+        ("customer.set", [one], {"exclude_failed": True}, "needs guaranteed_order"),
+        ("customer.set", [one], {"validate": 3}, "validate must be"),
+        ("customer.set", [one], {"secret_fields": "card.pin"}, "secret_fields must be"),
+        ("customer.set", [one], {"secret_fields": ["card..pin"]}, "secret_fields must be"),
+    ],
+)
 def test_malformed_route(name: str, steps: list, options: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Route(name, steps=steps, **options)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_fails": -1}, "max_fails"),
-    ({"interval": timedelta(0)}, "interval"),
-    ({"backoff": 0.5}, "backoff"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_fails": -1}, "max_fails"),
+        ({"interval": timedelta(0)}, "interval"),
+        ({"backoff": 0.5}, "backoff"),
+    ],
+)
 def test_malformed_retry_policy(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         RetryPolicy(**kwargs)
@@ -91,19 +100,21 @@ def test_retry_policy_backoff_is_capped() -> None:
 def test_route_is_printable_and_names_its_tasks() -> None:
     route = Route("customer.setCustomer", steps=[one, other])
     assert (route.service, route.operation) == ("customer", "setCustomer")
-    assert [task_name(route, s) for s in route.steps] == ["openhub.customer.setCustomer.one",
-                                                          "openhub.customer.setCustomer.two"]
+    assert [task_name(route, s) for s in route.steps] == [
+        "openhub.customer.setCustomer.one",
+        "openhub.customer.setCustomer.two",
+    ]
     assert "customer.setCustomer" in repr(route)
 
 
-def _module(tmp_path, monkeypatch, name: str, body: str) -> str:  # noqa: ANN001
+def _module(tmp_path, monkeypatch, name: str, body: str) -> str:
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop(name, None)
     return name
 
 
-def test_duplicate_route_across_modules(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_duplicate_route_across_modules(tmp_path, monkeypatch) -> None:
     body = """
         from openhub import Route, step
         @step
@@ -116,17 +127,22 @@ def test_duplicate_route_across_modules(tmp_path, monkeypatch) -> None:  # noqa:
         build_registry([a, b], get_settings())
 
 
-def test_split_to_unknown_route(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    name = _module(tmp_path, monkeypatch, "routes_split_bad", """
+def test_split_to_unknown_route(tmp_path, monkeypatch) -> None:
+    name = _module(
+        tmp_path,
+        monkeypatch,
+        "routes_split_bad",
+        """
         from openhub import Route, Split, Child
         def kids(ctx): return []
         routes = [Route("order.create", steps=[Split(kids, route="order.nothere")])]
-    """)
+    """,
+    )
     with pytest.raises(ConfigurationError, match="unknown route 'order.nothere'"):
         build_registry([name], get_settings())
 
 
-def test_routes_must_hold_routes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_routes_must_hold_routes(tmp_path, monkeypatch) -> None:
     name = _module(tmp_path, monkeypatch, "routes_not_routes", "routes = ['customer.set']\n")
     with pytest.raises(ConfigurationError, match="must hold Route objects"):
         build_registry([name], get_settings())
@@ -137,15 +153,17 @@ def test_unimportable_routes_module() -> None:
         build_registry(["routes_that_do_not_exist"], get_settings())
 
 
-def test_two_confirmers_for_one_system(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    code = ("from openhub import confirmation\n\n@confirmation('UNIT-SYS')\ndef first(outcome): pass\n\n"
-            "@confirmation('UNIT-SYS')\ndef second(outcome): pass\n")
+def test_two_confirmers_for_one_system(tmp_path, monkeypatch) -> None:
+    code = (
+        "from openhub import confirmation\n\n@confirmation('UNIT-SYS')\ndef first(outcome): pass\n\n"
+        "@confirmation('UNIT-SYS')\ndef second(outcome): pass\n"
+    )
     name = _module(tmp_path, monkeypatch, "routes_two_confirmers", code)
     with pytest.raises(ConfigurationError, match="two confirmers"):
         build_registry([name], get_settings())
 
 
-def test_confirmers_belong_to_the_registry_that_loaded_them(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_confirmers_belong_to_the_registry_that_loaded_them(tmp_path, monkeypatch) -> None:
     code = "from openhub import confirmation\n\n@confirmation('CRM')\ndef mine(outcome): pass\n"
     one = _module(tmp_path, monkeypatch, "routes_confirm_one", code)
     other = _module(tmp_path, monkeypatch, "routes_confirm_other", code.replace("mine", "theirs"))
@@ -163,14 +181,23 @@ def test_split_and_child_are_plain_data() -> None:
 def test_example_routes_load() -> None:
     registry = build_registry(["routes"], get_settings())
     assert "customer.setCustomer" in registry.routes
-    assert "CRM" in registry.confirmers
+    assert "CRM" not in registry.confirmers  # no code confirms the CRM: its endpoint's setting does
+    from openhub.core.config import Settings
+
+    settings = Settings.from_env(
+        {"OPENHUB_CONFIRM_ENDPOINTS": "CRM=http://crm.example/confirm", "OPENHUB_CONFIRM_SECRETS": "CRM=" + "c" * 40}
+    )
+    stock = build_registry(["routes"], settings).confirmers["CRM"]
+    assert stock.endpoint.url == "http://crm.example/confirm"  # type: ignore[attr-defined]
 
 
 def test_the_routing_model_imports_no_store_broker_or_web_library() -> None:
     import subprocess
 
-    code = ("import sys\nfrom openhub import Route, step, Split, Child, confirmation, Outcome, StepContext, Reject\n"
-            "print(','.join(m for m in ('sqlalchemy', 'celery', 'fastapi', 'kombu') if m in sys.modules))")
+    code = (
+        "import sys\nfrom openhub import Route, step, Split, Child, confirmation, Outcome, StepContext, Reject\n"
+        "print(','.join(m for m in ('sqlalchemy', 'celery', 'fastapi', 'kombu') if m in sys.modules))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == ""
 
@@ -197,3 +224,33 @@ def test_a_batch_route_keeps_all_its_steps_on_one_queue() -> None:
     with pytest.raises(ConfigurationError, match="step 'b' is on 'slow'"):
         Route("svc.op", steps=[a, b], batch=10)
     assert Route("svc.op", steps=[a, b]).batch is None  # not a batch route: any queues
+
+
+def test_a_topic_takes_its_own_options_and_subscriptions_name_loaded_topics() -> None:
+    from openhub import Topic
+    from openhub.core.registry import Registry
+    from openhub.core.topics import subscribers
+
+    topic = Topic("order.created", sources=["SHOP"])
+    assert [s.key for s in topic.steps] == ["fan_out"] and topic.sources == ("SHOP",)
+    with pytest.raises(ConfigurationError, match="topic 'order.created': unknown option"):
+        Topic("order.created", steps=[one])
+    with pytest.raises(ConfigurationError, match="subscribes must name topics"):
+        Route("crm.order", steps=[one], subscribes=["not a name"])
+    registry = Registry()
+    for route in (
+        topic,
+        Route("crm.order", steps=[one], subscribes="order.created"),
+        Route("billing.order", steps=[one], subscribes=["order.created"]),
+        Route("other.route", steps=[one]),
+    ):
+        registry.add(route, "t")
+    registry.check()
+    assert [r.name for r in subscribers(registry.routes, "order.created")] == ["billing.order", "crm.order"]
+    registry.add(Route("stock.order", steps=[one], subscribes="other.route"), "t")
+    with pytest.raises(ConfigurationError, match="subscribes to 'other.route', which is a route, not a Topic"):
+        registry.check()
+    del registry.routes["stock.order"]
+    registry.add(Route("stock.order", steps=[one], subscribes="order.gone"), "t")
+    with pytest.raises(ConfigurationError, match="subscribes to 'order.gone', which is unknown"):
+        registry.check()

@@ -23,7 +23,8 @@ def test_each_fix_is_in_its_file_exactly_once(mutation: Mutation) -> None:
     text = (ROOT / mutation.file).read_text()
     assert text.count(mutation.fixed) == 1, (
         f"{mutation.name}: the fix's text occurs {text.count(mutation.fixed)} times in {mutation.file} "
-        "(moved or changed? update tests/support/mutations.py)")
+        "(moved or changed? update tests/support/mutations.py)"
+    )
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])

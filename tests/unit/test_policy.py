@@ -1,4 +1,4 @@
-"""The one retry and timing policy (openhub.policy): every due time, lease and pause, as a table."""
+"""The one retry and timing policy (openhub.core.policy): every due time, lease and pause, as a table."""
 
 from __future__ import annotations
 
@@ -8,19 +8,26 @@ from unittest import mock
 
 import pytest
 
-from openhub import policy
-from openhub.config import Settings
-from openhub.model import RetryPolicy, Route, step
-from openhub.states import Event
+from openhub.core import policy
+from openhub.core.config import Settings
+from openhub.core.model import RetryPolicy, Route, step
+from openhub.core.states import Event
 
 NOW = datetime(2026, 11, 25, 12, 0, 0)
 S = timedelta(seconds=1)
 
 
 def _settings() -> Settings:
-    env = {"OPENHUB_RETRY_INTERVAL": "60", "OPENHUB_POSTPONE_INTERVAL": "5", "OPENHUB_LEASE_GRACE": "30",
-           "OPENHUB_STEP_TIMEOUT": "300", "OPENHUB_CONFIRM_INTERVAL": "60", "OPENHUB_CONFIRM_TIMEOUT": "30",
-           "OPENHUB_MAX_FAILS": "3", "OPENHUB_CONFIRM_MAX_FAILS": "4"}
+    env = {
+        "OPENHUB_RETRY_INTERVAL": "60",
+        "OPENHUB_POSTPONE_INTERVAL": "5",
+        "OPENHUB_LEASE_GRACE": "30",
+        "OPENHUB_STEP_TIMEOUT": "300",
+        "OPENHUB_CONFIRM_INTERVAL": "60",
+        "OPENHUB_CONFIRM_TIMEOUT": "30",
+        "OPENHUB_MAX_FAILS": "3",
+        "OPENHUB_CONFIRM_MAX_FAILS": "4",
+    }
     with mock.patch.dict(os.environ, env):
         return Settings.from_env()
 
@@ -44,16 +51,19 @@ def test_retries_back_off_as_the_policy_says() -> None:
     assert [policy.retry_due(backoff, n, NOW) - NOW for n in (1, 2, 3, 4)] == [10 * S, 20 * S, 30 * S, 30 * S]
 
 
-@pytest.mark.parametrize("event, asked, expected", [
-    (Event.POSTPONED, None, 5 * S),          # OPENHUB_POSTPONE_INTERVAL
-    (Event.POSTPONED, 42 * S, 42 * S),       # Postpone(delay=...)
-    (Event.HELD_BACK, 42 * S, 5 * S),        # looks again once its route is resumed
-    (Event.WAIT_RESPONSE, None, 300 * S),    # the step timeout is the response timeout
-    (Event.WAIT_RESPONSE, 42 * S, 42 * S),   # WaitForResponse(timeout=...)
-    (Event.NO_EFFECT, None, 7 * S),          # the step's retry interval, no failure counted
-    (Event.TRANSIENT, None, None),           # a failure: retry_due, with the failure counted
-    (Event.COMPLETED, None, None),
-])
+@pytest.mark.parametrize(
+    "event, asked, expected",
+    [
+        (Event.POSTPONED, None, 5 * S),  # OPENHUB_POSTPONE_INTERVAL
+        (Event.POSTPONED, 42 * S, 42 * S),  # Postpone(delay=...)
+        (Event.HELD_BACK, 42 * S, 5 * S),  # looks again once its route is resumed
+        (Event.WAIT_RESPONSE, None, 300 * S),  # the step timeout is the response timeout
+        (Event.WAIT_RESPONSE, 42 * S, 42 * S),  # WaitForResponse(timeout=...)
+        (Event.NO_EFFECT, None, 7 * S),  # the step's retry interval, no failure counted
+        (Event.TRANSIENT, None, None),  # a failure: retry_due, with the failure counted
+        (Event.COMPLETED, None, None),
+    ],
+)
 def test_the_due_time_of_each_verdict(event: Event, asked: timedelta | None, expected: timedelta | None) -> None:
     due = policy.verdict_due(event, asked, RetryPolicy(max_fails=3, interval=7 * S), NOW, _settings())
     assert (due - NOW if due else None) == expected
@@ -87,3 +97,59 @@ def test_confirmations_are_retried_then_parked() -> None:
     assert [policy.confirmation_retry(n, NOW, settings) for n in (1, 3)] == [NOW + 60 * S] * 2
     assert policy.confirmation_retry(4, NOW, settings) is None  # parked: FAILED_END
     assert policy.confirmation_lease(settings) == 300 * S  # at least a step's timeout
+
+
+def test_retry_forever_never_fails_and_its_back_off_stops_at_the_cap() -> None:
+    from openhub.core.model import RetryPolicy
+    from openhub.core.states import Event, State, transition
+
+    forever = RetryPolicy(max_fails=None, interval=timedelta(seconds=1), backoff=2, max_interval=timedelta(seconds=30))
+    assert forever.forever and not RetryPolicy().forever
+    assert [forever.delay(n).total_seconds() for n in (1, 2, 5, 6, 50, 10_000)] == [1, 2, 16, 30, 30, 30]
+    assert transition(State.PROCESSING, Event.TRANSIENT, 10**6, None).state == State.PARTLY_FAILED
+    assert policy.retry_due(forever, 10**6, NOW) == NOW + timedelta(seconds=30)
+
+
+def test_retry_forever_with_a_growing_back_off_needs_its_cap() -> None:
+    from openhub.core.errors import ConfigurationError
+    from openhub.core.model import RetryPolicy
+
+    with pytest.raises(ConfigurationError, match="needs max_interval"):
+        RetryPolicy(max_fails=None, backoff=2)
+    with pytest.raises(ConfigurationError, match="int >= 0 or None"):
+        RetryPolicy(max_fails=-1)
+    assert RetryPolicy(max_fails=None).delay(10**6) == timedelta(seconds=60)  # no growth: no cap needed
+
+
+def test_a_source_systems_own_confirmation_policy_replaces_the_global_one() -> None:
+    from openhub.core.model import RetryPolicy
+
+    settings = Settings.from_env({})
+    forever = RetryPolicy(max_fails=None, interval=timedelta(seconds=5), backoff=2, max_interval=timedelta(minutes=1))
+    assert policy.confirmation_retry(10**4, NOW, settings, retry=forever) == NOW + timedelta(minutes=1)
+    assert policy.confirmation_retry(2, NOW, settings, retry=forever) == NOW + timedelta(seconds=10)
+    twice = RetryPolicy(max_fails=2, interval=timedelta(seconds=5))
+    assert policy.confirmation_retry(2, NOW, settings, retry=twice) == NOW + timedelta(seconds=5)
+    assert policy.confirmation_retry(3, NOW, settings, retry=twice) is None  # its failures exceed max_fails: parked
+
+
+def test_a_confirmers_retry_policy_is_collected_with_it() -> None:
+    from openhub.core.errors import ConfigurationError
+    from openhub.core.registry import Registry, confirmation
+
+    forever = RetryPolicy(max_fails=None, interval=timedelta(seconds=5))
+
+    @confirmation("CRM", retry=forever)
+    def to_crm(outcome) -> None:
+        """A confirmer with its own policy."""
+
+    @confirmation("ERP")
+    def to_erp(outcome) -> None:
+        """One with the global policy."""
+
+    registry = Registry()
+    registry.add_confirmer("CRM", to_crm)
+    registry.add_confirmer("ERP", to_erp)
+    assert registry.confirm_retries == {"CRM": forever}
+    with pytest.raises(ConfigurationError, match="retry must be a RetryPolicy"):
+        confirmation("CRM", retry=3)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """The store's spelled-out state lists agree with the state machine's."""
 
-from openhub.schema import LIVE_PREDICATE
-from openhub.states import FINAL
+from openhub.core.states import FINAL
+from openhub.store.schema import LIVE_PREDICATE
 
 
 def test_live_predicate_excludes_exactly_the_final_states() -> None:

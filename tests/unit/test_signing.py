@@ -1,4 +1,4 @@
-"""Standard Webhooks signing and checking (openhub.signing) without a network: the timestamp tolerance,
+"""Standard Webhooks signing and checking (openhub.core.signing) without a network: the timestamp tolerance,
 missing headers, secret forms, and a malformed secret refused at load time without being echoed."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from openhub.config import Settings
-from openhub.errors import ConfigurationError, WebhookSignatureError
-from openhub.signing import secret_keys, signature_headers, verify_signature
+from openhub.core.config import Settings
+from openhub.core.errors import ConfigurationError, WebhookSignatureError
+from openhub.core.signing import secret_keys, signature_headers, verify_signature
 
 SENT = 1_700_000_000
 AT_SEND = datetime.fromtimestamp(SENT, timezone.utc)
@@ -62,14 +62,13 @@ def test_a_malformed_secret_fails_at_load_without_being_echoed(monkeypatch: pyte
     assert old not in repr(settings)
 
 
-
 WEAK = ["s3cret", "x", "whsec_" + base64.b64encode(b"short key").decode(), "change-me-webhook-secret-0123456789abcdef"]
 
 
 @pytest.mark.parametrize("weak", WEAK)
 def test_a_weak_or_placeholder_secret_is_refused_like_an_api_key(monkeypatch: pytest.MonkeyPatch, weak: str) -> None:
     """Issue 34 L3: a 1-character or `change-me-…` webhook secret was accepted; API keys need 32+ characters."""
-    from openhub.notify import webhook
+    from openhub.outbound.notify import webhook
 
     for name, value in (("OPENHUB_WEBHOOK_SECRET", weak), ("OPENHUB_CONFIRM_SECRETS", f"CRM={weak}")):
         monkeypatch.setenv(name, value)
@@ -99,7 +98,7 @@ def test_each_source_system_has_its_own_confirmation_secret(monkeypatch: pytest.
 def test_a_replay_within_the_tolerance_is_refused_and_a_retry_is_not() -> None:
     """Issue 34 L3: the same signed request was accepted any number of times within 5 minutes, although
     README says a receiver can refuse replays."""
-    from openhub.signing import ReplayCache
+    from openhub.core.signing import ReplayCache
 
     replays = ReplayCache(clock=lambda: SENT + 60)
     headers = _signed("s3cret")
@@ -118,7 +117,7 @@ def test_a_replay_within_the_tolerance_is_refused_and_a_retry_is_not() -> None:
 
 
 def test_the_replay_cache_is_bounded_and_forgets_what_is_over() -> None:
-    from openhub.signing import ReplayCache
+    from openhub.core.signing import ReplayCache
 
     replays = ReplayCache(capacity=3, clock=lambda: 2_000_000_000.0)
     future = 4_000_000_000.0

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 import openhub
-
-from openhub.errors import StateConflict
-from openhub.states import FINAL, SETTLED_CONFIRMATIONS, Action, ConfirmationState, Event, State, transition
+from openhub.core.errors import StateConflict
+from openhub.core.states import FINAL, SETTLED_CONFIRMATIONS, Action, ConfirmationState, Event, State, transition
 
 S, E, A = State, Event, Action
 FIN = {A.CONFIRM, A.RELEASE_FUNNEL, A.NOTIFY_PARENT}
@@ -65,25 +64,39 @@ TABLE = [
     (S.OK, E.RESTARTED, 2, S.PARTLY_FAILED, 0, set()),
     (S.FAILED, E.RESTARTED, 4, S.PARTLY_FAILED, 0, set()),
     (S.CANCEL, E.RESTARTED, 1, S.PARTLY_FAILED, 0, set()),
+    # a topic's message: its receivers written with it, it is OK (not confirmed: they are, each)
+    (S.NEW, E.FANNED_OUT, 0, S.OK, 0, set()),
     # operator cancel from any non-final state
     *[(s, E.CANCELLED, 1, S.CANCEL, 1, FIN) for s in State if s not in FINAL],
 ]
 
 
-@pytest.mark.parametrize("state, event, count, new_state, new_count, actions", TABLE,
-                         ids=[f"{r[0]}-{r[1]}-{r[2]}" for r in TABLE])
-def test_transition(state: State, event: Event, count: int, new_state: State, new_count: int,
-                    actions: set[Action]) -> None:
+@pytest.mark.parametrize(
+    "state, event, count, new_state, new_count, actions", TABLE, ids=[f"{r[0]}-{r[1]}-{r[2]}" for r in TABLE]
+)
+def test_transition(
+    state: State, event: Event, count: int, new_state: State, new_count: int, actions: set[Action]
+) -> None:
     result = transition(state, event, count, max_fails=3)
     assert (result.state, result.failed_count, set(result.actions)) == (new_state, new_count, actions)
 
 
 REFUSED = [
-    (S.PROCESSING, E.RESTARTED), (S.PARTLY_FAILED, E.RESTARTED), (S.SKIPPED, E.RESTARTED),
+    (S.PROCESSING, E.RESTARTED),
+    (S.PARTLY_FAILED, E.RESTARTED),
+    (S.SKIPPED, E.RESTARTED),
     *[(s, E.CANCELLED) for s in FINAL],
-    (S.OK, E.CLAIMED), (S.PROCESSING, E.CLAIMED), (S.OK, E.COMPLETED), (S.IN_QUEUE, E.RESPONDED),
-    (S.OK, E.REDRIVEN), (S.PROCESSING, E.REDRIVEN), (S.WAITING, E.TRANSIENT),
-    (S.IN_QUEUE, E.LEASE_EXPIRED), (S.PARTLY_FAILED, E.CHAIN_LOST),
+    (S.OK, E.CLAIMED),
+    (S.PROCESSING, E.CLAIMED),
+    (S.OK, E.COMPLETED),
+    (S.IN_QUEUE, E.RESPONDED),
+    (S.OK, E.REDRIVEN),
+    (S.PROCESSING, E.REDRIVEN),
+    (S.WAITING, E.TRANSIENT),
+    (S.IN_QUEUE, E.LEASE_EXPIRED),
+    (S.PARTLY_FAILED, E.CHAIN_LOST),
+    (S.PROCESSING, E.FANNED_OUT),
+    (S.OK, E.FANNED_OUT),
 ]
 
 
@@ -93,10 +106,12 @@ def test_refused(state: State, event: Event) -> None:
         transition(state, event)
 
 
-@pytest.mark.parametrize("lost, new_state, new_count", [(1, S.PARTLY_FAILED, 0), (5, S.PARTLY_FAILED, 0),
-                                                       (6, S.FAILED, 1)])
-def test_a_step_whose_runs_keep_taking_their_worker_down_ends_failed(lost: int, new_state: State,
-                                                                      new_count: int) -> None:
+@pytest.mark.parametrize(
+    "lost, new_state, new_count", [(1, S.PARTLY_FAILED, 0), (5, S.PARTLY_FAILED, 0), (6, S.FAILED, 1)]
+)
+def test_a_step_whose_runs_keep_taking_their_worker_down_ends_failed(
+    lost: int, new_state: State, new_count: int
+) -> None:
     # `lost`: the runs of its step lost in a row, this one included; OPENHUB_MAX_LOST_RUNS is 5
     result = transition(S.PROCESSING, E.LEASE_EXPIRED, 0, max_fails=3, lost_runs=lost, max_lost_runs=5)
     assert (result.state, result.failed_count) == (new_state, new_count)
@@ -115,10 +130,10 @@ def test_every_event_has_a_row() -> None:
 def test_the_live_index_leaves_out_exactly_the_final_states() -> None:
     """schema.py spells FINAL out (it imports no domain code): a state added to FINAL must reach the
     partial index of live messages, and the index must stay the one migration 0006 created."""
-    from openhub.schema import LIVE_PREDICATE
+    from openhub.store.schema import LIVE_PREDICATE
 
     assert LIVE_PREDICATE == f"state NOT IN ({', '.join(repr(s.value) for s in sorted(FINAL))})"
-    migration = (Path(openhub.__file__).parent / "migrations/versions/0006_finished_index.py").read_text()
+    migration = (Path(openhub.__file__).parent / "store/migrations/versions/0006_finished_index.py").read_text()
     assert f'LIVE = "{LIVE_PREDICATE}"' in migration
 
 

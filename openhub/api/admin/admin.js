@@ -7,6 +7,8 @@ const $ = (sel) => document.querySelector(sel);
 let cursor = null;
 let current = null; // id of the message shown in the detail pane
 let refreshTimer = null;
+let showSeq = 0; // the newest showMessage: an older one's answer arriving late is not shown
+let routeSteps = {}; // route name -> its step keys (for "restart from step")
 const FINAL = ["OK", "FAILED", "CANCEL", "SKIPPED"];
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
@@ -23,10 +25,11 @@ async function api(method, path, body) {
   const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let data = null;
   try { data = await r.json(); } catch (e) { data = null; }
-  if (r.status === 401 || r.status === 403) {
+  if (r.status === 401) {
     logout();
-    throw new Error("The admin token was refused (" + r.status + "): " + ((data && data.detail) || ""));
+    throw new Error("The token was refused (" + r.status + "): " + ((data && data.detail) || ""));
   }
+  if (r.status === 403) throw new Error("Not allowed for this token (403): " + ((data && data.detail) || ""));
   if (!r.ok) throw new Error(r.status + ": " + ((data && data.detail) || r.statusText));
   return data;
 }
@@ -153,6 +156,7 @@ async function loadRoutes() {
       const b = document.createElement("button");
       b.textContent = r.paused ? "Resume" : "Pause";
       b.className = r.paused ? "resume" : "pause";
+      b.dataset.needs = "operator";
       b.addEventListener("click", async () => {
         const [service, ...rest] = r.route.split(".");
         try {
@@ -163,6 +167,43 @@ async function loadRoutes() {
       td.appendChild(b);
       tbody.appendChild(tr);
     });
+  } catch (e) { showError(e.message); }
+}
+
+// The error-code catalogue (GET /api/v1/errors); a count links to the messages search by that code.
+async function loadErrors() {
+  showError("");
+  try {
+    const entries = await api("GET", "/api/v1/errors");
+    const tbody = $("#errors tbody");
+    tbody.textContent = "";
+    entries.forEach((e) => {
+      const tr = document.createElement("tr");
+      tr.dataset.code = e.code;
+      cell(tr, e.declared ? e.code : e.code + " (undeclared)");
+      cell(tr, e.retried);
+      const td = cell(tr, e.messages === null ? "" : e.messages);
+      if (e.search && e.messages) {
+        td.textContent = "";
+        const a = document.createElement("a");
+        a.href = "#";
+        a.className = "search-code";
+        a.textContent = String(e.messages);
+        a.addEventListener("click", (ev) => {
+          ev.preventDefault();
+          $("#search-form").reset();
+          $("#search-form").elements.error_code.value = e.code;
+          selectTab("search");
+          search(false);
+        });
+        td.appendChild(a);
+      }
+      cell(tr, e.origin);
+      cell(tr, e.meaning);
+      cell(tr, e.action);
+      tbody.appendChild(tr);
+    });
+    noneRow(tbody);
   } catch (e) { showError(e.message); }
 }
 
@@ -203,8 +244,13 @@ function fillTable(sel, rows, columns) {
 
 async function showMessage(id, quiet) {
   if (!quiet) showError("");
+  clearTimeout(refreshTimer);  // the live refresh of the message shown before must not follow this call
+  const seq = ++showSeq;
   try {
     const m = await api("GET", "/api/v1/messages/" + encodeURIComponent(id));
+    // A slow answer for the message shown before (its live refresh, or the one an action re-read) must not
+    // put it back over the one opened since: the next action would go to it.
+    if (seq !== showSeq) return;
     current = m.id;
     $("#detail").hidden = false;
     $("#d-id").textContent = m.id;
@@ -215,7 +261,7 @@ async function showMessage(id, quiet) {
     const past = m.state === "OK" && Boolean(m.failed_error);
     const fields = [["route", m.route], ["correlation id", m.correlation_id], ["source system", m.source_system],
       ["object id", m.object_id], ["entity type", m.entity_type], ["process id", m.process_id],
-      ["parent", m.parent_id], ["failed count", m.failed_count],
+      ["parent", m.parent_id], ["priority", m.priority], ["failed count", m.failed_count],
       [past ? "step that failed earlier" : "failed step", m.failed_step],
       ["received", fmt(m.received_at)], ["message timestamp", fmt(m.msg_timestamp)], ["finished", fmt(m.finished_at)],
       ["funnel", m.funnel], ["trace", m.trace_id]];
@@ -225,7 +271,12 @@ async function showMessage(id, quiet) {
       const tr = document.createElement("tr");
       const th = document.createElement("th"); th.textContent = k; tr.appendChild(th);
       // The trace id links to the tracing UI when OPENHUB_TRACE_URL is set (only http(s) links are made).
-      if (k === "trace" && v && /^https?:\/\//.test(m.trace_url || "")) {
+      if (k === "parent" && v) {  // its split parent or fan-out family, a click away
+        const td = document.createElement("td"), a = document.createElement("a");
+        a.href = "#"; a.textContent = v; a.id = "d-parent";
+        a.addEventListener("click", (e) => { e.preventDefault(); showMessage(v); });
+        td.appendChild(a); tr.appendChild(td);
+      } else if (k === "trace" && v && /^https?:\/\//.test(m.trace_url || "")) {
         const td = document.createElement("td"), a = document.createElement("a");
         a.href = m.trace_url; a.textContent = v; a.id = "d-trace"; a.target = "_blank"; a.rel = "noopener";
         td.appendChild(a); tr.appendChild(td);
@@ -246,6 +297,9 @@ async function showMessage(id, quiet) {
     noneRow(fillTable("#d-calls", m.ext_calls, ["step", "key", "state", "attempts", "worker", "duration_ms",
       "updated_at", "last_error"]));
     noneRow(fillTable("#d-history", m.history, ["at", "event", "from_state", "to_state", "step", "detail"]));
+    // A topic's message (fan-out, issue 37): its children are its receivers, one per subscribed route.
+    const family = m.history.some((h) => h.event === "fanned_out");
+    $("#d-children-title").textContent = family ? "Receivers (fan-out family: one message per subscribed route)" : "Children";
     const children = fillTable("#d-children", m.children, ["id", "route", "state", "object_id"]);
     Array.from(children.rows).forEach((tr, i) => {
       tr.className = "clickable";
@@ -255,14 +309,30 @@ async function showMessage(id, quiet) {
     noneRow(fillTable("#d-confirmation", m.confirmation, ["outcome", "state", "attempts", "updated_at",
       "last_error"]));
     renderExchanges(m.http_exchanges || []);
+    noneRow(fillTable("#d-audit", (m.operator_actions || []).map((a) => ({ ...a, at: fmt(a.at) })),
+      ["at", "who", "action", "target", "old_value", "new_value"]));
     const final = ["OK", "FAILED", "CANCEL"].includes(m.state);
     $("#d-restart").disabled = !final;
     $("#d-restart-total").disabled = !final;
+    const select = $("#d-from-step");
+    select.textContent = "";
+    (routeSteps[m.route] || []).forEach((key) => select.appendChild(Object.assign(document.createElement("option"),
+      { value: key, textContent: key })));
+    select.disabled = !final; $("#d-restart-from").disabled = !final;
+    $("#d-retry").disabled = !["PARTLY_FAILED", "POSTPONED"].includes(m.state);
+    const editable = m.state === "FAILED", editBox = $("#d-edit-box");
+    if (editBox.hidden !== !editable || editBox.dataset.shown !== String(m.id)) {  // a refresh keeps the typing
+      $("#d-edit").value = JSON.stringify(m.payload, null, 2);
+      editBox.dataset.shown = String(m.id);
+    }
+    editBox.hidden = !editable;
     $("#d-cancel").disabled = FINAL.includes(m.state);
     // A message on its way is followed live until it reaches a final state.
     clearTimeout(refreshTimer);
     if (!FINAL.includes(m.state)) {
-      refreshTimer = setTimeout(() => { if (current === m.id) showMessage(m.id, true); }, 1000);
+      // Only while no other showMessage was called since this one: a refresh fired while the answer for a
+      // newly opened message was on its way took the detail (and the next action) back to this message.
+      refreshTimer = setTimeout(() => { if (current === m.id && seq === showSeq) showMessage(m.id, true); }, 1000);
     }
     if (!quiet) $("#detail").scrollIntoView();
   } catch (e) { showError(e.message); }
@@ -277,22 +347,90 @@ async function act(action, body, confirmText) {
   } catch (e) { showError(e.message); }
 }
 
+async function resubmit() {
+  let payload;
+  try { payload = JSON.parse($("#d-edit").value); } catch (e) { showError("The payload is not JSON: " + e.message); return; }
+  await act("resubmit", { payload }, "Replace the payload and restart this message?");
+}
+
+async function loadRouteSteps() {
+  const list = await api("GET", "/api/v1/routes");
+  routeSteps = Object.fromEntries(list.map((r) => [r.route, r.steps.map((s) => s.key)]));
+  return list;
+}
+
+async function loadBreakers() {
+  try {
+    const tbody = $("#breakers tbody");
+    tbody.textContent = "";
+    (await api("GET", "/api/v1/breakers")).forEach((b) => {
+      const tr = document.createElement("tr");
+      tr.dataset.system = b.system;
+      cell(tr, b.system);
+      cell(tr, b.open ? "open until " + fmt(b.open_until) : "closed");
+      cell(tr, b.failures);
+      cell(tr, b.reason);
+      const td = cell(tr, "");
+      [["Force open", "open"], ["Reset", "reset"]].forEach(([label, action]) => {
+        const btn = document.createElement("button");
+        btn.textContent = label; btn.className = "breaker-" + action; btn.dataset.needs = "operator";
+        btn.addEventListener("click", async () => {
+          const reason = window.prompt(`Why ${action === "open" ? "open" : "reset"} the breaker of ${b.system}?`);
+          if (!reason) return;
+          try { await api("POST", `/api/v1/breakers/${encodeURIComponent(b.system)}:${action}`, { reason }); showError(""); }
+          catch (e) { showError(e.message); }
+          loadBreakers();
+        });
+        td.appendChild(btn);
+      });
+      tbody.appendChild(tr);
+    });
+    noneRow(tbody);
+  } catch (e) { showError(e.message); }
+}
+
+async function loadAudit() {
+  const form = new FormData($("#audit-form"));
+  const q = new URLSearchParams({ limit: "200" });
+  for (const [k, v] of form.entries()) {
+    if (v) q.set(k, k === "since" || k === "until" ? v + "Z" : v);
+  }
+  try {
+    const rows = (await api("GET", "/api/v1/audit?" + q)).map((a) => ({ ...a, at: fmt(a.at),
+      message_ids: a.message_ids.join(", ") }));
+    noneRow(fillTable("#audit", rows, ["at", "who", "role", "action", "target", "message_ids", "old_value",
+      "new_value", "client", "request_id"]));
+    showError("");
+  } catch (e) { showError(e.message); }
+}
+
 function selectTab(name) {
   document.querySelectorAll("#tabs button").forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
   document.querySelectorAll(".tab").forEach((s) => { s.hidden = s.id !== "tab-" + name; });
   if (name === "overview") startOverview(); else stopOverview();
   if (name === "search" && !$("#results tbody").rows.length) search(false);
   if (name === "failed") loadFailed();
-  if (name === "routes") loadRoutes();
+  if (name === "routes") { loadRoutes(); loadBreakers(); }
+  if (name === "audit") loadAudit();
+  if (name === "errors") loadErrors();
 }
 
 function logout() {
   sessionStorage.removeItem(TOKEN_KEY);
   stopOverview();
+  delete document.body.dataset.role;
+  $("#whoami").hidden = true;
   $("#main").hidden = true; $("#tabs").hidden = true; $("#logout").hidden = true; $("#login").hidden = false;
 }
 
 async function openMain() {
+  try {
+    const me = await api("GET", "/api/v1/whoami");
+    document.body.dataset.role = me.role;  // hides the controls the role may not use (admin.css)
+    $("#whoami").textContent = `${me.name} (${me.role})`;
+    $("#whoami").hidden = false;
+    await loadRouteSteps();
+  } catch (e) { showError(e.message); return; }
   $("#login").hidden = true; $("#main").hidden = false; $("#tabs").hidden = false; $("#logout").hidden = false;
   selectTab("overview");  // what an operator asks first: is traffic flowing, what fails, what is stuck
 }
@@ -311,6 +449,7 @@ $("#search-form").addEventListener("submit", (ev) => { ev.preventDefault(); sear
 $("#more").addEventListener("click", () => search(true));
 $("#failed-refresh").addEventListener("click", loadFailed);
 $("#routes-refresh").addEventListener("click", loadRoutes);
+$("#errors-refresh").addEventListener("click", loadErrors);
 $("#logout").addEventListener("click", logout);
 document.querySelectorAll("#tabs button").forEach((b) => b.addEventListener("click", () => selectTab(b.dataset.tab)));
 $("#d-refresh").addEventListener("click", () => showMessage(current));
@@ -322,5 +461,10 @@ $("#bulk-restart").addEventListener("click", () => bulk("restart"));
 $("#bulk-cancel").addEventListener("click", () => bulk("cancel"));
 $("#ov-resend-parked").addEventListener("click", () => resendConfirmations("/api/v1/confirmations:resend"));
 $("#d-cancel").addEventListener("click", () => act("cancel", undefined, "Cancel this message?"));
+$("#d-restart-from").addEventListener("click", () => act("restart", { from_step: $("#d-from-step").value },
+  `Restart from step ${$("#d-from-step").value}: it and the later steps call their systems again. Continue?`));
+$("#d-retry").addEventListener("click", () => act("retry"));
+$("#d-resubmit").addEventListener("click", resubmit);
+$("#audit-form").addEventListener("submit", (ev) => { ev.preventDefault(); loadAudit(); });
 
 if (token()) openMain();

@@ -95,6 +95,7 @@ function renderOverview(o) {
     const send = document.createElement("button");
     send.textContent = "Send again";
     send.className = "resend";
+    send.dataset.needs = "operator";
     send.addEventListener("click", () => resendConfirmations(`/api/v1/confirmations/${c.id}/resend`));
     cell(tr, "").appendChild(send);
     parked.appendChild(tr);
@@ -115,11 +116,19 @@ function renderOverview(o) {
   const breakers = $("#ov-breakers");
   breakers.textContent = "";
   o.open_breakers.forEach((b) => breakers.appendChild(Object.assign(document.createElement("li"),
-    { textContent: `${b.system}: ${b.failures} failures in a row; next trial after ${fmt(b.open_until)}` })));
+    { textContent: `${b.system}: ${b.failures} failures in a row; next trial after ${fmt(b.open_until)}`
+      + (b.reason ? ` (opened by an operator: ${b.reason})` : "") })));
   if (!o.open_breakers.length) breakers.appendChild(Object.assign(document.createElement("li"), { textContent: "none" }));
+  const backlogs = $("#ov-backlogs");
+  backlogs.textContent = "";
+  (o.backlogs || []).forEach((b) => backlogs.appendChild(Object.assign(document.createElement("li"),
+    { textContent: `${b.source_system || "route " + b.route}: ${b.backlog} of ${b.limit} not yet final`
+      + (b.backlog >= b.limit ? " (full: submissions answer 429)" : "") })));
+  if (!(o.backlogs || []).length) backlogs.appendChild(Object.assign(document.createElement("li"), { textContent: "no caps" }));
   if (o.draining) {
     paused.prepend(Object.assign(document.createElement("li"),
-      { id: "ov-draining", textContent: `Every route: the hub is draining (${o.draining}); new messages are refused` }));
+      { id: "ov-draining", textContent: `Every route: the hub is draining (${o.draining}); new messages are refused`
+        + (o.drain_holds_retries === false ? ", the stored ones go on" : "") }));
   }
   if (!o.paused_routes.length && !o.draining) paused.appendChild(Object.assign(document.createElement("li"), { textContent: "none" }));
 }
@@ -149,8 +158,47 @@ async function loadWorkers() {
     el.textContent = !w.available ? "unknown: the broker could not be asked"
       : (w.workers.length ? w.workers.join(", ") : "none answered");
     $("#ov-workers-count").textContent = w.available ? w.workers.length : "?";
+    renderWorkerStates(w.states || []);
   } catch (e) { showError(e.message); }
   if (!$("#tab-overview").hidden && token()) workersTimer = setTimeout(loadWorkers, WORKERS_EVERY_MS);
+}
+
+// Each worker's state from its heartbeats (taking work, finishing, stopped, store away, gone), and an
+// operator's "finish what you have, take nothing new" for it or its host, and back.
+function renderWorkerStates(states) {
+  const tbody = $("#ov-worker-states tbody");
+  tbody.textContent = "";
+  states.forEach((s) => {
+    const tr = document.createElement("tr");
+    tr.dataset.worker = s.id;
+    tr.dataset.host = s.host;
+    cell(tr, s.node); cell(tr, s.state); cell(tr, s.in_flight); cell(tr, fmt(s.last_seen));
+    cell(tr, s.held ? `${s.host_held ? "its host, " : ""}by ${s.held_by || "?"}: ${s.reason || ""}` : "");
+    const td = cell(tr, "");
+    const button = (label, cls, path, ask) => {
+      const btn = document.createElement("button");
+      btn.textContent = label; btn.className = cls; btn.dataset.needs = "operator";
+      btn.addEventListener("click", async () => {
+        let body;
+        if (ask) {
+          const reason = window.prompt(ask);
+          if (!reason) return;
+          body = { reason };
+        }
+        try { await api("POST", path, body); showError(""); } catch (e) { showError(e.message); }
+        loadWorkers();
+      });
+      td.appendChild(btn);
+    };
+    const worker = `/api/v1/workers/${encodeURIComponent(s.id)}`;
+    const host = `/api/v1/hosts/${encodeURIComponent(s.host)}`;
+    if (s.worker_held) button("Take work again", "worker-resume", `${worker}:resume`);
+    else button("Finish", "worker-finish", `${worker}:finish`, `Why should ${s.node} finish what it has and take nothing new?`);
+    if (s.host_held) button("Host takes work again", "host-resume", `${host}:resume`);
+    else button("Finish host", "host-finish", `${host}:finish`, `Why should every worker of ${s.host} finish what it has?`);
+    tbody.appendChild(tr);
+  });
+  noneRow(tbody);
 }
 
 function startOverview() { loadOverview(); loadWorkers(); }

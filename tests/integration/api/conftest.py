@@ -6,13 +6,12 @@ import uuid
 from typing import Iterator
 
 import pytest
+from fastapi.testclient import TestClient  # on httpx2 (the dev extra), as Starlette asks: no warning
 
 from openhub.api.app import create_app
 from openhub.api.auth import Credentials
-from openhub.config import get_settings
+from openhub.core.config import get_settings
 from tests.support import backends
-
-from fastapi.testclient import TestClient  # on httpx2 (the dev extra), as Starlette asks: no warning
 
 CRM_KEY = "crm-" + uuid.uuid4().hex
 SHOP_KEY = "shop-" + uuid.uuid4().hex
@@ -41,7 +40,7 @@ def api_env(backend: backends.Backend) -> Iterator[backends.Backend]:
     backend.activate()
 
 
-def make_client(**kwargs) -> TestClient:  # noqa: ANN003
+def make_client(**kwargs) -> TestClient:
     """A TestClient over a fresh app with the test credentials (kwargs go to create_app)."""
     kwargs.setdefault("credentials", CREDENTIALS)
     return TestClient(create_app(**kwargs), raise_server_exceptions=False)
@@ -66,6 +65,6 @@ def flow_payload(prefix: str) -> dict:
     return {"prefix": prefix, "n": 1}
 
 
-def settings():  # noqa: ANN201
+def settings():
     """The active settings."""
     return get_settings()

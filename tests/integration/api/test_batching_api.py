@@ -17,17 +17,22 @@ def test_concurrent_requests_get_their_own_answers(api_env, prefix):
     app = create_app(credentials=CREDENTIALS)
     run = uuid.uuid4().hex[:8]
     requests = [("test/flow", {"prefix": prefix, "i": i}, f"{run}-{i}", CRM) for i in range(40)]
-    requests += [("test/flow", {"prefix": prefix}, f"{run}-7", CRM),          # duplicate of #7
-                 ("test/flow", {"prefix": prefix}, f"{run}-7", SHOP),         # same id, other system: new
-                 ("api/validated", {"nope": 1}, f"{run}-bad", CRM),           # refused by validation
-                 ("no/such", {"prefix": prefix}, f"{run}-unknown", CRM)]      # unknown route
+    requests += [
+        ("test/flow", {"prefix": prefix}, f"{run}-7", CRM),  # duplicate of #7
+        ("test/flow", {"prefix": prefix}, f"{run}-7", SHOP),  # same id, other system: new
+        ("api/validated", {"nope": 1}, f"{run}-bad", CRM),  # refused by validation
+        ("no/such", {"prefix": prefix}, f"{run}-unknown", CRM),
+    ]  # unknown route
 
     async def fire() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
-            return await asyncio.gather(*(
-                client.post(f"/api/v1/messages/{route}", json=payload, headers={**auth, "X-Correlation-Id": cid})
-                for route, payload, cid, auth in requests))
+            return await asyncio.gather(
+                *(
+                    client.post(f"/api/v1/messages/{route}", json=payload, headers={**auth, "X-Correlation-Id": cid})
+                    for route, payload, cid, auth in requests
+                )
+            )
 
     answers = asyncio.run(fire())
     statuses = [r.status_code for r in answers]
@@ -46,16 +51,25 @@ def test_concurrent_requests_get_their_own_answers(api_env, prefix):
 def test_store_down_fails_the_whole_group_and_stores_nothing(api_env, prefix):
     from tests.support import backends
 
-    backends.activate(dict(api_env.env, OPENHUB_DATABASE_URL=f"postgresql+psycopg://u@127.0.0.1:{backends.free_port()}/x"))
+    backends.activate(
+        dict(api_env.env, OPENHUB_DATABASE_URL=f"postgresql+psycopg://u@127.0.0.1:{backends.free_port()}/x")
+    )
     run = uuid.uuid4().hex[:8]
     try:
         app = create_app(credentials=CREDENTIALS)
 
         async def fire() -> list[httpx.Response]:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ingress") as client:
-                return await asyncio.gather(*(
-                    client.post("/api/v1/messages/test/flow", json={"prefix": prefix},
-                                headers={**CRM, "X-Correlation-Id": f"{run}-{i}"}) for i in range(10)))
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            "/api/v1/messages/test/flow",
+                            json={"prefix": prefix},
+                            headers={**CRM, "X-Correlation-Id": f"{run}-{i}"},
+                        )
+                        for i in range(10)
+                    )
+                )
 
         assert [r.status_code for r in asyncio.run(fire())] == [503] * 10
     finally:

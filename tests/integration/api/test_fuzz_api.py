@@ -15,8 +15,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 import openhub
-from openhub import operator
 from openhub.api.app import create_app
+from openhub.service import actions as operator
 from tests.integration.api.conftest import ADMIN, CREDENTIALS, CRM
 
 SUBMIT = "/api/v1/messages/{service}/{operation}"
@@ -25,7 +25,7 @@ DRAIN = "/api/v1/drain"
 COUNTER = itertools.count()
 
 
-def _steer(case) -> None:  # noqa: ANN001
+def _steer(case) -> None:
     """Point some generated submissions at a route that exists, so acceptance paths are fuzzed too.
 
     A steered correlation id gets a unique prefix: the backend is shared with the rest of the suite,
@@ -38,9 +38,15 @@ def _steer(case) -> None:  # noqa: ANN001
     if case.operation.path == BATCH and isinstance(case.body, dict) and isinstance(case.body.get("messages"), list):
         items = case.body["messages"]
         if len(items) % 2 == 0:  # the whole batch valid but for its generated payloads: it must be accepted
-            case.body["messages"] = [{"route": "test.flow", "payload": item.get("payload"),
-                                      "correlation_id": _unique(str(item.get("correlation_id", "")))}
-                                     for item in items if isinstance(item, dict)] or items
+            case.body["messages"] = [
+                {
+                    "route": "test.flow",
+                    "payload": item.get("payload"),
+                    "correlation_id": _unique(str(item.get("correlation_id", ""))),
+                }
+                for item in items
+                if isinstance(item, dict)
+            ] or items
         else:  # one item steered: the rest decides
             for item in items[:1]:
                 if isinstance(item, dict):
@@ -53,7 +59,7 @@ def _unique(cid: str) -> str:
     return "".join(c for c in f"fz{next(COUNTER)}-{cid}" if c.isprintable())[:255]
 
 
-def _check_not_lost(case, response) -> None:  # noqa: ANN001
+def _check_not_lost(case, response) -> None:
     if response.status_code not in (200, 202):
         return
     if case.operation.path == SUBMIT:
@@ -69,7 +75,7 @@ def _check_not_lost(case, response) -> None:  # noqa: ANN001
             assert stored.source_system == "CRM" and stored.correlation_id == item["correlation_id"]
 
 
-def test_no_server_error_and_nothing_accepted_is_lost(api_env):  # noqa: ANN001
+def test_no_server_error_and_nothing_accepted_is_lost(api_env):
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(credentials=CREDENTIALS))
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 13
@@ -77,9 +83,10 @@ def test_no_server_error_and_nothing_accepted_is_lost(api_env):  # noqa: ANN001
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
-                  derandomize=True)
-        def fuzz(case) -> None:  # noqa: ANN001
+        @settings(
+            max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True
+        )
+        def fuzz(case) -> None:
             _steer(case)
             auth = CRM if case.operation.path in (SUBMIT, BATCH) else ADMIN
             response = case.call(headers=auth)

@@ -27,16 +27,24 @@ from hypothesis import strategies as st
 
 import openhub
 from openhub.cli import main
-from openhub.errors import InputError
+from openhub.core.errors import InputError
 from tests.integration.api.conftest import ADMIN, CRM, make_client
 
 EXAMPLES = 200  # per entry kind and backend: 3 x 200 x 2 = 1200 cases in a run
 COUNTER = itertools.count()
 
-scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
 
 
 def nested(depth: int) -> Any:
@@ -46,13 +54,20 @@ def nested(depth: int) -> Any:
     return value
 
 
-payloads = json_values | st.integers(min_value=60, max_value=70).map(nested) | st.sampled_from(
-    ["[bold]x[/]", "\x1b[2J", "\ud800", "a\x00b", "é ✓ 中", "[/red]"])
-ids = st.text(max_size=12) | st.sampled_from(["[bold red]x[/]", "a#1.2", "x\ny", "a\x1b[31m", "\x85", "\u2028",
-                                              "z" * 260, " padded ", "message_id=1 status=200"])
+payloads = (
+    json_values
+    | st.integers(min_value=60, max_value=70).map(nested)
+    | st.sampled_from(["[bold]x[/]", "\x1b[2J", "\ud800", "a\x00b", "é ✓ 中", "[/red]"])
+)
+ids = st.text(max_size=12) | st.sampled_from(
+    ["[bold red]x[/]", "a#1.2", "x\ny", "a\x1b[31m", "\x85", "\u2028", "z" * 260, " padded ", "message_id=1 status=200"]
+)
 now = datetime.now(timezone.utc)
-timestamps = st.none() | st.sampled_from(["9999-12-31T23:59:59Z", "then", "", "2026-01-01T00:00:00+14:00"]) | \
-    st.timedeltas(min_value=timedelta(days=-3650), max_value=timedelta(hours=1)).map(lambda d: (now + d).isoformat())
+timestamps = (
+    st.none()
+    | st.sampled_from(["9999-12-31T23:59:59Z", "then", "", "2026-01-01T00:00:00+14:00"])
+    | st.timedeltas(min_value=timedelta(days=-3650), max_value=timedelta(hours=1)).map(lambda d: (now + d).isoformat())
+)
 
 
 def unique(cid: str) -> str:
@@ -66,7 +81,7 @@ def stored_ids(correlation_id: str) -> list[int]:
         return []
 
 
-def submit_http(client, payload: Any, cid: str, stamp: str | None, as_text: bool) -> int | None:  # noqa: ANN001
+def submit_http(client, payload: Any, cid: str, stamp: str | None, as_text: bool) -> int | None:
     headers = {**CRM, "X-Correlation-Id": cid}
     if stamp is not None:
         headers["X-Message-Timestamp"] = stamp
@@ -86,12 +101,15 @@ def submit_http(client, payload: Any, cid: str, stamp: str | None, as_text: bool
     return r.json()["id"] if r.status_code in (200, 202) else None
 
 
-def submit_batch(client, payload: Any, cid: str, stamp: str | None) -> int | None:  # noqa: ANN001
+def submit_batch(client, payload: Any, cid: str, stamp: str | None) -> int | None:
     item = {"route": "test.held", "payload": payload, "correlation_id": cid}
     if stamp is not None:
         item["msg_timestamp"] = stamp
-    r = client.post("/api/v1/messages:batch", content=json.dumps({"messages": [item]}).encode(),
-                    headers={**CRM, "Content-Type": "application/json"})
+    r = client.post(
+        "/api/v1/messages:batch",
+        content=json.dumps({"messages": [item]}).encode(),
+        headers={**CRM, "Content-Type": "application/json"},
+    )
     assert r.status_code < 500, (r.status_code, r.text[:300])
     return r.json()["messages"][0]["id"] if r.status_code in (200, 202) else None
 
@@ -103,7 +121,7 @@ def submit_python(payload: Any, cid: str, stamp: str | None) -> int | None:
         return None
 
 
-def read_everywhere(client, message_id: int, cid: str, payload: Any, as_text: bool) -> None:  # noqa: ANN001
+def read_everywhere(client, message_id: int, cid: str, payload: Any, as_text: bool) -> None:
     detail = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN)
     assert detail.status_code == 200, detail.text[:300]
     assert detail.json()["correlation_id"] == cid
@@ -125,7 +143,7 @@ def read_everywhere(client, message_id: int, cid: str, payload: Any, as_text: bo
 # About 45 s alone on a loaded 2-core box; in the whole suite on a busy one it passed the default 300 s
 # hang guard (pytest-timeout) while still checking cases: its own guard is sized for 1200 cases there.
 @pytest.mark.timeout(1200)
-def test_every_entry_refuses_cleanly_and_every_accepted_message_reads_back(api_env):  # noqa: ANN001
+def test_every_entry_refuses_cleanly_and_every_accepted_message_reads_back(api_env):
     seen = {"accepted": 0, "refused": 0}
     accepted: list[int] = []
     openhub.pause("test.held")  # nothing moves while the reads are checked
@@ -134,8 +152,13 @@ def test_every_entry_refuses_cleanly_and_every_accepted_message_reads_back(api_e
             for entry in ("http", "batch", "python"):
 
                 @given(entry=st.just(entry), payload=payloads, cid=ids, stamp=timestamps, as_text=st.booleans())
-                @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                          suppress_health_check=list(HealthCheck))
+                @settings(
+                    max_examples=EXAMPLES,
+                    deadline=None,
+                    database=None,
+                    derandomize=True,
+                    suppress_health_check=list(HealthCheck),
+                )
                 def case(entry: str, payload: Any, cid: str, stamp: str | None, as_text: bool) -> None:
                     cid = unique(cid)
                     if entry == "http":
@@ -165,7 +188,7 @@ def test_every_entry_refuses_cleanly_and_every_accepted_message_reads_back(api_e
 PLANTED_EXAMPLES = 60  # per backend: a generated payload around a planted card, through a random entry
 
 
-def test_a_planted_secret_field_is_in_no_read_of_any_role(api_env):  # noqa: ANN001
+def test_a_planted_secret_field_is_in_no_read_of_any_role(api_env):
     """Issue 34: a route's secret fields (`Route(secret_fields=["card.pin", "card.cvc"])`) planted in generated
     payloads, through every entry, are read back through every read path as the source system and as the
     admin (detail, lists, the CLI's show and list, the confirmations and overview pages): the secrets
@@ -175,20 +198,30 @@ def test_a_planted_secret_field_is_in_no_read_of_any_role(api_env):  # noqa: ANN
     try:
         with make_client() as client:
 
-            @given(entry=st.sampled_from(["http", "batch", "python"]), data=json_values, pin=st.text(max_size=8),
-                   cid=ids)
-            @settings(max_examples=PLANTED_EXAMPLES, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck))
+            @given(
+                entry=st.sampled_from(["http", "batch", "python"]), data=json_values, pin=st.text(max_size=8), cid=ids
+            )
+            @settings(
+                max_examples=PLANTED_EXAMPLES,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
             def case(entry: str, data: Any, pin: str, cid: str) -> None:
                 pin, cvc = f"pin-{next(COUNTER)}-{uuid.uuid4().hex}{pin}", f"cvc-{uuid.uuid4().hex}"
                 payload = {"card": {"pin": pin, "cvc": cvc, "holder": "Ann"}, "data": data}
                 cid = unique(cid)
                 if entry == "http":
-                    headers = {**CRM, "X-Correlation-Id": cid.encode("utf-8", "surrogatepass"),
-                               "Content-Type": "application/json"}
+                    headers = {
+                        **CRM,
+                        "X-Correlation-Id": cid.encode("utf-8", "surrogatepass"),
+                        "Content-Type": "application/json",
+                    }
                     try:
-                        r = client.post("/api/v1/messages/api/carded", content=json.dumps(payload).encode(),
-                                        headers=headers)
+                        r = client.post(
+                            "/api/v1/messages/api/carded", content=json.dumps(payload).encode(), headers=headers
+                        )
                     except (httpx.LocalProtocolError, ValueError):
                         return
                     message_id = r.json()["id"] if r.status_code == 202 else None
@@ -208,8 +241,10 @@ def test_a_planted_secret_field_is_in_no_read_of_any_role(api_env):  # noqa: ANN
                 for role, auth in (("source", CRM), ("admin", ADMIN)):
                     detail = client.get(f"/api/v1/messages/{message_id}", headers=auth)
                     assert detail.status_code == 200, detail.text[:300]
-                    assert detail.json()["payload"] == {"card": {"pin": "[redacted]", "cvc": "[redacted]",
-                                                                 "holder": "Ann"}, "data": data}
+                    assert detail.json()["payload"] == {
+                        "card": {"pin": "[redacted]", "cvc": "[redacted]", "holder": "Ann"},
+                        "data": data,
+                    }
                     texts[f"{role} detail"] = detail.text
                     texts[f"{role} list"] = client.get("/api/v1/messages", params={"limit": 50}, headers=auth).text
                 for path in ("/api/v1/confirmations", "/api/v1/overview"):

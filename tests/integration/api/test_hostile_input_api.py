@@ -11,7 +11,7 @@ import pytest
 
 import openhub
 from openhub.api.throttle import Throttle
-from openhub.config import get_settings
+from openhub.core.config import get_settings
 from tests.integration.api.conftest import ADMIN, CRM, SHOP, make_client
 
 
@@ -19,10 +19,13 @@ def nested_json(depth: int) -> str:
     return "[" * depth + "1" + "]" * depth
 
 
-def submit_raw(client, content, content_type="application/json", **headers):  # noqa: ANN001, ANN003, ANN201
+def submit_raw(client, content, content_type="application/json", **headers):
     cid = headers.pop("cid", None) or uuid.uuid4().hex
-    return cid, client.post("/api/v1/messages/test/flow", content=content,
-                            headers={**CRM, "X-Correlation-Id": cid, "Content-Type": content_type, **headers})
+    return cid, client.post(
+        "/api/v1/messages/test/flow",
+        content=content,
+        headers={**CRM, "X-Correlation-Id": cid, "Content-Type": content_type, **headers},
+    )
 
 
 @pytest.mark.parametrize("charset", ["punycode", "idna", "rot13", "uu_codec", "zlib", "nonsense"])
@@ -34,11 +37,14 @@ def test_charsets_outside_the_allow_list_are_415_at_once(client, charset):
     assert openhub.list_messages(correlation_id=cid) == []
 
 
-@pytest.mark.parametrize("content_type, content", [
-    ("text/plain; charset=utf-16", b"\x00\xd8a"),      # odd length and a lone surrogate
-    ("application/json; charset=utf-32", b"\xff\xff\xff\xff"),
-    ("text/plain; charset=ascii", "é".encode()),
-])
+@pytest.mark.parametrize(
+    "content_type, content",
+    [
+        ("text/plain; charset=utf-16", b"\x00\xd8a"),  # odd length and a lone surrogate
+        ("application/json; charset=utf-32", b"\xff\xff\xff\xff"),
+        ("text/plain; charset=ascii", "é".encode()),
+    ],
+)
 def test_undecodable_bodies_are_400(client, content_type, content):
     cid, r = submit_raw(client, content, content_type)
     assert r.status_code == 400, r.text
@@ -79,8 +85,12 @@ def test_payload_at_the_nesting_limit_is_readable_everywhere(client):
 @pytest.mark.parametrize("bad", ["a\nb", "a\x1b[2Jb", "a\x00b", "a\u2028b", "a\x85b"])
 def test_control_characters_in_correlation_ids_are_400_in_a_batch(client, bad):
     cid = uuid.uuid4().hex
-    batch = {"messages": [{"route": "test.flow", "correlation_id": cid + bad, "payload": {}},
-                          {"route": "test.flow", "correlation_id": cid, "payload": {}}]}
+    batch = {
+        "messages": [
+            {"route": "test.flow", "correlation_id": cid + bad, "payload": {}},
+            {"route": "test.flow", "correlation_id": cid, "payload": {}},
+        ]
+    }
     r = client.post("/api/v1/messages:batch", json=batch, headers=CRM)
     assert r.status_code == 400, r.text
     assert "control characters" in r.json()["detail"]
@@ -116,12 +126,14 @@ def test_throttling_is_checked_before_the_body_is_parsed(api_env):
 def test_a_batch_nothing_of_which_could_be_accepted_is_refused_before_parsing(api_env):
     throttle = Throttle.from_settings("CRM.*=0/3600", get_settings().redis_url, prefix=f"t-{uuid.uuid4().hex}:")
     with make_client(throttle=throttle) as client:
-        r = client.post("/api/v1/messages:batch", content=b"[" * 5_000_000,
-                        headers={**CRM, "Content-Type": "application/json"})
+        r = client.post(
+            "/api/v1/messages:batch", content=b"[" * 5_000_000, headers={**CRM, "Content-Type": "application/json"}
+        )
         assert r.status_code == 429 and r.headers["Retry-After"], r.text
         # another system, not throttled, is parsed as before
-        r = client.post("/api/v1/messages:batch", content=b"[" * 10,
-                        headers={**SHOP, "Content-Type": "application/json"})
+        r = client.post(
+            "/api/v1/messages:batch", content=b"[" * 10, headers={**SHOP, "Content-Type": "application/json"}
+        )
         assert r.status_code == 400, r.text
 
 
@@ -156,14 +168,15 @@ def test_bodies_are_decoded_off_the_event_loop(client, monkeypatch):
 
     on_loop: list[bool] = []
 
-    def spy(real):  # noqa: ANN001, ANN202
-        def decode(*args):  # noqa: ANN002, ANN202
+    def spy(real):
+        def decode(*args):
             try:
                 asyncio.get_running_loop()
                 on_loop.append(True)
             except RuntimeError:
                 on_loop.append(False)
             return real(*args)
+
         return decode
 
     monkeypatch.setattr(body, "decode_payload", spy(body.decode_payload))
@@ -193,11 +206,12 @@ def test_a_number_given_as_a_query_timestamp_is_400_naming_it(client, path, name
 
 
 @pytest.mark.parametrize("path", ["/api/v1/messages:restart", "/api/v1/messages:cancel"])
-@pytest.mark.parametrize("field, value", [("received_to", 0.5), ("received_from", "1700000000"),
-                                          ("limit", "5"), ("limit", 5.0), ("parent_id", "1")])
+@pytest.mark.parametrize(
+    "field, value",
+    [("received_to", 0.5), ("received_from", "1700000000"), ("limit", "5"), ("limit", 5.0), ("parent_id", "1")],
+)
 def test_a_bulk_filter_of_the_wrong_type_is_400_naming_it(client, path, field, value):
-    r = client.post(path, json={"state": "FAILED" if path.endswith("restart") else "NEW", field: value},
-                    headers=ADMIN)
+    r = client.post(path, json={"state": "FAILED" if path.endswith("restart") else "NEW", field: value}, headers=ADMIN)
     assert r.status_code == 400, r.text
     assert r.json()["detail"].startswith(f"body.{field}: ")
 
@@ -205,23 +219,27 @@ def test_a_bulk_filter_of_the_wrong_type_is_400_naming_it(client, path, field, v
 @pytest.mark.parametrize("total", [0, 1, "true", "yes", None])
 def test_restart_total_must_be_a_boolean(client, total):
     # Issue 27: `{"total": 0}` was coerced to false (and "yes" to true) instead of refused.
-    message = openhub.submit("test.flow", {"prefix": "x", "n": 1}, source_system="CRM",
-                             correlation_id=uuid.uuid4().hex)
+    message = openhub.submit("test.flow", {"prefix": "x", "n": 1}, source_system="CRM", correlation_id=uuid.uuid4().hex)
     r = client.post(f"/api/v1/messages/{message.id}:restart", json={"total": total}, headers=ADMIN)
     assert r.status_code == 400, r.text
     assert r.json()["detail"].startswith("body.total: ")
     r = client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": total}, headers=ADMIN)
     assert r.status_code == 400 and r.json()["detail"].startswith("body.total: "), r.text
-    assert client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": True},
-                       headers=ADMIN).status_code == 200
+    assert (
+        client.post("/api/v1/messages:restart", json={"state": "FAILED", "total": True}, headers=ADMIN).status_code
+        == 200
+    )
 
 
 @pytest.mark.parametrize("cid", ["bestellung-ü-1", "注文-2"])
 def test_a_non_ascii_correlation_id_in_a_header_is_stored_as_sent(client, cid):
     """Issue 34 L1: UTF-8 bytes in X-Correlation-Id were read as Latin-1 (`bestellung-Ã¼-1` stored)."""
     cid = f"{cid}-{uuid.uuid4().hex[:6]}"
-    r = client.post("/api/v1/messages/test/held", json={}, headers={**CRM, "X-Correlation-Id": cid.encode(),
-                                                                      "X-Process-Id": "prozess-ß".encode()})
+    r = client.post(
+        "/api/v1/messages/test/held",
+        json={},
+        headers={**CRM, "X-Correlation-Id": cid.encode(), "X-Process-Id": "prozess-ß".encode()},
+    )
     assert r.status_code == 202 and r.json()["correlation_id"] == cid, r.text
     stored = openhub.get_message(r.json()["id"])
     assert (stored.correlation_id, stored.process_id) == (cid, "prozess-ß")

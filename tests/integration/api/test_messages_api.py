@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -10,10 +11,10 @@ import pytest
 from sqlalchemy import func, select
 
 import openhub
-from openhub import errors
 from openhub.api.problems import STATUS_BY_ERROR, status_for
-from openhub.db import transaction
-from openhub.schema import messages
+from openhub.core import errors
+from openhub.store.db import transaction
+from openhub.store.schema import messages
 from tests.integration.api.conftest import ADMIN, CRM, SHOP, bearer, make_client
 from tests.integration.api.extra_routes import OPERATOR_NAMED
 from tests.support import backends
@@ -28,13 +29,13 @@ def stored(correlation_id: str, source_system: str | None = None) -> int:
         return conn.execute(query).scalar_one()
 
 
-def post(client, cid, payload, route="test/flow", headers=CRM, **extra):  # noqa: ANN001, ANN201
+def post(client, cid, payload, route="test/flow", headers=CRM, **extra):
     return client.post(f"/api/v1/messages/{route}", json=payload, headers={**headers, "X-Correlation-Id": cid, **extra})
 
 
 # --- the translation boundary --------------------------------------------------------------------
 def test_every_openhub_error_has_a_status():
-    def subclasses(cls):  # noqa: ANN001, ANN202
+    def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub
             yield from subclasses(sub)
@@ -64,6 +65,31 @@ def test_an_expiry_header_is_stored_with_the_message(client, cid, flow_payload):
     assert openhub.get_message(r.json()["id"]).expires_at.isoformat() == "2099-01-02T02:04:05+00:00"
 
 
+def test_a_priority_header_or_field_is_stored_and_shown_and_a_bad_one_stores_nothing(client, cid, flow_payload):
+    r = post(client, cid, flow_payload, **{"X-Priority": "8"})
+    assert r.status_code == 202, r.text
+    assert openhub.get_message(r.json()["id"]).priority == 8
+    assert client.get(f"/api/v1/messages/{r.json()['id']}", headers=ADMIN).json()["priority"] == 8  # the detail
+    assert openhub.get_message(post(client, f"{cid}-none", flow_payload).json()["id"]).priority == 4  # the default
+    for bad in ("10", "-1", "high"):
+        refused = post(client, f"{cid}-{bad}", flow_payload, **{"X-Priority": bad})
+        assert refused.status_code == 400 and "X-Priority" in refused.json()["detail"], refused.text
+        assert stored(f"{cid}-{bad}") == 0
+    batch = {
+        "messages": [
+            {"route": "test.flow", "payload": flow_payload, "correlation_id": f"{cid}-b{n}", "priority": n}
+            for n in (0, 9)
+        ]
+    }
+    r = client.post("/api/v1/messages:batch", json=batch, headers=CRM)
+    assert r.status_code == 202, r.text
+    assert [openhub.get_message(m["id"]).priority for m in r.json()["messages"]] == [0, 9]
+    batch["messages"][1].update(priority=12, correlation_id=f"{cid}-b12")
+    batch["messages"][0]["correlation_id"] = f"{cid}-b0-again"
+    assert client.post("/api/v1/messages:batch", json=batch, headers=CRM).status_code == 400
+    assert stored(f"{cid}-b0-again") == 0  # all or nothing
+
+
 def test_duplicate_correlation_id_answers_the_first_message(client, cid, flow_payload):
     first = post(client, cid, flow_payload)
     again = post(client, cid, {**flow_payload, "changed": True})
@@ -77,27 +103,42 @@ def test_duplicate_correlation_id_answers_the_first_message(client, cid, flow_pa
 
 
 def test_text_and_xml_bodies_are_stored_as_a_string(client, cid):
-    r = client.post("/api/v1/messages/test/flow", content="<a>1</a>",
-                    headers={**CRM, "X-Correlation-Id": cid, "Content-Type": "application/xml"})
+    r = client.post(
+        "/api/v1/messages/test/flow",
+        content="<a>1</a>",
+        headers={**CRM, "X-Correlation-Id": cid, "Content-Type": "application/xml"},
+    )
     assert r.status_code == 202, r.text
     assert openhub.get_message(r.json()["id"]).payload == "<a>1</a>"
-    r = client.post("/api/v1/messages/test/flow", content="hello",
-                    headers={**CRM, "X-Correlation-Id": cid + "t", "Content-Type": "text/plain; charset=utf-8"})
+    r = client.post(
+        "/api/v1/messages/test/flow",
+        content="hello",
+        headers={**CRM, "X-Correlation-Id": cid + "t", "Content-Type": "text/plain; charset=utf-8"},
+    )
     assert r.status_code == 202 and openhub.get_message(r.json()["id"]).payload == "hello"
 
 
-@pytest.mark.parametrize("body, headers, why", [
-    (b"{not json", {"Content-Type": "application/json"}, "not JSON"),
-    (b"", {"Content-Type": "application/json"}, "empty"),
-    (b'{"a": NaN}', {"Content-Type": "application/json"}, "NaN"),
-    (b'"\\ud800"', {"Content-Type": "application/json"}, "lone surrogate"),
-    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "yesterday"}, "timestamp"),
-    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "9999-12-31T23:59:59-05:00"},
-     "timestamp past datetime's range once in UTC"),
-    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Expires-At": "soon"}, "expiry"),
-    (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Expires-At": "2020-01-01T00:00:00Z"},
-     "expiry already past"),
-])
+@pytest.mark.parametrize(
+    "body, headers, why",
+    [
+        (b"{not json", {"Content-Type": "application/json"}, "not JSON"),
+        (b"", {"Content-Type": "application/json"}, "empty"),
+        (b'{"a": NaN}', {"Content-Type": "application/json"}, "NaN"),
+        (b'"\\ud800"', {"Content-Type": "application/json"}, "lone surrogate"),
+        (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Message-Timestamp": "yesterday"}, "timestamp"),
+        (
+            b'{"prefix": "/x"}',
+            {"Content-Type": "application/json", "X-Message-Timestamp": "9999-12-31T23:59:59-05:00"},
+            "timestamp past datetime's range once in UTC",
+        ),
+        (b'{"prefix": "/x"}', {"Content-Type": "application/json", "X-Expires-At": "soon"}, "expiry"),
+        (
+            b'{"prefix": "/x"}',
+            {"Content-Type": "application/json", "X-Expires-At": "2020-01-01T00:00:00Z"},
+            "expiry already past",
+        ),
+    ],
+)
 def test_bad_payloads_are_400_and_nothing_is_stored(client, cid, body, headers, why):
     r = client.post("/api/v1/messages/test/flow", content=body, headers={**CRM, "X-Correlation-Id": cid, **headers})
     assert r.status_code == 400, (why, r.text)
@@ -120,8 +161,10 @@ def test_a_refusal_by_a_pydantic_model_names_the_field_and_why(client, cid):
     r = post(client, cid, {"name": "Ada", "age": "old"}, route="api/typed")
     assert r.status_code == 400, r.text
     detail = r.json()["detail"]
-    assert detail == ("payload refused by the validation of route api.typed: externalCustomerId: Field required; "
-                      "age: Input should be a valid integer, unable to parse string as an integer"), detail
+    assert detail == (
+        "payload refused by the validation of route api.typed: externalCustomerId: Field required; "
+        "age: Input should be a valid integer, unable to parse string as an integer"
+    ), detail
     assert stored(cid) == 0
 
 
@@ -139,9 +182,16 @@ def test_unknown_route_is_404(client, cid, flow_payload):
     # Issue 40: the answer listed every route of the hub to a source system's key, which GET /api/v1/routes
     # refuses (the operators' alone).
     assert r.status_code == 404 and r.json()["detail"] == "unknown route 'no.such'", r.text
-    batch = client.post("/api/v1/messages:batch", headers=CRM, json={"messages": [
-        {"route": "test.flow", "payload": flow_payload, "correlation_id": cid},
-        {"route": "no.such", "payload": flow_payload, "correlation_id": f"{cid}-2"}]})
+    batch = client.post(
+        "/api/v1/messages:batch",
+        headers=CRM,
+        json={
+            "messages": [
+                {"route": "test.flow", "payload": flow_payload, "correlation_id": cid},
+                {"route": "no.such", "payload": flow_payload, "correlation_id": f"{cid}-2"},
+            ]
+        },
+    )
     assert batch.status_code == 404 and batch.json()["detail"] == "message #1: unknown route 'no.such'", batch.text
     assert stored(cid) == 0
 
@@ -154,14 +204,17 @@ def test_payload_over_the_limit_is_413_before_it_is_read(api_env, cid):
         assert r.status_code == 413
         # no Content-Length (chunked): counted while streaming
 
-        def body():  # noqa: ANN202
+        def body():
             yield b'{"prefix": "/x", "blob": "'
             for _ in range(10):
                 yield b"x" * 200
             yield b'"}'
 
-        r = small.post("/api/v1/messages/test/flow", content=body(),
-                       headers={**CRM, "X-Correlation-Id": cid, "Content-Type": "application/json"})
+        r = small.post(
+            "/api/v1/messages/test/flow",
+            content=body(),
+            headers={**CRM, "X-Correlation-Id": cid, "Content-Type": "application/json"},
+        )
         assert r.status_code == 413, r.text
         assert post(small, cid, {"prefix": "/x"}).status_code == 202
     assert stored(cid) == 1
@@ -179,11 +232,19 @@ def test_unsupported_media_type_is_415(client, cid, content_type):
 
 # --- batch -----------------------------------------------------------------------------------------
 def test_batch_is_accepted_whole(client, cid, prefix):
-    body = {"messages": [
-        {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-1"},
-        {"service": "test", "operation": "flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-2",
-         "process_id": "p", "msg_timestamp": "2026-01-01T00:00:00+01:00"},
-    ]}
+    body = {
+        "messages": [
+            {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-1"},
+            {
+                "service": "test",
+                "operation": "flow",
+                "payload": {"prefix": prefix},
+                "correlation_id": cid + "-2",
+                "process_id": "p",
+                "msg_timestamp": "2026-01-01T00:00:00+01:00",
+            },
+        ]
+    }
     r = client.post("/api/v1/messages:batch", json=body, headers=CRM)
     assert r.status_code == 202, r.text
     assert [m["correlation_id"] for m in r.json()["messages"]] == [cid + "-1", cid + "-2"]
@@ -193,18 +254,29 @@ def test_batch_is_accepted_whole(client, cid, prefix):
     assert stored(cid + "-1") == 1
 
 
-@pytest.mark.parametrize("bad, status", [
-    ({"route": "no.such", "payload": {}, "correlation_id": "X"}, 404),
-    ({"route": "test.flow", "payload": {}}, 400),
-    ({"route": "api.validated", "payload": {"nope": 1}, "correlation_id": "X"}, 400),
-    ({"payload": {}, "correlation_id": "X"}, 400),
-    ({"route": "test.flow", "payload": {}, "correlation_id": "X", "source_system": "SHOP"}, 403),
-    ({"route": "test.flow", "payload": {}, "correlation_id": "X", "msg_timestamp": "9999-12-31T23:00:00-05:00"}, 400),
-])
+@pytest.mark.parametrize(
+    "bad, status",
+    [
+        ({"route": "no.such", "payload": {}, "correlation_id": "X"}, 404),
+        ({"route": "test.flow", "payload": {}}, 400),
+        ({"route": "api.validated", "payload": {"nope": 1}, "correlation_id": "X"}, 400),
+        ({"payload": {}, "correlation_id": "X"}, 400),
+        ({"route": "test.flow", "payload": {}, "correlation_id": "X", "source_system": "SHOP"}, 403),
+        (
+            {"route": "test.flow", "payload": {}, "correlation_id": "X", "msg_timestamp": "9999-12-31T23:00:00-05:00"},
+            400,
+        ),
+    ],
+)
 def test_batch_is_all_or_nothing(api_env, client, cid, prefix, bad, status):
     bad = {**bad, "correlation_id": cid + "-bad"} if "correlation_id" in bad else bad
-    body = {"messages": [{"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-ok1"},
-                         {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-ok2"}, bad]}
+    body = {
+        "messages": [
+            {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-ok1"},
+            {"route": "test.flow", "payload": {"prefix": prefix}, "correlation_id": cid + "-ok2"},
+            bad,
+        ]
+    }
     r = client.post("/api/v1/messages:batch", json=body, headers=CRM)
     assert r.status_code == status, r.text
     assert stored(cid + "-ok1") == stored(cid + "-ok2") == stored(cid + "-bad") == 0
@@ -232,22 +304,34 @@ def test_detail_has_calls_children_confirmation_and_history(client, cid, flow_pa
 
 
 def test_search_filters_and_cursor(client, cid, prefix):
-    ids = [post(client, f"{cid}-{i}", {"prefix": prefix}, headers=SHOP, **{"X-Process-Id": cid}).json()["id"]
-           for i in range(3)]
+    ids = [
+        post(client, f"{cid}-{i}", {"prefix": prefix}, headers=SHOP, **{"X-Process-Id": cid}).json()["id"]
+        for i in range(3)
+    ]
     page = client.get("/api/v1/messages", params={"source_system": "SHOP", "limit": 2}, headers=ADMIN).json()
     assert [m["id"] for m in page["items"]] == ids[::-1][:2] and page["next_cursor"] == ids[1]
-    rest = client.get("/api/v1/messages", params={"source_system": "SHOP", "limit": 2, "cursor": page["next_cursor"]},
-                      headers=ADMIN).json()
+    rest = client.get(
+        "/api/v1/messages", params={"source_system": "SHOP", "limit": 2, "cursor": page["next_cursor"]}, headers=ADMIN
+    ).json()
     assert rest["items"][0]["id"] == ids[0]
-    one = client.get("/api/v1/messages", params={"correlation_id": f"{cid}-1", "service": "test", "operation": "flow"},
-                     headers=ADMIN).json()
+    one = client.get(
+        "/api/v1/messages", params={"correlation_id": f"{cid}-1", "service": "test", "operation": "flow"}, headers=ADMIN
+    ).json()
     assert [m["id"] for m in one["items"]] == [ids[1]] and one["next_cursor"] is None
     received = openhub.get_message(ids[1]).received_at.isoformat()
-    window = client.get("/api/v1/messages", params={"received_from": received, "source_system": "SHOP"},
-                        headers=ADMIN).json()
+    window = client.get(
+        "/api/v1/messages", params={"received_from": received, "source_system": "SHOP"}, headers=ADMIN
+    ).json()
     assert {m["id"] for m in window["items"]} >= {ids[1], ids[2]} and ids[0] not in {m["id"] for m in window["items"]}
-    for bad in ({"state": "BOGUS"}, {"limit": 0}, {"limit": 5000}, {"received_from": "then"}, {"service": "a\x00b"},
-                {"cursor": -1}, {"received_to": "0001-01-01T00:00:00+05:00"}):
+    for bad in (
+        {"state": "BOGUS"},
+        {"limit": 0},
+        {"limit": 5000},
+        {"received_from": "then"},
+        {"service": "a\x00b"},
+        {"cursor": -1},
+        {"received_to": "0001-01-01T00:00:00+05:00"},
+    ):
         assert client.get("/api/v1/messages", params=bad, headers=ADMIN).status_code == 400, bad
 
 
@@ -318,8 +402,10 @@ def test_count_matches_the_search_and_keeps_a_source_system_to_its_own(client, f
 
 def test_bulk_cancel_and_restart_by_filter(client, flow_payload):
     process = f"p-{uuid.uuid4().hex[:8]}"
-    ids = [post(client, f"c-{uuid.uuid4().hex[:12]}", flow_payload, **{"X-Process-Id": process}).json()["id"]
-           for _ in range(2)]
+    ids = [
+        post(client, f"c-{uuid.uuid4().hex[:12]}", flow_payload, **{"X-Process-Id": process}).json()["id"]
+        for _ in range(2)
+    ]
     assert client.post("/api/v1/messages:cancel", json={"process_id": process}, headers=CRM).status_code == 403
     assert client.post("/api/v1/messages:cancel", json={}, headers=ADMIN).status_code == 400
     assert client.post("/api/v1/messages:cancel", json={"process": process}, headers=ADMIN).status_code == 400
@@ -403,14 +489,21 @@ def test_broker_down_makes_readyz_503(api_env):
 def test_openapi_documents_every_endpoint(client):
     doc = client.get("/openapi.json").json()
     paths = doc["paths"]
-    for path, method in [("/api/v1/messages/{service}/{operation}", "post"), ("/api/v1/messages:batch", "post"),
-                         ("/api/v1/messages", "get"), ("/api/v1/messages/{message_id}", "get"),
-                         ("/api/v1/messages/{message_id}:restart", "post"),
-                         ("/api/v1/messages/{message_id}:cancel", "post"),
-                         ("/api/v1/messages/{message_id}:response", "post"), ("/api/v1/routes", "get"),
-                         ("/api/v1/routes/{service}/{operation}/pause", "post"),
-                         ("/api/v1/routes/{service}/{operation}/resume", "post"), ("/healthz", "get"),
-                         ("/readyz", "get"), ("/metrics", "get")]:
+    for path, method in [
+        ("/api/v1/messages/{service}/{operation}", "post"),
+        ("/api/v1/messages:batch", "post"),
+        ("/api/v1/messages", "get"),
+        ("/api/v1/messages/{message_id}", "get"),
+        ("/api/v1/messages/{message_id}:restart", "post"),
+        ("/api/v1/messages/{message_id}:cancel", "post"),
+        ("/api/v1/messages/{message_id}:response", "post"),
+        ("/api/v1/routes", "get"),
+        ("/api/v1/routes/{service}/{operation}/pause", "post"),
+        ("/api/v1/routes/{service}/{operation}/resume", "post"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    ]:
         assert method in paths[path], path
     submit = paths["/api/v1/messages/{service}/{operation}"]["post"]
     assert {"202", "200", "400", "401", "403", "404", "413", "415", "429", "503"} <= set(submit["responses"])
@@ -432,7 +525,6 @@ def test_openapi_documents_400_with_the_problem_body_and_no_422(client):
     assert doc["components"]["schemas"]["Problem"]["required"] == ["status", "detail"]
     r = client.get("/api/v1/messages", params={"limit": "many"}, headers=ADMIN)
     assert r.status_code == 400 and set(r.json()) == {"status", "detail"}
-
 
 
 def test_starlettes_own_refusals_have_the_problem_body_and_the_whole_allow(client):
@@ -457,6 +549,7 @@ def test_openapi_says_what_the_filters_refuse(client):
     assert "PARKED" not in json.dumps(states) and "FAILED_END" in json.dumps(doc["components"]["schemas"])
     r = client.get("/api/v1/confirmations", params={"state": "PARKED"}, headers=ADMIN)
     assert r.status_code == 400 and r.json()["detail"].startswith("query.state:")
+
 
 def test_access_log_has_ids_and_no_keys(client, cid, flow_payload, caplog):
     caplog.set_level("INFO", logger="openhub")
@@ -492,8 +585,9 @@ def test_response_resumes_a_waiting_message(api_env, hub, client, cid, prefix, e
     assert any(h["event"] == "responded" and "SHOP" in (h["detail"] or "") for h in history), history
     assert any(h["event"] == "response_duplicate" for h in history), history
     assert client.post(f"/api/v1/messages/{message_id}:response", json={}, headers=ADMIN).status_code == 409
-    stale = client.post(f"/api/v1/messages/{message_id}:response", params={"token": "1.nothing-gave-this"},
-                        json={}, headers=SHOP)
+    stale = client.post(
+        f"/api/v1/messages/{message_id}:response", params={"token": "1.nothing-gave-this"}, json={}, headers=SHOP
+    )
     assert stale.status_code == 409 and "no open wait" in stale.json()["detail"], stale.text
     bad = client.post(f"/api/v1/messages/{message_id}:response", params={"token": "x" * 65}, json={}, headers=SHOP)
     assert bad.status_code == 400, bad.text
@@ -509,11 +603,12 @@ def test_a_source_system_sees_its_message_without_the_hubs_internals(api_env, ci
         openhub.restart(message_id, total=True)
         mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
         theirs = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
-        openhub.cancel(message_id)
+        with contextlib.suppress(errors.StateConflict):  # cleanup: the worker may have carried it to OK meanwhile
+            openhub.cancel(message_id)
     # The worker may carry the restarted message on between the two reads: the history only grows, so the
     # source system's is the start of the admin's, read after it (equal lengths failed beside the CPU burner).
     events = [h["event"] for h in mine["history"]]
-    assert events[0] == "accepted" and events == [h["event"] for h in theirs["history"]][:len(events)], (mine, theirs)
+    assert events[0] == "accepted" and events == [h["event"] for h in theirs["history"]][: len(events)], (mine, theirs)
     assert not {"http_exchanges", "custom_data", "trace_url"} & set(mine), sorted(mine)
     assert not [h for h in mine["history"] if "detail" in h], mine["history"]
     assert {"http_exchanges", "custom_data", "trace_url"} <= set(theirs)

@@ -54,16 +54,20 @@ def test_database_series_follow_the_work_of_workers(api_env, hub, external: Exte
     with make_client() as client:
         before = client.get("/metrics", headers=METRICS).text  # the first scrape starts the database-derived counters
         external.fail(f"{prefix}/b", times=1)
-        r = client.post("/api/v1/messages/test/flow", json={"prefix": prefix},
-                        headers={**CRM, "X-Correlation-Id": uuid.uuid4().hex})
+        r = client.post(
+            "/api/v1/messages/test/flow", json={"prefix": prefix}, headers={**CRM, "X-Correlation-Id": uuid.uuid4().hex}
+        )
         assert r.status_code == 202
         assert wait_final(r.json()["id"]).state == "OK"
 
         def scraped() -> str | None:
             text = client.get("/metrics", headers=METRICS).text
             done = sample(text, "openhub_messages_finished_total", route="test.flow", state="OK")
-            return text if done > sample(before, "openhub_messages_finished_total", route="test.flow", state="OK") \
+            return (
+                text
+                if done > sample(before, "openhub_messages_finished_total", route="test.flow", state="OK")
                 else None
+            )
 
         text = wait_for(scraped, 20, "the finished counter to count the message")
         assert sample(text, "openhub_step_duration_seconds_count", route="test.flow", step="c") >= 1
@@ -76,13 +80,13 @@ def test_database_series_are_read_at_most_once_per_cache_period(api_env):
     from sqlalchemy import event
 
     from openhub.api.metrics import StoreCollector
-    from openhub.config import get_settings
-    from openhub.db import get_engine
+    from openhub.core.config import get_settings
+    from openhub.store.db import get_engine
 
     statements: list[str] = []
     engine = get_engine(get_settings().database_url)
 
-    def count(conn, cursor, statement, *args):  # noqa: ANN001, ANN002, ANN202
+    def count(conn, cursor, statement, *args):
         statements.append(statement)
 
     now = [1000.0]
@@ -110,14 +114,20 @@ def test_metrics_need_the_metrics_or_the_admin_token(client):
     for key in (CRM, SHOP):  # a source system's key is valid, but not for this
         r = client.get("/metrics", headers=key)
         assert r.status_code == 403
-        assert r.json() == {"status": 403, "detail": "/metrics needs the metrics token (OPENHUB_METRICS_TOKEN) "
-                                                     "or the admin token"}
+        assert r.json() == {
+            "status": 403,
+            "detail": "/metrics needs the metrics token (OPENHUB_METRICS_TOKEN) or an operator token",
+        }
     for headers in (METRICS, ADMIN):
         r = client.get("/metrics", headers=headers)
         assert r.status_code == 200 and "# TYPE openhub_messages gauge" in r.text
 
 
 def test_the_metrics_token_opens_nothing_else(client):
-    for method, path in [("GET", "/api/v1/messages"), ("GET", "/api/v1/overview"), ("GET", "/api/v1/routes"),
-                         ("POST", "/api/v1/messages:restart")]:
+    for method, path in [
+        ("GET", "/api/v1/messages"),
+        ("GET", "/api/v1/overview"),
+        ("GET", "/api/v1/routes"),
+        ("POST", "/api/v1/messages:restart"),
+    ]:
         assert client.request(method, path, headers=METRICS).status_code == 401, path

@@ -48,10 +48,23 @@ def served(backend: backends.Backend, request: pytest.FixtureRequest) -> Iterato
     backend.activate()
     port = backends.free_port()
     marker = request.node.get_closest_marker("serve_env")
-    env = dict(os.environ, **backend.env, OPENHUB_API_KEYS=f"CRM={KEY}", OPENHUB_ADMIN_TOKEN=ADMIN,
-               OPENHUB_MAX_CONCURRENCY="4", PYTHONPATH=str(PROJECT), **(marker.kwargs if marker else {}))
-    process = subprocess.Popen([OPENHUB, "serve", "--port", str(port)], env=env, cwd=PROJECT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(
+        os.environ,
+        **backend.env,
+        OPENHUB_API_KEYS=f"CRM={KEY}",
+        OPENHUB_ADMIN_TOKEN=ADMIN,
+        OPENHUB_MAX_CONCURRENCY="4",
+        PYTHONPATH=str(PROJECT),
+        **(marker.kwargs if marker else {}),
+    )
+    process = subprocess.Popen(
+        [OPENHUB, "serve", "--port", str(port)],
+        env=env,
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     server = Served(port, process)
 
     def up() -> bool:
@@ -71,10 +84,16 @@ def served(backend: backends.Backend, request: pytest.FixtureRequest) -> Iterato
 
 def test_413_is_read_by_a_client_that_sends_the_whole_body_first(served):
     # urllib sends no `Expect: 100-continue` and asks for `Connection: close`.
-    request = urllib.request.Request(f"{served.base}/api/v1/messages/test/flow", data=b"x" * (32 * 1024 * 1024),
-                                     method="POST", headers={"Authorization": f"Bearer {KEY}",
-                                                             "X-Correlation-Id": uuid.uuid4().hex,
-                                                             "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{served.base}/api/v1/messages/test/flow",
+        data=b"x" * (32 * 1024 * 1024),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {KEY}",
+            "X-Correlation-Id": uuid.uuid4().hex,
+            "Content-Type": "application/json",
+        },
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code == 413 and b"over the limit" in refused.value.read()
@@ -108,8 +127,11 @@ def test_access_log_carries_no_forged_or_oversized_ids(served):
     forged = "c-1 message_id=99 status=200"
     with httpx.Client(base_url=served.base, timeout=10) as http:
         http.post("/api/v1/messages/test/flow", content="{}", headers={**headers, "X-Correlation-Id": forged})
-        http.post("/api/v1/messages/test/flow", content="{}",
-                  headers={**headers, "X-Correlation-Id": "z" * 60_000, "Authorization": "Bearer wrong"})
+        http.post(
+            "/api/v1/messages/test/flow",
+            content="{}",
+            headers={**headers, "X-Correlation-Id": "z" * 60_000, "Authorization": "Bearer wrong"},
+        )
         http.get("/healthz", headers={"X-Correlation-Id": "a\x1b[31mred"})
     log = served.stop()
     lines = [line for line in log.splitlines() if "correlation_id=" in line]
@@ -151,8 +173,9 @@ def test_wrong_keys_behind_a_trusted_proxy_lock_out_neither_valid_keys_nor_other
     """Issue 34 H1: 20 wrong keys from one address made every source system's valid key and the admin
     token 429 for a minute; behind a proxy every client has its address, so anyone locked everyone out."""
     with httpx.Client(base_url=served.base, timeout=10) as http:
-        guesses = [http.get("/api/v1/messages", headers=_from("203.0.113.7", f"wrong-{n}")).status_code
-                   for n in range(6)]
+        guesses = [
+            http.get("/api/v1/messages", headers=_from("203.0.113.7", f"wrong-{n}")).status_code for n in range(6)
+        ]
         assert guesses == [401] * 5 + [429]
         # The same proxy (127.0.0.1) forwards another client: its own count, not the guesser's.
         assert http.get("/api/v1/messages", headers=_from("203.0.113.8", "wrong-x")).status_code == 401
@@ -160,8 +183,10 @@ def test_wrong_keys_behind_a_trusted_proxy_lock_out_neither_valid_keys_nor_other
         assert http.get("/api/v1/messages", headers=_from("203.0.113.7", KEY)).status_code == 200
         assert http.get("/api/v1/messages", headers=_from("203.0.113.7", ADMIN)).status_code == 200
         # One wrong secret tried from many addresses is limited by itself.
-        same = [http.get("/api/v1/messages", headers=_from(f"198.51.100.{n}", "stale-old-key")).status_code
-                for n in range(6)]
+        same = [
+            http.get("/api/v1/messages", headers=_from(f"198.51.100.{n}", "stale-old-key")).status_code
+            for n in range(6)
+        ]
         assert same == [401] * 5 + [429]
 
 
@@ -170,8 +195,9 @@ def test_forwarded_addresses_from_an_untrusted_peer_are_not_believed(served):
     """OPENHUB_TRUSTED_PROXIES reaches uvicorn: 127.0.0.1, trusted by uvicorn's own default, is not among
     them here, so whatever X-Forwarded-For it sends, every request counts against 127.0.0.1."""
     with httpx.Client(base_url=served.base, timeout=10) as http:
-        answers = [http.get("/api/v1/messages", headers=_from(f"203.0.113.{n}", f"wrong-{n}")).status_code
-                   for n in range(6)]
+        answers = [
+            http.get("/api/v1/messages", headers=_from(f"203.0.113.{n}", f"wrong-{n}")).status_code for n in range(6)
+        ]
         assert answers == [401] * 5 + [429]
         assert http.get("/api/v1/messages", headers=_from("203.0.113.99", KEY)).status_code == 200
 
@@ -180,12 +206,16 @@ def test_an_id_header_that_is_not_utf8_is_400(served):
     """Issue 34 L1: header bytes are read as UTF-8 (a client's `ü` is two bytes); bytes that are not are refused."""
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     with httpx.Client(base_url=served.base, timeout=10) as http:
-        refused = http.post("/api/v1/messages/test/held", content="{}",
-                            headers={**headers, "X-Correlation-Id": b"latin-1-\xfc-not-utf-8"})
+        refused = http.post(
+            "/api/v1/messages/test/held",
+            content="{}",
+            headers={**headers, "X-Correlation-Id": b"latin-1-\xfc-not-utf-8"},
+        )
         assert refused.status_code == 400 and refused.json()["detail"] == "X-Correlation-Id is not UTF-8 text"
         cid = f"bestellung-ü-{uuid.uuid4().hex[:6]}"
-        accepted = http.post("/api/v1/messages/test/held", content="{}",
-                             headers={**headers, "X-Correlation-Id": cid.encode()})
+        accepted = http.post(
+            "/api/v1/messages/test/held", content="{}", headers={**headers, "X-Correlation-Id": cid.encode()}
+        )
         assert accepted.status_code == 202 and accepted.json()["correlation_id"] == cid, accepted.text
     import openhub
 

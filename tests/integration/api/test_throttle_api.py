@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from openhub.api.throttle import MemoryCounters, Rule, Throttle, best_rule, parse_rules
-from openhub.config import get_settings
-from openhub.errors import ConfigurationError
+from openhub.core.config import get_settings
+from openhub.core.errors import ConfigurationError
 from tests.integration.api.conftest import CRM, SHOP, make_client
 
 
@@ -40,9 +40,10 @@ def _throttle(rules: str, prefix: str) -> Throttle:
     return Throttle.from_settings(rules, get_settings().redis_url, prefix=prefix)
 
 
-def submit(client, flow_payload, headers=CRM):  # noqa: ANN001, ANN201
-    return client.post("/api/v1/messages/test/flow", json=flow_payload,
-                       headers={**headers, "X-Correlation-Id": uuid.uuid4().hex})
+def submit(client, flow_payload, headers=CRM):
+    return client.post(
+        "/api/v1/messages/test/flow", json=flow_payload, headers={**headers, "X-Correlation-Id": uuid.uuid4().hex}
+    )
 
 
 def test_over_the_limit_is_429_with_retry_after(api_env, flow_payload):
@@ -62,8 +63,10 @@ def test_counters_are_shared_by_ingress_processes_through_redis(api_env, flow_pa
     if get_settings().redis_url is None:
         pytest.skip("the embedded backend has no Redis: counters are per process")
     prefix = f"t-{uuid.uuid4().hex}:"
-    with make_client(throttle=_throttle("CRM.flow=3/86400", prefix)) as one, \
-            make_client(throttle=_throttle("CRM.flow=3/86400", prefix)) as two:
+    with (
+        make_client(throttle=_throttle("CRM.flow=3/86400", prefix)) as one,
+        make_client(throttle=_throttle("CRM.flow=3/86400", prefix)) as two,
+    ):
         assert submit(one, flow_payload).status_code == 202
         assert submit(two, flow_payload).status_code == 202
         assert submit(one, flow_payload).status_code == 202

@@ -47,16 +47,17 @@ class _AnyDatetime(type):
 
 class _SkewedDatetime(_dt.datetime, metaclass=_AnyDatetime):
     __slots__ = ()  # the size of a datetime, as compiled modules that import the type check
+
     @classmethod
-    def now(cls, tz=None):  # noqa: ANN001, ANN206
+    def now(cls, tz=None):
         return super().now(tz) + _dt.timedelta(seconds=_offset())
 
     @classmethod
-    def utcnow(cls):  # noqa: ANN206
+    def utcnow(cls):
         return super().utcnow() + _dt.timedelta(seconds=_offset())
 
     @classmethod
-    def today(cls):  # noqa: ANN206
+    def today(cls):
         return cls.now()
 
 

@@ -1,0 +1,1 @@
+"""The broker side: the Celery adapter and openhub's kombu transports."""

@@ -1,0 +1,1 @@
+"""Carrying messages through their routes: the engine, leases, splits, funnels, waits and the poller."""

@@ -1,0 +1,590 @@
+"""Carrying a message through one step of its route (README.md, "How it works").
+
+A step runs in three parts: `enter` (claim the message or check the chain's fencing token,
+take the step lease, consult the step's external-call record), the step itself outside any
+transaction, and `record` (write the outcome, if the lease is still ours). Every state change
+is written by `lifecycle.apply_event` from the state table, and what it asks for after commit
+is carried out by `followups.carry_out` when the task's steps are done.
+
+What this module decides is the order of those parts. Whether a step may go on is asked of
+openhub.engine.admission, the lease and call-record columns are written by openhub.engine.leases, and what a
+run came to is an openhub.core.verdicts value; a step run travels as one `runs.StepRun`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from contextlib import ExitStack, nullcontext
+from functools import partial
+from types import SimpleNamespace
+from typing import Any, Callable, TypeVar
+
+from openhub.core import codes
+from openhub.core.context import NoEffect, StepContext, WaitForResponse, error_line
+from openhub.core.declared import is_declared
+from openhub.core.errors import Fenced, Holdback, Interrupted, Postpone, Reject, StoreUnavailable
+from openhub.core.failures import error_code, is_fatal
+from openhub.core.model import Split
+from openhub.core.policy import outage_pause, postpone_until, retry_policy, step_timeout, verdict_due
+from openhub.core.redact import secrets_scope
+from openhub.core.runs import Entered, StepRun, TimeLimit
+from openhub.core.secret_fields import secret_values
+from openhub.core.states import CallState, Event, State
+from openhub.core.tracing import step_span
+from openhub.core.verdicts import StepReport, Verdict, call_key, idempotency_key, message_info
+from openhub.engine import admission, leases, waits
+from openhub.engine.admission import Refusal
+from openhub.engine.followups import carry_out
+from openhub.engine.hub import Hub, given
+from openhub.engine.lifecycle import FollowUps, Tx, apply_event, redispatch, resume_split
+from openhub.engine.split import prepare_children, write_children
+from openhub.outbound.breaker import counts_against_system
+from openhub.store.queries import dumps, loads, lock_message
+from openhub.store.workers import current_id, fenced, fencing, running
+
+__all__ = ["StepReport", "TimeLimit", "Verdict", "run_step", "run_steps"]
+
+log = logging.getLogger("openhub.engine")
+T = TypeVar("T")
+
+
+def run_step(
+    route_name: str,
+    index: int,
+    message_id: int,
+    token: str,
+    redelivered: bool = False,
+    hub: Hub | None = None,
+    limit: TimeLimit | None = None,
+    *,
+    translate: Callable[[BaseException], BaseException] | None = None,
+) -> StepReport:
+    """Run step `index` of the route for the message in `hub` (default: the process's)."""
+    return run_steps(route_name, index, index + 1, message_id, token, redelivered, hub, limit, translate=translate)[1]
+
+
+def run_steps(
+    route_name: str,
+    start: int,
+    end: int,
+    message_id: int,
+    token: str,
+    redelivered: bool = False,
+    hub: Hub | None = None,
+    limit: TimeLimit | None = None,
+    *,
+    translate: Callable[[BaseException], BaseException] | None = None,
+) -> tuple[int, StepReport]:
+    """Run steps `start`..`end - 1` of the route for the message, one after another in this process
+    (a fused task); returns the last step that ran and its report. `translate` reads the driver's own
+    exceptions as openhub's (tasks/: Celery's soft time limit is an `Interrupted`).
+
+    A step that succeeded hands its lease to the next in the transaction that records it: one commit
+    between two steps instead of two, with the same claim, fencing token and external-call record.
+    """
+    hub = given(hub)  # the driver's hub: its routes, settings and clock (LocalHub moves the clock)
+    options = {} if translate is None else {"translate": translate}
+    return _carry_through(
+        StepRun(hub.registry.route(route_name), start, message_id, token, hub, redelivered, limit, **options), end
+    )
+
+
+def _carry_through(run: StepRun, end: int) -> tuple[int, StepReport]:
+    follow = FollowUps()
+    entered: Entered | bool | None = None
+    report = StepReport(True, "skipped")
+    try:
+        with ExitStack() as runs:  # each run listed in this process's heartbeat until the task ends
+            while True:
+                if entered is None:
+                    run_id = new_run(runs)
+                    with run.hub.transaction() as conn:
+                        entered = enter(Tx(conn, run.clock(), follow, run.hub), run, run_id)
+                if isinstance(entered, Entered):
+                    handed, report = _carry(run, end, entered, runs, follow)
+                    if handed is not None:
+                        run, entered = run.next(), handed
+                        continue
+                else:  # the step was done before (True), or the chain stops here
+                    report = StepReport(bool(entered), "skipped" if entered else "stopped")
+                if not report.go_on or run.index + 1 == end:
+                    break
+                run, entered = run.next(), None
+    finally:  # also when the store went away meanwhile: what committed is carried out
+        carry_out(run.hub, follow, run.clock())
+    return run.index, report
+
+
+def _carry(
+    run: StepRun, end: int, entered: Entered, runs: ExitStack, follow: FollowUps
+) -> tuple[Entered | bool | None, StepReport]:
+    """Run an entered step and write its outcome; returns the next step's entry where it was handed
+    over to it (None where not), and the step's report."""
+    if left_to_repair(run, entered):
+        return None, StepReport(False, "stopped")
+    try:
+        verdict = outcome(run, entered)
+    except Fenced:
+        fenced_in_call(run, entered)
+        return None, StepReport(False, "stopped")
+    if verdict.event is None and run.index + 1 < end:
+        handed = _hand_over(run, entered, verdict, new_run(runs), follow)
+        if handed is not None:
+            return handed, StepReport(True, "ok")
+    recorded, go_on, verdict = _record_outcome(run, entered, verdict)
+    follow.merge(recorded)
+    return None, StepReport.of(verdict, go_on)
+
+
+def left_to_repair(run: StepRun, entered: Entered) -> bool:
+    """Whether the entered step must not run: this process may have been judged dead since its lease was
+    taken (openhub.store.workers.fenced). The run is not carried on: its lease is let go (`drop_fenced`), or,
+    where the store cannot be reached, left to the repair."""
+    if not fenced(entered.started):
+        return False
+    log.warning(
+        "message %s: step %s not run: this process's heartbeat fell behind (stalled, or the store "
+        "unreachable); its lease is let go",
+        run.message_id,
+        run.item.key,
+    )
+    drop_fenced(run, entered)
+    return True
+
+
+def fenced_in_call(run: StepRun, entered: Entered) -> None:
+    """The step's external call was refused by the fence (openhub.store.workers.check_fence): as `left_to_repair`."""
+    log.warning(
+        "message %s: step %s's call not made: this process's heartbeat fell behind (stalled, or the "
+        "store unreachable); its lease is let go",
+        run.message_id,
+        run.item.key,
+    )
+    drop_fenced(run, entered)
+
+
+def drop_fenced(run: StepRun, entered: Entered) -> None:
+    """Let go of the lease of a run the fence stopped before its call, where it is still this run's (a
+    compare-and-set: no repair took it meanwhile). Nothing is counted, neither a failure nor a lost run:
+    it is the hub's own fault, and no call was made. The poller re-drives the message after
+    OPENHUB_POSTPONE_INTERVAL, as a postponed one (at once, this process might take it back while still
+    fenced). Where the store cannot be reached, the lease repair lets it go instead, as a run lost."""
+    follow = FollowUps()
+    try:
+        with run.hub.transaction() as conn:
+            tx = Tx(conn, run.clock(), follow, run.hub)
+            row = lock_message(conn, run.message_id)
+            if row is None or (row.attempt_id, row.step_run, row.state) != (
+                run.token,
+                entered.run_id,
+                State.PROCESSING.value,
+            ):
+                return
+            apply_event(
+                tx,
+                row,
+                Event.LEASE_DROPPED,
+                run.route,
+                run.item,
+                **leases.dropped(),
+                due_at=postpone_until(tx.now, run.hub.settings),
+                detail=f"FENCED: step {run.item.key} not called: this process's heartbeat fell behind "
+                "(stalled, or the store unreachable)",
+            )
+            admission.call_ended(conn, run.item, entered.run_id, None, tx.now, tx.hub.settings)
+    except Exception as exc:
+        log.warning(
+            "message %s: could not let go of step %s's lease (%s); the lease repair does",
+            run.message_id,
+            run.item.key,
+            exc,
+        )
+        return
+    carry_out(run.hub, follow, run.clock())
+
+
+def new_run(runs: ExitStack) -> str:
+    return runs.enter_context(running())  # listed before its lease is taken
+
+
+# --- the step itself, outside any transaction ------------------------------------------------------------
+
+
+def outcome(run: StepRun, entered: Entered) -> Verdict:
+    """Run the step (outside any transaction) and tell how it ended; Fenced where its call was refused
+    (openhub.store.workers.check_fence: HttpCall, `ctx.check_fence()`), also where the step caught that."""
+    item = run.item
+    called = time.monotonic()  # a batch's member waits its turn and the others' ends: the call's own time
+    # What the step sends as secrets (HttpCall notes them) and its route's secret fields are redacted from
+    # every text made meanwhile: its error, its log lines, its spans (openhub.core.redact).
+    secrets = secret_values(entered.ctx.payload, run.route.secret_fields) if run.route.secret_fields else ()
+    with (
+        secrets_scope(secrets),
+        step_span(run.route.name, item.key, entered.ctx, entered.row.traceparent) as traced,
+    ):  # openhub.core.tracing
+        with fencing(entered.started):
+            verdict = _run(run, entered.ctx)
+        entered.call_ms = int((time.monotonic() - called) * 1000)
+        traced.ended(verdict.event and verdict.event.value, verdict.code, error_line(verdict.error))
+    if isinstance(item, Split) and verdict.event in (Event.SPLIT, None):
+        try:
+            verdict.children = prepare_children(run.hub, entered.row, item, verdict.children, run.clock())
+        except Reject as exc:
+            verdict = Verdict(Event.REJECTED, error=f"Reject: {exc.reason}", code=codes.SPLIT)
+    if verdict.event is None and run.route.sync and run.last:
+        try:
+            verdict.result = dumps(verdict.result)  # stored as the route's result (a sync caller's answer)
+        except (TypeError, ValueError) as exc:
+            verdict = Verdict(
+                Event.REJECTED,
+                call_state=verdict.effect(),
+                code=codes.RESULT,
+                error=f"step {item.key!r} of sync route {run.route.name!r} returned a result that "
+                f"is not JSON-serialisable: {exc}",
+            )
+    try:
+        entered.custom_data = dumps(entered.ctx.custom_data)
+    except (TypeError, ValueError) as exc:  # kept as it was; the call itself is recorded for what it did
+        verdict = Verdict(
+            Event.REJECTED,
+            call_state=verdict.effect(),
+            code=codes.CUSTOM_DATA,
+            error=f"step {item.key!r} left custom_data that is not JSON-serialisable: {exc}",
+        )
+    return verdict
+
+
+def _run(run: StepRun, ctx: StepContext) -> Verdict:
+    item = run.item
+    try:
+        with run.limit(step_timeout(item, run.hub.settings).total_seconds()) if run.limit else nullcontext():
+            result = item.fn(ctx)
+        if isinstance(item, Split):  # unbound: a success that writes children, and the route goes on
+            return Verdict(Event.SPLIT if item.bound else None, children=list(result or []))
+        return Verdict(None, result=result if run.route.sync and run.last else None)
+    except WaitForResponse as exc:
+        return Verdict(Event.WAIT_RESPONSE, delay=exc.timeout)
+    except NoEffect:
+        return Verdict(Event.NO_EFFECT, error="no effect", code=codes.NO_EFFECT)
+    except Postpone as exc:
+        return Verdict(Event.POSTPONED, delay=exc.delay, error=exc.reason)
+    except Holdback as exc:
+        return Verdict(Event.HELD_BACK, error=exc.reason)
+    except Fenced:
+        raise
+    except Exception as exc:  # fatal by class (Reject, fatal=, validation, HTTP 4xx), else transient: a fault to retry
+        code = error_code(exc)
+        if not is_fatal(exc, run.route.fatal + item.fatal):
+            return Verdict(
+                Event.TRANSIENT, error=traceback.format_exc(), code=code, against_system=counts_against_system(exc)
+            )
+        if isinstance(exc, Reject):
+            if exc.code and not is_declared(run.route, exc.code):  # computed at run time: not checked at load
+                log.warning(
+                    "route %s, step %s: error code %r is not declared in the route's errors=",
+                    run.route.name,
+                    item.key,
+                    exc.code,
+                )
+            return Verdict(
+                Event.REJECTED, error=f"Reject: {exc.reason}" + (f" [{exc.code}]" if exc.code else ""), code=code
+            )
+        return Verdict(Event.REJECTED, error=traceback.format_exc(), code=code)
+
+
+# --- writing what it came to ------------------------------------------------------------------------------
+
+
+def _stored(run: StepRun, what: str, write: Callable[[Tx], T]) -> tuple[T, FollowUps]:
+    """`write` in one transaction, and what it asks for after commit; never given up while the store is
+    away (this process lives: the lease stays ours, its heartbeat tells the poller so)."""
+    attempt = 0
+    while True:
+        follow = FollowUps()
+        try:
+            with run.hub.transaction() as conn:
+                result = write(Tx(conn, run.clock(), follow, run.hub))
+            return result, follow
+        except StoreUnavailable as exc:
+            attempt += 1
+            log.warning("message %s: %s step %s failed (%s); trying again", run.message_id, what, run.item.key, exc)
+            pause_before_retry(outage_pause(attempt))
+
+
+def _hand_over(
+    run: StepRun, entered: Entered, verdict: Verdict, next_run: str, follow: FollowUps
+) -> Entered | bool | None:
+    """Record the step's success and enter the next step in one transaction (a fused task).
+
+    A store that is away is waited for, as `_record_outcome` does. None when it could not be done
+    for another reason (a bug, Celery's time limit): the caller then records the step alone, so the
+    step's success is never mislabelled by a fault of the step after it.
+    """
+    try:
+        entered_next, handed = _stored(
+            run, "handing over", partial(record_and_enter, run=run, entered=entered, verdict=verdict, next_run=next_run)
+        )
+    except Exception as exc:
+        if not interrupted(run, exc):
+            log.exception(
+                "message %s: handing step %s over to the next failed; recording it alone", run.message_id, run.item.key
+            )
+        return None
+    follow.merge(handed)
+    return entered_next
+
+
+def record_and_enter(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
+    row, following = entered.row, run.next()
+    errors = loads(row.business_errors, []) + entered.ctx.business_errors
+    # The compare-and-set of `record`, taking the next step's lease in the same statement.
+    taken, call_taken = leases.write_outcome(
+        tx.conn,
+        run,
+        entered,
+        verdict,
+        dict(
+            leases.lease(following.item, next_run, tx.now, tx.hub.settings),
+            custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
+            business_errors=dumps(errors) if errors else None,
+        ),
+        tx.now,
+        hand_over=True,
+    )
+    if taken is None:  # the lease was lost: discard the outcome as `record` does
+        return record(tx, run, entered, verdict)
+    admission.call_ended(tx.conn, run.item, entered.run_id, verdict, tx.now, tx.hub.settings)
+    return _prepare(tx, following, taken, next_run, call_taken)
+
+
+def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[FollowUps, bool, Verdict]:
+    """Write a step's outcome; never give up while this process lives, or a repair would call again.
+
+    The lease stays ours meanwhile: the heartbeat tells the poller this process is alive. A store
+    that is away is waited for; a write that fails for any other reason (a bug, a follow-up that
+    cannot be carried out) is replaced by a transient failure that still records what the call did.
+    """
+    while True:
+        try:
+            go_on, recorded = _stored(run, "recording", partial(record, run=run, entered=entered, verdict=verdict))
+            return recorded, go_on, verdict
+        except Exception as exc:
+            if interrupted(run, exc):
+                continue  # Celery's soft time limit arrived while recording: the step itself is done
+            if verdict.unrecorded:
+                raise  # the fallback failed too: the lease repair takes over
+            log.exception(
+                "message %s: recording step %s failed; recorded as a transient failure", run.message_id, run.item.key
+            )
+            verdict = verdict.unrecordable(run.item.key, traceback.format_exc())
+
+
+def pause_before_retry(seconds: float) -> None:
+    time.sleep(seconds)  # back off from an outage or a conflict; the step's outcome waits in memory
+
+
+def interrupted(run: StepRun, exc: BaseException) -> bool:
+    """A time limit stopped the work where it stood (the driver's, read as openhub's `Interrupted`)."""
+    return isinstance(run.translate(exc), Interrupted)
+
+
+def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+    item = run.item
+    row = entered.row  # still accurate: the step lease kept everyone else off the message
+    # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
+    errors = loads(row.business_errors, []) + (entered.ctx.business_errors if verdict.succeeded else [])
+    common = dict(
+        custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
+        business_errors=dumps(errors) if errors else None,
+        **leases.dropped(),
+        updated_at=tx.now,
+    )
+    if verdict.result is not None and verdict.call_state == CallState.OK:
+        # A sync route's last call succeeded: its result is kept with it, whatever the verdict written (a
+        # store failure's UNRECORDED retry skips the call as done, and must find the result there).
+        common["result"] = verdict.result
+    if verdict.event is None and not run.last:
+        # The next step's task must arrive in time; this worker publishes it: named here, its death
+        # re-publishes the chain at once.
+        common.update(leases.between_steps(tx.now, tx.hub.settings, publisher=current_id()))
+    kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now)
+    if kept is None:
+        log.warning(
+            "message %s: step %s finished after its lease was lost; outcome discarded", run.message_id, item.key
+        )
+        admission.call_ended(tx.conn, item, entered.run_id, None, tx.now, tx.hub.settings)
+        # A cancelled message kept this run as in flight: it has ended now, and the funnel may go on.
+        if leases.let_go_lost(tx.conn, entered, verdict, tx.now):
+            tx.follow.funnels.append(run.message_id)
+        return False
+    admission.call_ended(tx.conn, item, entered.run_id, verdict, tx.now, tx.hub.settings)
+    if verdict.event is None and verdict.children:  # an unbound split: its children, and the route goes on
+        assert isinstance(item, Split)
+        write_children(tx.conn, row.id, item, verdict.children)
+        tx.follow.children.append(row.id)
+    if verdict.event is None and not run.last:
+        return True
+    # The ask is written under the lease's compare-and-set (the row lock an answer's `respond` takes too):
+    # an answer bound to this run's token came before it, or comes after it and finds the wait open.
+    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and waits.asked(
+        tx.conn, row.id, entered.run_id, item.key, tx.now
+    )
+    row = _with(row, **common)
+    _finish(tx, row, run, verdict if verdict.event else Verdict(Event.COMPLETED))
+    if answered_meanwhile:  # its answer came while the step ran: no need to wait for it
+        leases.answered(tx.conn, entered, tx.now)
+        redispatch(tx, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED)
+    return False
+
+
+def _finish(tx: Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> None:
+    """Apply a verdict that ends this chain: final state, retry, postpone, wait or split."""
+    settings = run.hub.settings
+    item, event = run.item, verdict.event
+    assert event is not None
+    values.update(leases.dropped())
+    if event in (Event.TRANSIENT, Event.REJECTED, Event.NO_EFFECT):
+        values.update(failed_step=item.key, failed_error=verdict.error, error_code=verdict.code)
+    if event in (Event.POSTPONED, Event.HELD_BACK, Event.WAIT_RESPONSE, Event.NO_EFFECT):
+        values["due_at"] = verdict_due(event, verdict.delay, retry_policy(run.route, item, settings), tx.now, settings)
+    elif event is Event.SPLIT:
+        values["due_at"] = None
+        assert isinstance(item, Split)
+        write_children(tx.conn, row.id, item, verdict.children)
+    apply_event(tx, row, event, run.route, item, detail=verdict.short(), **values)
+
+
+# --- entering a step ----------------------------------------------------------------------------------------
+
+
+def enter(tx: Tx, run: StepRun, run_id: str) -> Entered | bool:
+    lease = leases.lease(run.item, run_id, tx.now, tx.hub.settings)
+    # The route's first step finds its message NEW or IN_QUEUE, to be claimed: the lease would not take it.
+    row, call_taken = (None, False) if run.index == 0 else leases.take(tx.conn, run, lease, tx.now)
+    if row is None:  # not a chain going on to its next step: find out why, under the row lock
+        row = lock_message(tx.conn, run.message_id)
+        if row is None or row.attempt_id != run.token:
+            log.info("message %s: stale chain (token changed), stopping without effect", run.message_id)
+            return False
+        if run.index == 0 and row.state == State.PROCESSING:  # the first task delivered again: as any step's
+            row, call_taken = leases.take(tx.conn, run, lease, tx.now)
+            if row is None:
+                log.info(
+                    "message %s is PROCESSING and another run holds the step lease: this chain stops", run.message_id
+                )
+                return False
+        elif row.state not in (State.NEW, State.IN_QUEUE):
+            log.info(
+                "message %s is %s%s: this chain stops",
+                run.message_id,
+                row.state,
+                " and another run holds the step lease" if row.state == State.PROCESSING else "",
+            )
+            return False
+        else:
+            if not _claim(tx, row, run, lease):
+                return False
+            row = _with(
+                row,
+                state=State.PROCESSING.value,
+                attempts=row.attempts + 1,
+                started_at=row.started_at or tx.now,
+                blocked_since=None,
+                **lease,
+            )
+    return _prepare(tx, run, row, run_id, call_taken)
+
+
+def _claim(tx: Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
+    """The chain's first task takes a NEW/IN_QUEUE message, unless admission refuses it."""
+    refusal = admission.claim(tx.conn, row, run.route, tx.now, tx.hub.settings)
+    if refusal is not None:
+        _refuse(tx, row, run, refusal)
+        return False
+    # A retry's chain starts at the route's first step and skips those already OK: the history names
+    # the step the attempt resumes at, as its call records tell (a first attempt has none to read).
+    resumes = leases.first_step_not_done(tx.conn, row, run.route, run.item) if row.attempts else run.item
+    apply_event(
+        tx,
+        row,
+        Event.CLAIMED,
+        run.route,
+        resumes,
+        attempts=row.attempts + 1,
+        started_at=row.started_at or tx.now,
+        blocked_since=None,
+        **lease,
+    )
+    return True
+
+
+def _refuse(tx: Tx, row: Any, run: StepRun, refusal: Refusal) -> None:
+    """Write what admission refused, instead of the step."""
+    apply_event(tx, row, refusal.event, run.route, run.item, detail=refusal.detail, **refusal.values)
+
+
+def _prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = False) -> Entered | bool:
+    """With the step lease ours: the step's context and its external-call record (or why it does not run);
+    `call_taken`: the statement that took the lease inserted the step's first call record."""
+    item, conn = run.item, tx.conn
+    ctx = StepContext(
+        payload=loads(row.payload),
+        message=message_info(row),
+        idempotency_key=idempotency_key(row, item),
+        attempt=1,
+        redelivered=run.redelivered,
+        custom_data=loads(row.custom_data, {}),
+        response=loads(row.response),
+        wait_token=run_id,
+    )
+    try:
+        key = call_key(row, item, ctx)
+    except Exception as exc:  # a custom key that cannot be computed is the message's fault
+        _finish(tx, row, run, Verdict(Event.REJECTED, error=f"{exc}", code=codes.CUSTOM_KEY))
+        return False
+    refusal = admission.breaker_open(conn, item, tx.now, tx.hub.settings)
+    if refusal is not None:
+        _refuse(tx, row, run, refusal)
+        return False
+    call = None if call_taken else leases.take_call(conn, key, row, item, tx.now)
+    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded
+        if isinstance(item, Split) and item.bound and not resume_split(tx, row, item):
+            return False
+        log.debug("message %s: step %s already OK, skipped", row.id, item.key)
+        if run.last:
+            _finish(tx, row, run, Verdict(Event.COMPLETED))
+            return False
+        leases.hand_back(conn, row.id, tx.now, tx.hub.settings)
+        return True
+    settings = tx.hub.settings
+    refusal = admission.against_record(conn, row, key, call, tx.now, settings) or admission.system_busy(
+        conn, item, run_id, row.due_at, tx.now, settings
+    )
+    if refusal is not None:
+        if call is None:  # its record was made by this entry, and no call happened
+            leases.forget_call(conn, key)
+        _refuse(tx, row, run, refusal)
+        return False
+    if call is not None:
+        ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
+        # This message's own call was begun and has no outcome: the run that began it ended unseen (its worker
+        # died, or it was fenced), and the system may have had the call. Like JMSRedelivered, a step can ask.
+        ctx.redelivered = ctx.redelivered or (call.message_id == row.id and call.state == CallState.PROCESSING)
+        leases.call_again(conn, key, row, ctx.attempt, tx.now)
+    return Entered(
+        run_id=run_id,
+        key=key,
+        ctx=ctx,
+        row=_with(row),
+        call_ok_id=call.ok_message_id if call else None,
+        call_ok_ts=call.ok_msg_timestamp if call else None,
+    )
+
+
+def _with(row: Any, **values: Any) -> SimpleNamespace:
+    """A copy of a message row with some columns changed (what this transaction wrote)."""
+    data = dict(row._mapping) if hasattr(row, "_mapping") else dict(vars(row))
+    data.update(values)
+    return SimpleNamespace(**data)

@@ -1,0 +1,1 @@
+"""The message store: connections, schema, migrations and the SQL every floor above shares."""
