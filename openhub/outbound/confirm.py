@@ -193,8 +193,13 @@ def _due(conn: Connection, now: datetime) -> Any:
 
 
 def _sendable(conn: Connection, now: datetime) -> Any:
-    """Due (`_due`), or handed over to a task of its own by the poller and not yet sent (`HANDED_OVER`)."""
-    return or_(_due(conn, now), and_(C.state.in_((CS.PENDING, CS.FAILED)), C.claim == HANDED_OVER))
+    """Due (`_due`), or handed over to a task of its own by the poller and not yet sent (`HANDED_OVER`).
+
+    A handed-over row may be SENDING: a sender died (or stalled past its lease) while sending it, and the
+    hand-over replaced that sender's claim. Taking only PENDING and FAILED ones, the task left such a row
+    alone, and each tick a lease later handed it over again: never confirmed (issue 33).
+    """
+    return or_(_due(conn, now), and_(C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.claim == HANDED_OVER))
 
 
 def hand_over_due(now: datetime, publish: Callable[[int], bool], settings: Settings, limit: int = 100) -> int | None:

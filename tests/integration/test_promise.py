@@ -481,6 +481,39 @@ def test_a_confirmation_sent_while_the_store_goes_away_is_recorded_not_sent_agai
     assert [c["state"] for c in openhub.list_confirmations(message_id=view.id)] == ["OK"]
 
 
+def test_a_confirmation_whose_sender_died_mid_send_is_sent_by_the_task_it_is_handed_over_to(hub: LocalHub) -> None:
+    """A sender that died while sending leaves its row SENDING; once its lease is over the poller hands the
+    row to an `openhub.confirm` task. On main the hand-over marked it HANDED_OVER but left it SENDING, which
+    the task did not take (only PENDING or FAILED ones), and each tick a lease later handed it over again:
+    the message was never confirmed (issue 33, test_hosts' 'OK, never confirmed', seen five times)."""
+    from sqlalchemy import update
+
+    from openhub.core.states import ConfirmationState as CS
+    from openhub.outbound.confirm import hand_over_due, send_confirmations
+    from openhub.store.schema import confirmations
+
+    routes.HOOKS["confirm"] = lambda outcome: (_ for _ in ()).throw(RuntimeError("CRM is down"))
+    view = hub.submit("p.flow", {})
+    hub.run()
+    assert [c["state"] for c in openhub.list_confirmations(message_id=view.id)] == ["FAILED"]
+    del routes.HOOKS["confirm"]
+    now = utcnow()
+    with transaction() as conn:  # claimed by a sender that died: its lease ran out a second ago
+        conn.execute(
+            update(confirmations)
+            .where(confirmations.c.message_id == view.id)
+            .values(state=CS.SENDING, claim="a-dead-senders-claim", due_at=now - timedelta(seconds=1))
+        )
+    assert hub.hub is not None
+    published: list[int] = []
+    assert hand_over_due(now, lambda message_id: published.append(message_id) or True, hub.hub.settings) == 1
+    assert published == [view.id]
+    # What the `openhub.confirm` task does with the message it was handed.
+    assert send_confirmations(view.id, settings=hub.hub.settings, registry=hub.hub.registry) == 1
+    assert routes.CONFIRMED == [(view.id, "OK")]
+    assert [c["state"] for c in openhub.list_confirmations(message_id=view.id)] == ["OK"]
+
+
 def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatch) -> None:
     import time
 

@@ -327,6 +327,18 @@ MUTATIONS: list[Mutation] = [
         model=False,
         guard="tests/unit/test_workers.py::test_the_heartbeat_threads_connection_slow_to_open_fences_no_call",
     ),
+    # --- issue 33: test_hosts' "OK, never confirmed" ------------------------------------------------------------
+    Mutation(
+        "handed_over_sending_row_left_alone",
+        "issue 33 (test_hosts): a confirmation whose sender died mid-send, handed over to its task, is left alone "
+        "by the task and handed over again each lease: never confirmed",
+        "openhub/outbound/confirm.py",
+        "C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.claim == HANDED_OVER",
+        "C.state.in_((CS.PENDING, CS.FAILED)), C.claim == HANDED_OVER",
+        model=False,
+        guard="tests/integration/test_promise.py::test_a_confirmation_whose_sender_died_mid_send_is_sent_by_the_"
+        "task_it_is_handed_over_to",
+    ),
     # --- issue 37, part 2: fan-out ----------------------------------------------------------------------------
     Mutation(
         "fan_out_family_restarted",
