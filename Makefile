@@ -44,6 +44,8 @@ lint: install
 SPARK := tests/integration/test_pipeline_archive.py tests/integration/test_pipeline_report.py \
 	tests/chaos/test_spark_cluster.py tests/integration/test_gevent_pool.py \
 	tests/integration/test_slow_receivers.py
+# The chaos stream also takes the hostile entries' fuzzing (minutes of generated requests), to balance them.
+CHAOS := tests/chaos tests/integration/api/test_fuzz_entries.py
 SLOW := tests/integration/test_promise_model.py tests/integration/test_patterns.py \
 	tests/integration/test_status_cli.py tests/acceptance/test_admin_browser.py \
 	tests/integration/test_planted_secrets.py tests/integration/test_one_clock.py \
@@ -51,10 +53,10 @@ SLOW := tests/integration/test_promise_model.py tests/integration/test_patterns.
 test: install system-deps lint
 	@mkdir -p var
 	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-chaos.xml --ignore=tests/chaos/test_spark_cluster.py \
-	  tests/chaos > var/chaos-tests.log 2>&1 & chaos=$$!; \
+	  $(CHAOS) > var/chaos-tests.log 2>&1 & chaos=$$!; \
 	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-spark.xml $(SPARK) > var/spark-tests.log 2>&1 & spark=$$!; \
 	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-slow.xml $(SLOW) > var/slow-tests.log 2>&1 & slow=$$!; \
-	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-rest.xml --ignore=tests/chaos $(addprefix --ignore=,$(SPARK) $(SLOW)) tests; \
+	$(PY) -m pytest $(PYTEST_ARGS) --junitxml=var/junit-rest.xml $(addprefix --ignore=,$(CHAOS) $(SPARK) $(SLOW)) tests; \
 	rest=$$?; wait $$chaos; chaos_rc=$$?; wait $$spark; spark_rc=$$?; wait $$slow; slow_rc=$$?; \
 	for stream in spark slow chaos; do echo "--- $$stream (run beside the rest) ---"; cat var/$$stream-tests.log; done; \
 	exit $$(( rest || chaos_rc || spark_rc || slow_rc ))
