@@ -242,9 +242,10 @@ def _send_one(
     with transaction(settings.database_url) as conn:
         row = conn.execute(select(confirmations).where(C.id == confirmation_id)).one()
         view = message_view(conn, row.message_id)
+    confirmer: Confirmer | None
     if row.hook is not None:  # a state hook's notification
-        hook = registry.hooks.get(row.hook)
-        confirmer = hook[1] if hook is not None else _missing(row.hook)
+        registered = registry.hooks.get(row.hook)
+        confirmer = registered[1] if registered is not None else _missing(row.hook)
     else:
         confirmer = registry.confirmers.get(view.source_system)
     error = None
@@ -309,6 +310,7 @@ def _send_one(
         if error is None
         else confirmation_retry(attempts, now, settings, getattr(confirmer, "endpoint", None), own)
     )
+    values: dict[str, Any]
     if error is None:
         values = dict(state=CS.OK, due_at=None)
     elif retry is None:  # its attempts ran out: parked until an operator resends it
