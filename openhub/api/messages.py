@@ -21,7 +21,7 @@ from openhub.api.auth import Caller, reader, source_system
 from openhub.api.auth import operator as can_operate
 from openhub.api.detail import message_detail, source_view
 from openhub.api.problems import NO_CONTROL, ApiError
-from openhub.api.served import served
+from openhub.api.served import ServedHub, served
 from openhub.api.summary import message_summaries
 from openhub.core import tracing
 from openhub.core.context import MessageView
@@ -404,15 +404,15 @@ def _old_path(action: str) -> dict[str, Any]:
 )
 @router.post(**_old_path("restart"), responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)})
 def restart_message(
-    request: Request, message_id: MessageId, _: Operating, options: RestartRequest | None = None
+    request: Request, message_id: MessageId, _: Operating, hub: ServedHub, options: RestartRequest | None = None
 ) -> dict[str, Any]:
     """Restart an OK, FAILED or CANCEL message (`total`: make every external call again)."""
     request.state.message_id = message_id
     if options is not None and options.from_step is not None:
         if options.total:
             raise ApiError(400, "give either total or from_step")
-        return operator.restart_from(message_id, options.from_step).as_dict()
-    return operator.restart(message_id, total=bool(options and options.total)).as_dict()
+        return operator.restart_from(message_id, options.from_step, hub=hub).as_dict()
+    return operator.restart(message_id, total=bool(options and options.total), hub=hub).as_dict()
 
 
 @router.post(
@@ -420,10 +420,10 @@ def restart_message(
     responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)},
     summary="Retry a PARTLY_FAILED or POSTPONED message now",
 )
-def retry_message(request: Request, message_id: MessageId, _: Operating) -> dict[str, Any]:
+def retry_message(request: Request, message_id: MessageId, _: Operating, hub: ServedHub) -> dict[str, Any]:
     """The message is due at once instead of after its back-off; its failure count is left as it is."""
     request.state.message_id = message_id
-    return operator.retry_now(message_id).as_dict()
+    return operator.retry_now(message_id, hub=hub).as_dict()
 
 
 @router.post(
@@ -432,12 +432,12 @@ def retry_message(request: Request, message_id: MessageId, _: Operating) -> dict
     summary="Replace a FAILED message's payload and restart it",
 )
 def resubmit_message(
-    request: Request, message_id: MessageId, _: Operating, resubmission: Resubmission
+    request: Request, message_id: MessageId, _: Operating, hub: ServedHub, resubmission: Resubmission
 ) -> dict[str, Any]:
     """The new payload is checked as a submission's is; the old one is kept in the history; the message is
     restarted from the step that failed."""
     request.state.message_id = message_id
-    return operator.edit_payload(message_id, resubmission.payload).as_dict()
+    return operator.edit_payload(message_id, resubmission.payload, hub=hub).as_dict()
 
 
 @router.post(
@@ -446,10 +446,10 @@ def resubmit_message(
     summary="Cancel a message that is not final yet",
 )
 @router.post(**_old_path("cancel"), responses={s: ERRORS[s] for s in (400, 401, 403, 404, 409, 503)})
-def cancel_message(request: Request, message_id: MessageId, _: Operating) -> dict[str, Any]:
+def cancel_message(request: Request, message_id: MessageId, _: Operating, hub: ServedHub) -> dict[str, Any]:
     """Cancel a non-final message; it is confirmed as CANCEL."""
     request.state.message_id = message_id
-    return operator.cancel(message_id).as_dict()
+    return operator.cancel(message_id, hub=hub).as_dict()
 
 
 _BULK_ERRORS = {s: ERRORS[s] for s in (400, 401, 403, 404, 503)}
@@ -461,9 +461,9 @@ _BULK_ERRORS = {s: ERRORS[s] for s in (400, 401, 403, 404, 503)}
     responses=_BULK_ERRORS,
     summary="Restart the final messages matching filters",
 )
-def restart_matching(matching: RestartMatching, _: Operating) -> dict[str, Any]:
+def restart_matching(matching: RestartMatching, _: Operating, hub: ServedHub) -> dict[str, Any]:
     """Restart every OK, FAILED or CANCEL message matching the filters (up to `limit`, oldest first)."""
-    return operator.restart_matching(total=matching.total, **matching.filters()).as_dict()
+    return operator.restart_matching(total=matching.total, hub=hub, **matching.filters()).as_dict()
 
 
 @router.post(
@@ -472,9 +472,9 @@ def restart_matching(matching: RestartMatching, _: Operating) -> dict[str, Any]:
     responses=_BULK_ERRORS,
     summary="Cancel the live messages matching filters",
 )
-def cancel_matching(matching: Matching, _: Operating) -> dict[str, Any]:
+def cancel_matching(matching: Matching, _: Operating, hub: ServedHub) -> dict[str, Any]:
     """Cancel every message not final yet matching the filters (up to `limit`, oldest first)."""
-    return operator.cancel_matching(**matching.filters()).as_dict()
+    return operator.cancel_matching(hub=hub, **matching.filters()).as_dict()
 
 
 @router.post(
@@ -520,9 +520,11 @@ async def respond_message(
             403, f"answering for a message needs the role operator; the token {caller.name!r} is a {caller.role}"
         )
 
+    hub = served(request)
+
     def deliver() -> dict[str, Any]:
-        message = reads.get_message(message_id)
-        route = served(request).registry.route(message.route)
+        message = reads.get_message(message_id, hub=hub)
+        route = hub.registry.route(message.route)
         refused = may_respond(route, message.source_system, caller)
         if refused == 404:
             raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
@@ -532,7 +534,7 @@ async def respond_message(
                 403, f"{caller.source_system} may not answer {route.name}'s callbacks; its responders are {whom}"
             )
         by = caller.source_system or caller.name or "admin"
-        return operator.respond(message_id, payload, token=token, by=by).as_dict()
+        return operator.respond(message_id, payload, token=token, by=by, hub=hub).as_dict()
 
     return await run_in_threadpool(deliver)
 

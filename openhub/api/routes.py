@@ -33,7 +33,7 @@ Name = Annotated[str, Path(max_length=100)]
 @router.get("", summary="The loaded routes, their steps and whether they are paused", responses=_ERRORS)
 def list_routes(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> list[dict[str, Any]]:
     """Every route with its steps and, when paused, why; a topic with its subscribers."""
-    paused = operator.paused()
+    paused = operator.paused(hub=hub)
     return [
         {
             "route": r.name,
@@ -58,7 +58,7 @@ def pause_route(
 ) -> dict[str, Any]:
     """Stop starting messages of the route until it is resumed."""
     name = hub.registry.route(route_name(service, operation)).name
-    operator.pause(name)
+    operator.pause(name, hub=hub)
     return {"route": name, "paused": True}
 
 
@@ -68,7 +68,7 @@ def resume_route(
 ) -> dict[str, Any]:
     """Resume the route; its postponed messages are re-driven at once."""
     name = hub.registry.route(route_name(service, operation)).name
-    redriven = operator.resume(name)
+    redriven = operator.resume(name, hub=hub)
     return {"route": name, "paused": False, "redriven": redriven}
 
 
@@ -87,25 +87,27 @@ class DrainRequest(BaseModel):
 @drain_router.get(
     "", summary="Whether the hub is draining, and how many messages are still under way", responses=_ERRORS
 )
-def drain_status(_: Annotated[Caller, Depends(viewer)]) -> dict[str, Any]:
+def drain_status(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> dict[str, Any]:
     """`draining`, its `reason`, `hold_retries` (whether the stored messages wait too), and `under_way`:
     messages still running a step (wait for 0)."""
-    return operator.drain_status()
+    return operator.drain_status(hub=hub)
 
 
 @drain_router.put(
     "", summary="Drain the hub: refuse new messages, start none, let those under way finish", responses=_ERRORS
 )
-def start_drain(_: Annotated[Caller, Depends(can_operate)], request: DrainRequest | None = None) -> dict[str, Any]:
+def start_drain(
+    _: Annotated[Caller, Depends(can_operate)], hub: ServedHub, request: DrainRequest | None = None
+) -> dict[str, Any]:
     """Submissions answer 503 (Retry-After); with `hold_retries` (the default) no message starts either until
     the drain ends. `PUT` again to switch between the two."""
     request = request or DrainRequest()
-    operator.drain(request.reason, hold_retries=request.hold_retries)
-    return operator.drain_status()
+    operator.drain(request.reason, hold_retries=request.hold_retries, hub=hub)
+    return operator.drain_status(hub=hub)
 
 
 @drain_router.delete("", summary="End the drain: take messages again", responses=_ERRORS)
-def end_drain(_: Annotated[Caller, Depends(can_operate)]) -> dict[str, Any]:
+def end_drain(_: Annotated[Caller, Depends(can_operate)], hub: ServedHub) -> dict[str, Any]:
     """The messages the drain held back are re-driven now (`redriven`)."""
-    redriven = operator.undrain()
-    return {**operator.drain_status(), "redriven": redriven}
+    redriven = operator.undrain(hub=hub)
+    return {**operator.drain_status(hub=hub), "redriven": redriven}

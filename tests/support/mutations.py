@@ -345,7 +345,7 @@ MUTATIONS: list[Mutation] = [
         "issue 37 (fan-out): an operator's restart of a family (OK from its accept) runs its topic's step, which "
         "has nothing to do, and fails the family",
         "openhub/service/actions.py",
-        "    if is_topic(get_registry().find_route_of(row)):",
+        "    if is_topic(hub.registry.find_route_of(row)):",
         "    if False:",
         guard="tests/integration/test_fanout.py::test_each_of_three_subscribers_is_called_exactly_once",
     ),

@@ -191,10 +191,6 @@ GLOBALS_LEFT = {
         {"current", "get_settings", "get_registry"},
         "the process's hub is built here, and is the default of the entry points (`given`) for a caller without one",
     ),
-    "service/actions.py": (
-        {"current", "get_settings", "get_registry", "transaction"},
-        "operator actions take no hub yet (the worker-states work changes this file meanwhile)",
-    ),
     "outbound/confirm.py": (
         {"get_settings", "get_registry", "transaction"},
         "the confirm task (tasks/) sends without a hub; listing and resending are the drivers' operator calls",
