@@ -58,7 +58,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "done_step_called_again",
         "issue 9: a retry calls again a step whose call this message already made successfully",
-        "openhub/engine/engine.py",
+        "openhub/engine/entry.py",
         "    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded\n",
         "    if False:  # reverted: a step's own success is not looked at\n",
         guard="tests/integration/test_promise.py",

@@ -146,6 +146,8 @@ def test_the_engine_side_asks_the_registry_for_a_messages_route() -> None:
         name
         for name in (
             "engine.engine",
+            "engine.entry",
+            "engine.recording",
             "engine.lifecycle",
             "engine.due",
             "engine.followups",
