@@ -11,7 +11,7 @@ from openhub.api.auth import Caller, viewer
 from openhub.api.auth import operator as can_operate
 from openhub.api.problems import NO_CONTROL
 from openhub.api.served import ServedHub
-from openhub.service import actions as operator
+from openhub.service import breakers as operator
 
 router = APIRouter(prefix="/api/v1/breakers", tags=["routes"])
 _ERRORS = {

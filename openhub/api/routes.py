@@ -17,7 +17,7 @@ from openhub.api.auth import operator as can_operate
 from openhub.api.served import ServedHub
 from openhub.core.model import route_name
 from openhub.core.topics import is_topic, subscribers
-from openhub.service import actions as operator
+from openhub.service import pauses
 
 router = APIRouter(prefix="/api/v1/routes", tags=["routes"])
 drain_router = APIRouter(prefix="/api/v1/drain", tags=["routes"])
@@ -33,7 +33,7 @@ Name = Annotated[str, Path(max_length=100)]
 @router.get("", summary="The loaded routes, their steps and whether they are paused", responses=_ERRORS)
 def list_routes(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> list[dict[str, Any]]:
     """Every route with its steps and, when paused, why; a topic with its subscribers."""
-    paused = operator.paused(hub=hub)
+    paused = pauses.paused(hub=hub)
     return [
         {
             "route": r.name,
@@ -58,7 +58,7 @@ def pause_route(
 ) -> dict[str, Any]:
     """Stop starting messages of the route until it is resumed."""
     name = hub.registry.route(route_name(service, operation)).name
-    operator.pause(name, hub=hub)
+    pauses.pause(name, hub=hub)
     return {"route": name, "paused": True}
 
 
@@ -68,7 +68,7 @@ def resume_route(
 ) -> dict[str, Any]:
     """Resume the route; its postponed messages are re-driven at once."""
     name = hub.registry.route(route_name(service, operation)).name
-    redriven = operator.resume(name, hub=hub)
+    redriven = pauses.resume(name, hub=hub)
     return {"route": name, "paused": False, "redriven": redriven}
 
 
@@ -90,7 +90,7 @@ class DrainRequest(BaseModel):
 def drain_status(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> dict[str, Any]:
     """`draining`, its `reason`, `hold_retries` (whether the stored messages wait too), and `under_way`:
     messages still running a step (wait for 0)."""
-    return operator.drain_status(hub=hub)
+    return pauses.drain_status(hub=hub)
 
 
 @drain_router.put(
@@ -102,12 +102,12 @@ def start_drain(
     """Submissions answer 503 (Retry-After); with `hold_retries` (the default) no message starts either until
     the drain ends. `PUT` again to switch between the two."""
     request = request or DrainRequest()
-    operator.drain(request.reason, hold_retries=request.hold_retries, hub=hub)
-    return operator.drain_status(hub=hub)
+    pauses.drain(request.reason, hold_retries=request.hold_retries, hub=hub)
+    return pauses.drain_status(hub=hub)
 
 
 @drain_router.delete("", summary="End the drain: take messages again", responses=_ERRORS)
 def end_drain(_: Annotated[Caller, Depends(can_operate)], hub: ServedHub) -> dict[str, Any]:
     """The messages the drain held back are re-driven now (`redriven`)."""
-    redriven = operator.undrain(hub=hub)
-    return {**operator.drain_status(hub=hub), "redriven": redriven}
+    redriven = pauses.undrain(hub=hub)
+    return {**pauses.drain_status(hub=hub), "redriven": redriven}

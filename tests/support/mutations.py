@@ -116,7 +116,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "undrain_starts_sequential_children",
         "issue 26 #7: the end of a drain starts a sequential split's children waiting their turn",
-        "openhub/service/actions.py",
+        "openhub/service/pauses.py",
         "where(and_(M.state.in_(RESUMABLE), M.due_at.is_not(None)))\n",
         "where(M.state.in_(RESUMABLE))\n",
         guard="tests/integration/test_interleavings.py::test_ending_a_drain_does_not_start_children_waiting_their_turn",

@@ -153,6 +153,8 @@ def test_the_engine_side_asks_the_registry_for_a_messages_route() -> None:
             "engine.followups",
             "engine.poller",
             "service.actions",
+            "service.pauses",
+            "service.breakers",
             "engine.funnel",
             "store.queries",
         )
