@@ -228,10 +228,7 @@ def create_app(
         summary="Prometheus metrics",
         response_class=Response,
         dependencies=[Depends(scraper)],
-        responses={
-            401: {"description": "Missing or invalid credentials"},
-            403: {"description": "Needs the metrics or admin token"},
-        },
+        responses=problems.refusals(401, said={403: "Needs the metrics or admin token"}),
     )
     def prometheus_metrics() -> Response:
         """Every openhub metric in the Prometheus text format (the metrics token or the admin token)."""

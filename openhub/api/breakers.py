@@ -9,21 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, viewer
 from openhub.api.auth import operator as can_operate
-from openhub.api.problems import NO_CONTROL
+from openhub.api.problems import NO_CONTROL, refusals
 from openhub.api.served import ServedHub
 from openhub.service import breakers as operator
 
 router = APIRouter(prefix="/api/v1/breakers", tags=["routes"])
-_ERRORS = {
-    s: {"description": d}
-    for s, d in {
-        400: "No reason, or a bad duration",
-        401: "Missing or invalid credentials",
-        403: "Needs a higher role",
-        404: "No step calls this system",
-        503: "Message store unavailable",
-    }.items()
-}
+_ERRORS = refusals(401, 403, 503, said={400: "No reason, or a bad duration", 404: "No step calls this system"})
 System = Annotated[str, Path(max_length=100)]
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from openhub.api import ingress
 from openhub.api.auth import Caller
 from openhub.api.auth import operator as can_operate
-from openhub.api.problems import NO_CONTROL, ApiError
+from openhub.api.problems import NO_CONTROL, ApiError, refusals
 from openhub.core.errors import InputError
 from openhub.core.registry import get_registry
 from openhub.core.states import State
@@ -213,9 +213,8 @@ class MessagePage(BaseModel):
     next_cursor: int | None
 
 
-ERRORS = {
-    s: {"description": d}
-    for s, d in {
+ERRORS = refusals(  # a source system's key, and what the store's refusal means for a submission
+    said={
         400: "Malformed request, bad payload or payload refused by the route's validation",
         401: "Missing or invalid API key",
         403: "The key may not do this",
@@ -225,8 +224,8 @@ ERRORS = {
         415: "Unsupported media type",
         429: "Throttled; see Retry-After",
         503: "Message store unavailable; nothing stored",
-    }.items()
-}
+    }
+)
 
 PAYLOAD_BODY = {
     "requestBody": {

@@ -21,7 +21,7 @@ from openhub.api import body, ingress, metrics, sync
 from openhub.api.auth import source_system
 from openhub.api.message_actions import may_respond
 from openhub.api.message_models import BATCH_BODY_FACTOR, ERRORS, PAYLOAD_BODY, Accepted, Batch, BatchAccepted
-from openhub.api.problems import ApiError
+from openhub.api.problems import ApiError, refusals
 from openhub.api.served import served
 from openhub.core import tracing
 from openhub.core.context import MessageView
@@ -61,10 +61,9 @@ def _accepted(view: MessageView) -> dict[str, Any]:
             "model": Accepted,
         },
         **{s: e for s, e in ERRORS.items() if s != 409},
-        422: {
-            "description": "A synchronous route's message ended FAILED or cancelled in time "
-            "(its `error_code` and `error`)"
-        },
+        **refusals(
+            said={422: "A synchronous route's message ended FAILED or cancelled in time (its `error_code` and `error`)"}
+        ),
     },
     summary="Submit a message",
 )

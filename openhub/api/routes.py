@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, viewer
 from openhub.api.auth import operator as can_operate
+from openhub.api.problems import refusals
 from openhub.api.served import ServedHub
 from openhub.core.model import route_name
 from openhub.core.topics import is_topic, subscribers
@@ -21,12 +22,7 @@ from openhub.service import pauses
 
 router = APIRouter(prefix="/api/v1/routes", tags=["routes"])
 drain_router = APIRouter(prefix="/api/v1/drain", tags=["routes"])
-_ERRORS = {
-    401: {"description": "Missing or invalid credentials"},
-    403: {"description": "Needs a higher role"},
-    404: {"description": "Unknown route"},
-    503: {"description": "Message store unavailable"},
-}
+_ERRORS = refusals(401, 403, 503, said={404: "Unknown route"})
 Name = Annotated[str, Path(max_length=100)]
 
 
