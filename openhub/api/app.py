@@ -25,6 +25,9 @@ from openhub.api import (
     codes,
     confirmations,
     health,
+    message_actions,
+    message_models,
+    message_reads,
     messages,
     metrics,
     oidc,
@@ -47,8 +50,10 @@ from openhub.engine.intake import identifier
 log = logging.getLogger("openhub.api")
 access_log = logging.getLogger("openhub.api.access")
 ADMIN_DIR = Path(__file__).with_name("admin")
-ROUTERS = [
-    messages.router,
+ROUTERS = [  # in this order: a path matches the first route whose pattern takes it
+    message_reads.router,
+    message_actions.router,
+    messages.router,  # after the actions: its submission path would swallow their old paths
     soap.router,
     confirmations.router,
     confirmations.schemas_router,
@@ -223,10 +228,7 @@ def create_app(
         summary="Prometheus metrics",
         response_class=Response,
         dependencies=[Depends(scraper)],
-        responses={
-            401: {"description": "Missing or invalid credentials"},
-            403: {"description": "Needs the metrics or admin token"},
-        },
+        responses=problems.refusals(401, said={403: "Needs the metrics or admin token"}),
     )
     def prometheus_metrics() -> Response:
         """Every openhub metric in the Prometheus text format (the metrics token or the admin token)."""
@@ -261,7 +263,7 @@ def _document_extra_schemas(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(messages.extra_schemas())
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(message_models.extra_schemas())
             app.openapi_schema = problems.document(schema)
         return app.openapi_schema
 

@@ -8,15 +8,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from openhub.api.auth import Caller, admin
+from openhub.api.problems import refusals
 from openhub.api.served import ServedHub
 from openhub.service import catalogue
 
 router = APIRouter(prefix="/api/v1/errors", tags=["errors"])
-_ERRORS = {
-    401: {"description": "Missing or invalid credentials"},
-    403: {"description": "Needs the admin token"},
-    503: {"description": "Message store unavailable"},
-}
+_ERRORS = refusals(401, 503, said={403: "Needs the admin token"})
 
 
 @router.get(

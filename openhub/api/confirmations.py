@@ -11,24 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, viewer
 from openhub.api.auth import operator as can_operate
-from openhub.api.problems import NO_CONTROL
+from openhub.api.problems import NO_CONTROL, refusals
 from openhub.core.context import aware, error_line
 from openhub.core.soapxml import CONFIRMATION_XSD
 from openhub.core.states import ConfirmationState
 from openhub.outbound import confirm, protocol
 
 router = APIRouter(prefix="/api/v1/confirmations", tags=["confirmations"])
-_ERRORS = {
-    s: {"description": d}
-    for s, d in {
-        400: "Bad filter",
-        401: "Missing or invalid credentials",
-        403: "Needs the admin token",
-        404: "No such confirmation",
-        409: "Not parked (FAILED_END)",
-        503: "Message store unavailable",
-    }.items()
-}
+_ERRORS = refusals(
+    401,
+    503,
+    said={400: "Bad filter", 403: "Needs the admin token", 404: "No such confirmation", 409: "Not parked (FAILED_END)"},
+)
 MAX_ID = 2**63 - 1
 
 

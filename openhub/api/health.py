@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from openhub.api.problems import refusals
 from openhub.store.db import transaction
 
 log = logging.getLogger("openhub.api.health")
@@ -55,7 +56,7 @@ def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     summary="Readiness: database and broker reachable",
-    responses={503: {"description": "The database or the broker is unreachable"}},
+    responses=refusals(said={503: "The database or the broker is unreachable"}),
 )
 def readyz() -> JSONResponse:
     """200 when both the message store and the broker answer, 503 (naming which is unavailable) otherwise."""

@@ -13,22 +13,12 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, admin, reader, viewer
-from openhub.api.problems import NO_CONTROL
+from openhub.api.problems import NO_CONTROL, refusals
 from openhub.engine.intake import to_utc
 from openhub.store import audit, tokens
 
 router = APIRouter(prefix="/api/v1", tags=["operators"])
-_ERRORS = {
-    s: {"description": d}
-    for s, d in {
-        400: "Bad request",
-        401: "Missing or invalid credentials",
-        403: "Needs a higher role",
-        404: "No such token",
-        409: "The token exists or is revoked already",
-        503: "Message store unavailable",
-    }.items()
-}
+_ERRORS = refusals(400, 401, 403, 503, said={404: "No such token", 409: "The token exists or is revoked already"})
 MAX_ID = 2**63 - 1
 
 

@@ -11,16 +11,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from openhub.api.auth import Caller, viewer
+from openhub.api.problems import refusals
 from openhub.api.served import ServedHub
 from openhub.service import overview as figures
 from openhub.service import worker_states
 
 router = APIRouter(prefix="/api/v1", tags=["overview"])
-_ERRORS = {
-    401: {"description": "Missing or invalid credentials"},
-    403: {"description": "Needs a higher role"},
-    503: {"description": "Message store unavailable"},
-}
+_ERRORS = refusals(401, 403, 503)
 
 
 @router.get(

@@ -3,13 +3,15 @@
 Each OpenHubError subclass the API can meet maps to one status code; the most specific class
 wins (UnknownRouteError is an InputError but answers 404). `tests/integration/api` checks
 that every error class in `openhub.core.errors` has an entry, so a new error cannot fall through
-to a 500.
+to a 500. What each endpoint documents it may refuse with (its OpenAPI `responses`) is said here too,
+once for the whole API (`refusals`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,6 +40,24 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.WebhookSignatureError: 400,  # raised by receivers' verify_signature, never by the hub's own API
     errors.ConfigurationError: 500,  # a broken route module: the operator's problem, not the caller's
 }
+
+
+# What each refusal means, as the OpenAPI document says it for every endpoint that does not say it more exactly
+# (`refusals(said=...)`): the one map of documented refusals for the whole API.
+REFUSALS: dict[int, str] = {
+    400: "Bad request",
+    401: "Missing or invalid credentials",
+    403: "Needs a higher role",
+    503: "Message store unavailable",
+}
+
+
+def refusals(*statuses: int, said: Mapping[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of an endpoint that may refuse with `statuses` and with those `said` describes:
+    each in `said`'s words where it has them (what an endpoint's 404 or 409 means is its own), else
+    REFUSALS'; in status order."""
+    said = said or {}
+    return {status: {"description": said.get(status) or REFUSALS[status]} for status in sorted({*statuses, *said})}
 
 
 GENERIC_REASONS = {

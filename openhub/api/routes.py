@@ -14,26 +14,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, viewer
 from openhub.api.auth import operator as can_operate
+from openhub.api.problems import refusals
 from openhub.api.served import ServedHub
 from openhub.core.model import route_name
 from openhub.core.topics import is_topic, subscribers
-from openhub.service import actions as operator
+from openhub.service import pauses
 
 router = APIRouter(prefix="/api/v1/routes", tags=["routes"])
 drain_router = APIRouter(prefix="/api/v1/drain", tags=["routes"])
-_ERRORS = {
-    401: {"description": "Missing or invalid credentials"},
-    403: {"description": "Needs a higher role"},
-    404: {"description": "Unknown route"},
-    503: {"description": "Message store unavailable"},
-}
+_ERRORS = refusals(401, 403, 503, said={404: "Unknown route"})
 Name = Annotated[str, Path(max_length=100)]
 
 
 @router.get("", summary="The loaded routes, their steps and whether they are paused", responses=_ERRORS)
 def list_routes(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> list[dict[str, Any]]:
     """Every route with its steps and, when paused, why; a topic with its subscribers."""
-    paused = operator.paused()
+    paused = pauses.paused(hub=hub)
     return [
         {
             "route": r.name,
@@ -58,7 +54,7 @@ def pause_route(
 ) -> dict[str, Any]:
     """Stop starting messages of the route until it is resumed."""
     name = hub.registry.route(route_name(service, operation)).name
-    operator.pause(name)
+    pauses.pause(name, hub=hub)
     return {"route": name, "paused": True}
 
 
@@ -68,7 +64,7 @@ def resume_route(
 ) -> dict[str, Any]:
     """Resume the route; its postponed messages are re-driven at once."""
     name = hub.registry.route(route_name(service, operation)).name
-    redriven = operator.resume(name)
+    redriven = pauses.resume(name, hub=hub)
     return {"route": name, "paused": False, "redriven": redriven}
 
 
@@ -87,25 +83,27 @@ class DrainRequest(BaseModel):
 @drain_router.get(
     "", summary="Whether the hub is draining, and how many messages are still under way", responses=_ERRORS
 )
-def drain_status(_: Annotated[Caller, Depends(viewer)]) -> dict[str, Any]:
+def drain_status(_: Annotated[Caller, Depends(viewer)], hub: ServedHub) -> dict[str, Any]:
     """`draining`, its `reason`, `hold_retries` (whether the stored messages wait too), and `under_way`:
     messages still running a step (wait for 0)."""
-    return operator.drain_status()
+    return pauses.drain_status(hub=hub)
 
 
 @drain_router.put(
     "", summary="Drain the hub: refuse new messages, start none, let those under way finish", responses=_ERRORS
 )
-def start_drain(_: Annotated[Caller, Depends(can_operate)], request: DrainRequest | None = None) -> dict[str, Any]:
+def start_drain(
+    _: Annotated[Caller, Depends(can_operate)], hub: ServedHub, request: DrainRequest | None = None
+) -> dict[str, Any]:
     """Submissions answer 503 (Retry-After); with `hold_retries` (the default) no message starts either until
     the drain ends. `PUT` again to switch between the two."""
     request = request or DrainRequest()
-    operator.drain(request.reason, hold_retries=request.hold_retries)
-    return operator.drain_status()
+    pauses.drain(request.reason, hold_retries=request.hold_retries, hub=hub)
+    return pauses.drain_status(hub=hub)
 
 
 @drain_router.delete("", summary="End the drain: take messages again", responses=_ERRORS)
-def end_drain(_: Annotated[Caller, Depends(can_operate)]) -> dict[str, Any]:
+def end_drain(_: Annotated[Caller, Depends(can_operate)], hub: ServedHub) -> dict[str, Any]:
     """The messages the drain held back are re-driven now (`redriven`)."""
-    redriven = operator.undrain()
-    return {**operator.drain_status(), "redriven": redriven}
+    redriven = pauses.undrain(hub=hub)
+    return {**pauses.drain_status(hub=hub), "redriven": redriven}

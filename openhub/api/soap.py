@@ -24,7 +24,7 @@ from fastapi.responses import Response
 
 from openhub.api import body, ingress
 from openhub.api.auth import authenticate, submitter
-from openhub.api.problems import GENERIC_REASONS, ApiError, status_for
+from openhub.api.problems import GENERIC_REASONS, ApiError, refusals, status_for
 from openhub.api.served import served
 from openhub.core import errors, soapxml
 from openhub.core.model import Route
@@ -94,8 +94,7 @@ def _refusal(exc: Exception) -> soapxml.XmlRefused:
     response_class=Response,
     responses={
         200: {"content": {"text/xml": {}}},
-        401: {"description": "Missing or invalid key"},
-        404: {"description": "No route of this service takes SOAP"},
+        **refusals(said={401: "Missing or invalid key", 404: "No route of this service takes SOAP"}),
     },
 )
 async def service_wsdl(request: Request, service: Service) -> Response:
@@ -121,7 +120,7 @@ async def service_wsdl(request: Request, service: Service) -> Response:
     response_class=Response,
     responses={
         200: {"description": "hub:AcceptResponse", "content": {"text/xml": {}}},
-        500: {"description": "A SOAP 1.1 fault"},
+        **refusals(said={500: "A SOAP 1.1 fault"}),
     },
 )
 async def soap_submit(request: Request, service: Service) -> Response:

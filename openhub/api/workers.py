@@ -13,21 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller
 from openhub.api.auth import operator as can_operate
-from openhub.api.problems import NO_CONTROL
+from openhub.api.problems import NO_CONTROL, refusals
 from openhub.api.served import ServedHub
 from openhub.service import worker_states
 
 router = APIRouter(prefix="/api/v1", tags=["overview"])
-_ERRORS = {
-    s: {"description": d}
-    for s, d in {
-        400: "No reason, or not a host name",
-        401: "Missing or invalid credentials",
-        403: "Needs a higher role",
-        404: "No such worker",
-        503: "Message store unavailable",
-    }.items()
-}
+_ERRORS = refusals(401, 403, 503, said={400: "No reason, or not a host name", 404: "No such worker"})
 WorkerId = Annotated[str, Path(max_length=36, description="The worker's id, as `GET /api/v1/workers` lists it.")]
 Host = Annotated[str, Path(max_length=255, description="A host name, as the workers' nodes (host:pid) show it.")]
 

@@ -290,14 +290,14 @@ def submit(
 def drain(reason: str, off: bool, status_only: bool, hold_retries: bool, as_json: bool) -> None:
     """Drain the hub before maintenance: new messages are refused, those under way finish; by default none
     starts either (--new-only: the stored ones, retries included, go on)."""
-    from openhub.service import actions as operator
+    from openhub.service import pauses
 
     redriven = None
     if off:
-        redriven = operator.undrain()
+        redriven = pauses.undrain()
     elif not status_only:
-        operator.drain(reason, hold_retries=hold_retries)
-    state = operator.drain_status()
+        pauses.drain(reason, hold_retries=hold_retries)
+    state = pauses.drain_status()
     if as_json:
         click.echo(json.dumps(state if redriven is None else {**state, "redriven": redriven}))
     elif state["draining"]:

@@ -126,7 +126,7 @@ def breakers() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def breakers_list(as_json: bool) -> None:
     """Every system a step calls, with its breaker."""
-    from openhub.service import actions as operator
+    from openhub.service import breakers as operator
 
     rows = operator.breakers()
     if as_json:
@@ -145,7 +145,7 @@ def breakers_list(as_json: bool) -> None:
 @click.option("--reason", required=True, help="Why (kept in the audit trail).")
 def breakers_reset(system: str, reason: str) -> None:
     """Close SYSTEM's breaker: its failure count goes to 0."""
-    from openhub.service import actions as operator
+    from openhub.service import breakers as operator
 
     operator.reset_breaker(system, reason)
     click.echo(f"breaker of {system} closed")
@@ -157,7 +157,7 @@ def breakers_reset(system: str, reason: str) -> None:
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), help="How long (default OPENHUB_BREAKER_OPEN).")
 def breakers_open(system: str, reason: str, seconds: float | None) -> None:
     """Force SYSTEM's breaker open: its steps are postponed (no failure counted) until the time is up."""
-    from openhub.service import actions as operator
+    from openhub.service import breakers as operator
 
     b = operator.open_breaker(system, reason, seconds)
     click.echo(f"breaker of {system} open until {b['open_until']}")

@@ -12,7 +12,7 @@ the batch's messages at once:
    time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
 3. write: ONE transaction records every outcome (again in savepoints where a part failed): a success
    hands the message over to its next step's lease in the same statement (`engine.record_and_enter`),
-   anything else is recorded (`engine.record`).
+   anything else is recorded (`recording.record`).
 
 Every guarantee stays per message, written by the engine's own functions: lease and fencing token,
 external-call record, retry, funnel, order, entity scope, cancel, expiry, splits, waits. A write that
@@ -48,19 +48,19 @@ from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.states import State
 from openhub.core.verdicts import StepReport, Verdict
 from openhub.engine.engine import (
-    enter,
     fenced_in_call,
     interrupted,
     left_to_repair,
     new_run,
     outcome,
     pause_before_retry,
-    record,
     record_and_enter,
 )
+from openhub.engine.entry import enter
 from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
 from openhub.engine.lifecycle import FollowUps, Tx
+from openhub.engine.recording import record
 from openhub.store.db import is_outage
 from openhub.store.schema import messages
 

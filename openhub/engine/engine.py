@@ -1,8 +1,8 @@
 """Carrying a message through one step of its route (README.md, "How it works").
 
-A step runs in three parts: `enter` (claim the message or check the chain's fencing token,
+A step runs in three parts: `entry.enter` (claim the message or check the chain's fencing token,
 take the step lease, consult the step's external-call record), the step itself outside any
-transaction, and `record` (write the outcome, if the lease is still ours). Every state change
+transaction (here), and `recording.record` (write the outcome, if the lease is still ours). Every state change
 is written by `lifecycle.apply_event` from the state table, and what it asks for after commit
 is carried out by `followups.carry_out` when the task's steps are done.
 
@@ -18,8 +18,7 @@ import time
 import traceback
 from contextlib import ExitStack, nullcontext
 from functools import partial
-from types import SimpleNamespace
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from openhub.core import codes
 from openhub.core.context import NoEffect, StepContext, WaitForResponse, error_line
@@ -27,22 +26,22 @@ from openhub.core.declared import is_declared
 from openhub.core.errors import Fenced, Holdback, Interrupted, Postpone, Reject, StoreUnavailable
 from openhub.core.failures import error_code, is_fatal
 from openhub.core.model import Split
-from openhub.core.policy import outage_pause, postpone_until, retry_policy, step_timeout, verdict_due
+from openhub.core.policy import outage_pause, postpone_until, step_timeout
 from openhub.core.redact import secrets_scope
 from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.secret_fields import secret_values
-from openhub.core.states import CallState, Event, State
+from openhub.core.states import Event, State
 from openhub.core.tracing import step_span
-from openhub.core.verdicts import StepReport, Verdict, call_key, idempotency_key, message_info
-from openhub.engine import admission, leases, waits
-from openhub.engine.admission import Refusal
+from openhub.core.verdicts import StepReport, Verdict
+from openhub.engine import admission, entry, leases
 from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
-from openhub.engine.lifecycle import FollowUps, Tx, apply_event, redispatch, resume_split
-from openhub.engine.split import prepare_children, write_children
+from openhub.engine.lifecycle import FollowUps, Tx, apply_event
+from openhub.engine.recording import record
+from openhub.engine.split import prepare_children
 from openhub.outbound.breaker import counts_against_system
 from openhub.store.queries import dumps, loads, lock_message
-from openhub.store.workers import current_id, fenced, fencing, running
+from openhub.store.workers import fenced, fencing, running
 
 __all__ = ["StepReport", "TimeLimit", "Verdict", "run_step", "run_steps"]
 
@@ -101,7 +100,7 @@ def _carry_through(run: StepRun, end: int) -> tuple[int, StepReport]:
                 if entered is None:
                     run_id = new_run(runs)
                     with run.hub.transaction() as conn:
-                        entered = enter(Tx(conn, run.clock(), follow, run.hub), run, run_id)
+                        entered = entry.enter(Tx(conn, run.clock(), follow, run.hub), run, run_id)
                 if isinstance(entered, Entered):
                     handed, report = _carry(run, end, entered, runs, follow)
                     if handed is not None:
@@ -356,7 +355,7 @@ def record_and_enter(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, n
     if taken is None:  # the lease was lost: discard the outcome as `record` does
         return record(tx, run, entered, verdict)
     admission.call_ended(tx.conn, run.item, entered.run_id, verdict, tx.now, tx.hub.settings)
-    return _prepare(tx, following, taken, next_run, call_taken)
+    return entry.prepare(tx, following, taken, next_run, call_taken)
 
 
 def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[FollowUps, bool, Verdict]:
@@ -388,203 +387,3 @@ def pause_before_retry(seconds: float) -> None:
 def interrupted(run: StepRun, exc: BaseException) -> bool:
     """A time limit stopped the work where it stood (the driver's, read as openhub's `Interrupted`)."""
     return isinstance(run.translate(exc), Interrupted)
-
-
-def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
-    item = run.item
-    row = entered.row  # still accurate: the step lease kept everyone else off the message
-    # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
-    errors = loads(row.business_errors, []) + (entered.ctx.business_errors if verdict.succeeded else [])
-    common = dict(
-        custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
-        business_errors=dumps(errors) if errors else None,
-        **leases.dropped(),
-        updated_at=tx.now,
-    )
-    if verdict.result is not None and verdict.call_state == CallState.OK:
-        # A sync route's last call succeeded: its result is kept with it, whatever the verdict written (a
-        # store failure's UNRECORDED retry skips the call as done, and must find the result there).
-        common["result"] = verdict.result
-    if verdict.event is None and not run.last:
-        # The next step's task must arrive in time; this worker publishes it: named here, its death
-        # re-publishes the chain at once.
-        common.update(leases.between_steps(tx.now, tx.hub.settings, publisher=current_id()))
-    kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now)
-    if kept is None:
-        log.warning(
-            "message %s: step %s finished after its lease was lost; outcome discarded", run.message_id, item.key
-        )
-        admission.call_ended(tx.conn, item, entered.run_id, None, tx.now, tx.hub.settings)
-        # A cancelled message kept this run as in flight: it has ended now, and the funnel may go on.
-        if leases.let_go_lost(tx.conn, entered, verdict, tx.now):
-            tx.follow.funnels.append(run.message_id)
-        return False
-    admission.call_ended(tx.conn, item, entered.run_id, verdict, tx.now, tx.hub.settings)
-    if verdict.event is None and verdict.children:  # an unbound split: its children, and the route goes on
-        assert isinstance(item, Split)
-        write_children(tx.conn, row.id, item, verdict.children)
-        tx.follow.children.append(row.id)
-    if verdict.event is None and not run.last:
-        return True
-    # The ask is written under the lease's compare-and-set (the row lock an answer's `respond` takes too):
-    # an answer bound to this run's token came before it, or comes after it and finds the wait open.
-    answered_meanwhile = verdict.event is Event.WAIT_RESPONSE and waits.asked(
-        tx.conn, row.id, entered.run_id, item.key, tx.now
-    )
-    row = _with(row, **common)
-    _finish(tx, row, run, verdict if verdict.event else Verdict(Event.COMPLETED))
-    if answered_meanwhile:  # its answer came while the step ran: no need to wait for it
-        leases.answered(tx.conn, entered, tx.now)
-        redispatch(tx, _with(row, state=State.WAITING_FOR_RES.value), Event.RESPONDED)
-    return False
-
-
-def _finish(tx: Tx, row: Any, run: StepRun, verdict: Verdict, **values: Any) -> None:
-    """Apply a verdict that ends this chain: final state, retry, postpone, wait or split."""
-    settings = run.hub.settings
-    item, event = run.item, verdict.event
-    assert event is not None
-    values.update(leases.dropped())
-    if event in (Event.TRANSIENT, Event.REJECTED, Event.NO_EFFECT):
-        values.update(failed_step=item.key, failed_error=verdict.error, error_code=verdict.code)
-    if event in (Event.POSTPONED, Event.HELD_BACK, Event.WAIT_RESPONSE, Event.NO_EFFECT):
-        values["due_at"] = verdict_due(event, verdict.delay, retry_policy(run.route, item, settings), tx.now, settings)
-    elif event is Event.SPLIT:
-        values["due_at"] = None
-        assert isinstance(item, Split)
-        write_children(tx.conn, row.id, item, verdict.children)
-    apply_event(tx, row, event, run.route, item, detail=verdict.short(), **values)
-
-
-# --- entering a step ----------------------------------------------------------------------------------------
-
-
-def enter(tx: Tx, run: StepRun, run_id: str) -> Entered | bool:
-    lease = leases.lease(run.item, run_id, tx.now, tx.hub.settings)
-    # The route's first step finds its message NEW or IN_QUEUE, to be claimed: the lease would not take it.
-    row, call_taken = (None, False) if run.index == 0 else leases.take(tx.conn, run, lease, tx.now)
-    if row is None:  # not a chain going on to its next step: find out why, under the row lock
-        row = lock_message(tx.conn, run.message_id)
-        if row is None or row.attempt_id != run.token:
-            log.info("message %s: stale chain (token changed), stopping without effect", run.message_id)
-            return False
-        if run.index == 0 and row.state == State.PROCESSING:  # the first task delivered again: as any step's
-            row, call_taken = leases.take(tx.conn, run, lease, tx.now)
-            if row is None:
-                log.info(
-                    "message %s is PROCESSING and another run holds the step lease: this chain stops", run.message_id
-                )
-                return False
-        elif row.state not in (State.NEW, State.IN_QUEUE):
-            log.info(
-                "message %s is %s%s: this chain stops",
-                run.message_id,
-                row.state,
-                " and another run holds the step lease" if row.state == State.PROCESSING else "",
-            )
-            return False
-        else:
-            if not _claim(tx, row, run, lease):
-                return False
-            row = _with(
-                row,
-                state=State.PROCESSING.value,
-                attempts=row.attempts + 1,
-                started_at=row.started_at or tx.now,
-                blocked_since=None,
-                **lease,
-            )
-    return _prepare(tx, run, row, run_id, call_taken)
-
-
-def _claim(tx: Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
-    """The chain's first task takes a NEW/IN_QUEUE message, unless admission refuses it."""
-    refusal = admission.claim(tx.conn, row, run.route, tx.now, tx.hub.settings)
-    if refusal is not None:
-        _refuse(tx, row, run, refusal)
-        return False
-    # A retry's chain starts at the route's first step and skips those already OK: the history names
-    # the step the attempt resumes at, as its call records tell (a first attempt has none to read).
-    resumes = leases.first_step_not_done(tx.conn, row, run.route, run.item) if row.attempts else run.item
-    apply_event(
-        tx,
-        row,
-        Event.CLAIMED,
-        run.route,
-        resumes,
-        attempts=row.attempts + 1,
-        started_at=row.started_at or tx.now,
-        blocked_since=None,
-        **lease,
-    )
-    return True
-
-
-def _refuse(tx: Tx, row: Any, run: StepRun, refusal: Refusal) -> None:
-    """Write what admission refused, instead of the step."""
-    apply_event(tx, row, refusal.event, run.route, run.item, detail=refusal.detail, **refusal.values)
-
-
-def _prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = False) -> Entered | bool:
-    """With the step lease ours: the step's context and its external-call record (or why it does not run);
-    `call_taken`: the statement that took the lease inserted the step's first call record."""
-    item, conn = run.item, tx.conn
-    ctx = StepContext(
-        payload=loads(row.payload),
-        message=message_info(row),
-        idempotency_key=idempotency_key(row, item),
-        attempt=1,
-        redelivered=run.redelivered,
-        custom_data=loads(row.custom_data, {}),
-        response=loads(row.response),
-        wait_token=run_id,
-    )
-    try:
-        key = call_key(row, item, ctx)
-    except Exception as exc:  # a custom key that cannot be computed is the message's fault
-        _finish(tx, row, run, Verdict(Event.REJECTED, error=f"{exc}", code=codes.CUSTOM_KEY))
-        return False
-    refusal = admission.breaker_open(conn, item, tx.now, tx.hub.settings)
-    if refusal is not None:
-        _refuse(tx, row, run, refusal)
-        return False
-    call = None if call_taken else leases.take_call(conn, key, row, item, tx.now)
-    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded
-        if isinstance(item, Split) and item.bound and not resume_split(tx, row, item):
-            return False
-        log.debug("message %s: step %s already OK, skipped", row.id, item.key)
-        if run.last:
-            _finish(tx, row, run, Verdict(Event.COMPLETED))
-            return False
-        leases.hand_back(conn, row.id, tx.now, tx.hub.settings)
-        return True
-    settings = tx.hub.settings
-    refusal = admission.against_record(conn, row, key, call, tx.now, settings) or admission.system_busy(
-        conn, item, run_id, row.due_at, tx.now, settings
-    )
-    if refusal is not None:
-        if call is None:  # its record was made by this entry, and no call happened
-            leases.forget_call(conn, key)
-        _refuse(tx, row, run, refusal)
-        return False
-    if call is not None:
-        ctx.attempt = call.attempts + 1 if call.message_id == row.id else 1
-        # This message's own call was begun and has no outcome: the run that began it ended unseen (its worker
-        # died, or it was fenced), and the system may have had the call. Like JMSRedelivered, a step can ask.
-        ctx.redelivered = ctx.redelivered or (call.message_id == row.id and call.state == CallState.PROCESSING)
-        leases.call_again(conn, key, row, ctx.attempt, tx.now)
-    return Entered(
-        run_id=run_id,
-        key=key,
-        ctx=ctx,
-        row=_with(row),
-        call_ok_id=call.ok_message_id if call else None,
-        call_ok_ts=call.ok_msg_timestamp if call else None,
-    )
-
-
-def _with(row: Any, **values: Any) -> SimpleNamespace:
-    """A copy of a message row with some columns changed (what this transaction wrote)."""
-    data = dict(row._mapping) if hasattr(row, "_mapping") else dict(vars(row))
-    data.update(values)
-    return SimpleNamespace(**data)

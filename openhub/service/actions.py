@@ -1,46 +1,64 @@
-"""What operators do to messages and routes (the CLI and the HTTP API wrap these functions)."""
+"""What operators do to messages: restart (from a step, with an edited payload), retry now, cancel, answer a
+wait, one message or every one matching filters (the CLI and the HTTP API wrap these functions).
+
+What operators do to routes and the hub (pause, drain) is openhub.service.pauses, to the external systems'
+breakers openhub.service.breakers; their functions are importable from here too, where they used to live."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any, Callable
 
-from sqlalchemy import and_, delete, func, not_, select, update
+from sqlalchemy import func, select
 
 from openhub.core.context import MessageView
 from openhub.core.errors import InputError, NotFound, StateConflict
-from openhub.core.model import Route
-from openhub.core.registry import get_registry
 from openhub.core.secret_fields import mask_fields
 from openhub.core.states import FINAL, NON_FINAL, Event, Note, State, allowed
 from openhub.core.topics import is_topic
 from openhub.engine import leases, waits
 from openhub.engine.followups import carry_out, redrive_due_messages
-from openhub.engine.hub import current
+from openhub.engine.hub import Hub, given
 from openhub.engine.intake import prepare, shallow
 from openhub.engine.lifecycle import FollowUps, Tx, apply_event, cancel_family, redispatch
-from openhub.outbound import breaker
+from openhub.service.breakers import breakers, open_breaker, reset_breaker
+from openhub.service.pauses import drain, drain_status, pause, paused, resume, undrain
 from openhub.service.reads import get_message
 from openhub.store import audit
-from openhub.store.db import store_now, transaction
 from openhub.store.queries import (
-    DRAIN,
     MessageFilter,
-    drain_reason,
     dumps,
     loads,
     lock_message,
-    pause_route,
-    paused_routes,
     record_transition,
     update_message,
 )
-from openhub.store.schema import messages, route_pauses
+from openhub.store.schema import messages
+
+__all__ = [  # the operator calls of all three modules (openhub.service.actions was their one home)
+    "BULK_LIMIT",
+    "BulkResult",
+    "breakers",
+    "cancel",
+    "cancel_matching",
+    "drain",
+    "drain_status",
+    "edit_payload",
+    "open_breaker",
+    "pause",
+    "paused",
+    "reset_breaker",
+    "respond",
+    "restart",
+    "restart_from",
+    "restart_matching",
+    "resume",
+    "retry_now",
+    "undrain",
+]
 
 M = messages.c
-RESUMABLE = (State.POSTPONED.value, State.PARTLY_FAILED.value, State.NEW.value)
 
 
 def _locked(conn, message_id: int):
@@ -50,24 +68,24 @@ def _locked(conn, message_id: int):
     return row
 
 
-def restart(message_id: int, total: bool = False, *, audited: bool = True) -> MessageView:
+def restart(message_id: int, total: bool = False, *, audited: bool = True, hub: Hub | None = None) -> MessageView:
     """Restart a final message (OK, FAILED, CANCEL): failed count reset, retried at the next poll.
 
     `total=True` also forgets its OK external calls, so every call is made again (with new
-    idempotency keys). `audited=False`: the caller (a bulk action) writes the audit entry.
+    idempotency keys). `audited=False`: the caller (a bulk action) writes the audit entry. `hub`: the hub
+    whose message it is (default: the process's), as for every action here.
     """
+    hub = given(hub)
     follow = FollowUps(redrive=[int(message_id)])
-    with transaction() as conn:
-        row = _restartable(conn, message_id)
-        now = store_now()
+    with hub.transaction() as conn:
+        row = _restartable(hub, conn, message_id)
+        now = hub.clock()
         if total:
             leases.forget_calls(conn, row)
         who = audit.current_actor().name
         _restarted(
-            conn,
+            Tx(conn, now, follow, hub),
             row,
-            now,
-            follow,
             f"total restart by {who}: every call made again" if total else f"restarted by {who}",
             total=total,
         )
@@ -80,27 +98,25 @@ def restart(message_id: int, total: bool = False, *, audited: bool = True) -> Me
                 new={"total": total},
                 now=now,
             )
-    carry_out(current(), follow, now)
-    return get_message(message_id)
+    carry_out(hub, follow, now)
+    return get_message(message_id, hub=hub)
 
 
-def _restartable(conn: Any, message_id: int) -> Any:
+def _restartable(hub: Hub, conn: Any, message_id: int) -> Any:
     row = _locked(conn, message_id)
     if not allowed(State(row.state), Event.RESTARTED):
         raise StateConflict(
             f"message {message_id} is {row.state}: only an OK, FAILED or CANCEL message can be restarted"
         )
-    if is_topic(get_registry().find_route_of(row)):  # it did nothing to do again: its receivers did
+    if is_topic(hub.registry.find_route_of(row)):  # it did nothing to do again: its receivers did
         raise StateConflict(f"message {message_id} is a fan-out family: restart its receivers (its children)")
     return row
 
 
-def _restarted(
-    conn: Any, row: Any, now: Any, follow: FollowUps, detail: str, *, total: bool = False, new_keys: bool = False
-) -> None:
+def _restarted(tx: Tx, row: Any, detail: str, *, total: bool = False, new_keys: bool = False) -> None:
     # A run still in flight (the message was cancelled mid-step) keeps its lease: the new chain waits for it.
     values: dict[str, Any] = dict(
-        due_at=now,
+        due_at=tx.now,
         finished_at=None,
         failed_error=None,
         failed_step=None,
@@ -116,10 +132,11 @@ def _restarted(
     elif new_keys:  # the steps called again send new idempotency keys (the others are not called)
         values.update(generation=row.generation + 1, result=None)
     # The history says who restarted it: the state it goes to (PARTLY_FAILED, due now) alone reads as a failure.
-    apply_event(Tx(conn, now, follow, current()), row, Event.RESTARTED, _route_of(row), detail=detail, **values)
+    route = tx.hub.registry.find_route_of(row)
+    apply_event(tx, row, Event.RESTARTED, route, detail=detail, **values)
 
 
-def restart_from(message_id: int, step: str) -> MessageView:
+def restart_from(message_id: int, step: str, *, hub: Hub | None = None) -> MessageView:
     """Restart a final message from its route's step `step`: the call records of that step and every later
     one are cleared (listed in the history as cleared by the operator), the earlier ones kept, so the steps
     before `step` are never called again and `step` onward once more, with new idempotency keys (a system
@@ -128,10 +145,11 @@ def restart_from(message_id: int, step: str) -> MessageView:
     Refused (InputError) for a step the route does not have; (StateConflict) for a message not final, or a
     split parent with children not final yet.
     """
+    hub = given(hub)
     follow = FollowUps(redrive=[int(message_id)])
-    with transaction() as conn:
-        row = _restartable(conn, message_id)
-        route = get_registry().route_of(row)
+    with hub.transaction() as conn:
+        row = _restartable(hub, conn, message_id)
+        route = hub.registry.route_of(row)
         keys = [s.key for s in route.steps]
         if step not in keys:
             raise InputError(f"route {route.name} has no step {step!r}; its steps are {', '.join(keys)}")
@@ -144,7 +162,7 @@ def restart_from(message_id: int, step: str) -> MessageView:
             raise StateConflict(
                 f"message {message_id} has {live} split children not final yet: restart it from a step once they are"
             )
-        now = store_now()
+        now = hub.clock()
         later = keys[keys.index(step) :]
         cleared = leases.forget_calls_of(conn, row, later)
         who = audit.current_actor().name
@@ -158,7 +176,7 @@ def restart_from(message_id: int, step: str) -> MessageView:
             now=now,
             detail=f"cleared by {who}: the call records of steps {', '.join(later)}: " + dumps(cleared),
         )
-        _restarted(conn, row, now, follow, f"restarted from step {step} by {who}", new_keys=True)
+        _restarted(Tx(conn, now, follow, hub), row, f"restarted from step {step} by {who}", new_keys=True)
         audit.record(
             conn,
             "message.restart_from",
@@ -168,20 +186,21 @@ def restart_from(message_id: int, step: str) -> MessageView:
             new={"from_step": step},
             now=now,
         )
-    carry_out(current(), follow, now)
-    return get_message(message_id)
+    carry_out(hub, follow, now)
+    return get_message(message_id, hub=hub)
 
 
-def retry_now(message_id: int) -> MessageView:
+def retry_now(message_id: int, *, hub: Hub | None = None) -> MessageView:
     """Make a PARTLY_FAILED or POSTPONED message due now instead of after its back-off; its failure count
     stays as it is. (A paused route or a drain still holds it.)"""
-    with transaction() as conn:
+    hub = given(hub)
+    with hub.transaction() as conn:
         row = _locked(conn, message_id)
         if row.state not in (State.PARTLY_FAILED.value, State.POSTPONED.value):
             raise StateConflict(
                 f"message {message_id} is {row.state}: only a PARTLY_FAILED or POSTPONED message waits for a retry"
             )
-        now = store_now()
+        now = hub.clock()
         update_message(conn, row.id, due_at=now, updated_at=now)
         record_transition(
             conn,
@@ -200,20 +219,21 @@ def retry_now(message_id: int) -> MessageView:
             new={"due_at": str(now)},
             now=now,
         )
-    redrive_due_messages(current(), now, only_ids=[int(message_id)])
-    return get_message(message_id)
+    redrive_due_messages(hub, now, only_ids=[int(message_id)])
+    return get_message(message_id, hub=hub)
 
 
-def edit_payload(message_id: int, payload: Any) -> MessageView:
+def edit_payload(message_id: int, payload: Any, *, hub: Hub | None = None) -> MessageView:
     """Replace a FAILED message's payload and restart it (from the step that failed, whose record the
     failure left unsuccessful). The new payload is checked as a submission's is (size, nesting, the route's
     validation); the old one is kept in the history (the route's secret fields masked)."""
+    hub = given(hub)
     follow = FollowUps(redrive=[int(message_id)])
-    with transaction() as conn:
+    with hub.transaction() as conn:
         row = _locked(conn, message_id)
         if row.state != State.FAILED.value:
             raise StateConflict(f"message {message_id} is {row.state}: only a FAILED message's payload is edited")
-        route = get_registry().route_of(row)
+        route = hub.registry.route_of(row)
         checked = prepare(
             route.name,
             payload,
@@ -222,8 +242,9 @@ def edit_payload(message_id: int, payload: Any) -> MessageView:
             parent_id=row.parent_id,
             object_id=row.object_id,
             funnel=row.funnel,
+            hub=hub,
         )
-        now = store_now()
+        now = hub.clock()
         old = loads(row.payload)
         shown = mask_fields(old, route.secret_fields) if route.secret_fields else old
         who = audit.current_actor().name
@@ -237,32 +258,29 @@ def edit_payload(message_id: int, payload: Any) -> MessageView:
             now=now,
             detail=f"payload replaced by {who}; the old payload: " + dumps(shown),
         )
-        _restarted(conn, row, now, follow, f"restarted by {who} with an edited payload")
+        _restarted(Tx(conn, now, follow, hub), row, f"restarted by {who} with an edited payload")
         new_shown = mask_fields(payload, route.secret_fields) if route.secret_fields else payload
         audit.record(conn, "message.edit_payload", message_ids=[message_id], old=shown, new=new_shown, now=now)
-    carry_out(current(), follow, now)
-    return get_message(message_id)
+    carry_out(hub, follow, now)
+    return get_message(message_id, hub=hub)
 
 
-def cancel(message_id: int, *, audited: bool = True) -> MessageView:
+def cancel(message_id: int, *, audited: bool = True, hub: Hub | None = None) -> MessageView:
     """Cancel a message in any non-final state; it is confirmed as CANCEL and its chain stops."""
+    hub = given(hub)
     follow = FollowUps()
-    with transaction() as conn:
+    with hub.transaction() as conn:
         row = _locked(conn, message_id)
         if row.state in FINAL:
             raise StateConflict(
                 f"message {message_id} is already {row.state}: only a message not final yet can be cancelled"
             )
-        now = store_now()
-        cancel_family(Tx(conn, now, follow, current()), row)
+        now = hub.clock()
+        cancel_family(Tx(conn, now, follow, hub), row)
         if audited:
             audit.record(conn, "message.cancel", message_ids=[message_id], old={"state": row.state}, now=now)
-    carry_out(current(), follow, now)
-    return get_message(message_id)
-
-
-def _route_of(row: Any) -> Route | None:
-    return get_registry().find_route_of(row)
+    carry_out(hub, follow, now)
+    return get_message(message_id, hub=hub)
 
 
 BULK_LIMIT = 1000  # messages one bulk action acts on; `more` says when others match too
@@ -284,11 +302,15 @@ class BulkResult:
         }
 
 
-def restart_matching(*, total: bool = False, limit: int = BULK_LIMIT, **filters: Any) -> BulkResult:
+def restart_matching(
+    *, total: bool = False, limit: int = BULK_LIMIT, hub: Hub | None = None, **filters: Any
+) -> BulkResult:
     """Restart every final message matching the filters (`openhub.list_messages`'), oldest first."""
+    hub = given(hub)
     return _bulk(
+        hub,
         "message.restart_matching",
-        lambda i: restart(i, total=total, audited=False),
+        lambda i: restart(i, total=total, audited=False, hub=hub),
         FINAL - {State.SKIPPED},
         limit,
         MessageFilter(**filters),
@@ -296,14 +318,21 @@ def restart_matching(*, total: bool = False, limit: int = BULK_LIMIT, **filters:
     )
 
 
-def cancel_matching(*, limit: int = BULK_LIMIT, **filters: Any) -> BulkResult:
+def cancel_matching(*, limit: int = BULK_LIMIT, hub: Hub | None = None, **filters: Any) -> BulkResult:
     """Cancel every non-final message matching the filters, oldest first."""
+    hub = given(hub)
     return _bulk(
-        "message.cancel_matching", lambda i: cancel(i, audited=False), NON_FINAL, limit, MessageFilter(**filters)
+        hub,
+        "message.cancel_matching",
+        lambda i: cancel(i, audited=False, hub=hub),
+        NON_FINAL,
+        limit,
+        MessageFilter(**filters),
     )
 
 
 def _bulk(
+    hub: Hub,
     action: str,
     act: Callable[[int], Any],
     states: frozenset[State],
@@ -325,7 +354,7 @@ def _bulk(
             raise InputError(f"this action applies to messages in {', '.join(sorted(wanted))}, not {matching.state}")
         wanted = {matching.state}
     acting_on = replace(matching, state=None, states=frozenset(wanted))
-    with transaction() as conn:
+    with hub.transaction() as conn:
         ids = list(conn.execute(acting_on.where(select(M.id)).order_by(M.id).limit(int(limit) + 1)).scalars())
     result = BulkResult(more=len(ids) > limit)
     for message_id in ids[:limit]:  # one transaction each: a message that moved on meanwhile is refused alone
@@ -334,10 +363,11 @@ def _bulk(
             result.done.append(message_id)
         except (StateConflict, NotFound) as exc:
             result.refused[message_id] = str(exc)
-    with transaction() as conn:
+    with hub.transaction() as conn:
         audit.record(
             conn,
             action,
+            now=hub.clock(),
             message_ids=result.done,
             target=None,
             new={
@@ -351,7 +381,9 @@ def _bulk(
     return result
 
 
-def respond(message_id: int, payload: Any, *, token: str | None = None, by: str | None = None) -> MessageView:
+def respond(
+    message_id: int, payload: Any, *, token: str | None = None, by: str | None = None, hub: Hub | None = None
+) -> MessageView:
     """Deliver the response a message waits for; its route resumes with ctx.response.
 
     `token` names the wait it answers (`ctx.wait_token` of the step that asked): the answer is taken for
@@ -361,7 +393,8 @@ def respond(message_id: int, payload: Any, *, token: str | None = None, by: str 
     answer was ever taken for it; anywhere else ResponseTokenNeeded (openhub.engine.waits). `by` names who
     answered (the responding source system, or the operators) in the history.
     """
-    shallow(payload, current().settings, "response")
+    hub = given(hub)
+    shallow(payload, hub.settings, "response")
     try:
         text = dumps(payload)
     except (TypeError, ValueError) as exc:
@@ -369,9 +402,9 @@ def respond(message_id: int, payload: Any, *, token: str | None = None, by: str 
     if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 64 or not token.isprintable()):
         raise InputError("a wait token is the text ctx.wait_token gave, up to 64 printable characters")
     follow = FollowUps()
-    with transaction() as conn:
+    with hub.transaction() as conn:
         row = _locked(conn, message_id)
-        now = store_now()
+        now = hub.clock()
         received, detail = waits.receive(conn, row, token, text, now, by)
         if audit.current_actor().role in audit.ROLES:  # an operator answered (a source system's answer is its own)
             audit.record(
@@ -383,177 +416,9 @@ def respond(message_id: int, payload: Any, *, token: str | None = None, by: str 
             )
         if received is waits.Received.TAKEN:
             leases.responded(conn, row, now)
-            redispatch(Tx(conn, now, follow, current()), row, Event.RESPONDED, detail=detail)
+            redispatch(Tx(conn, now, follow, hub), row, Event.RESPONDED, detail=detail)
     refusal = received.refusal(detail)
     if refusal is not None:  # raised once its note in the history is committed
         raise refusal
-    carry_out(current(), follow, now)
-    return replace(get_message(message_id), duplicate=received is waits.Received.DUPLICATE)
-
-
-def pause(route: str, reason: str = "paused by an operator") -> None:
-    """Pause a route: none of its messages starts until `resume`."""
-    get_registry().route(route)
-    with transaction() as conn:
-        now = store_now()
-        audit.record(
-            conn,
-            "route.pause",
-            target=route,
-            old={"paused": route in paused_routes(conn)},
-            new={"paused": True, "reason": reason},
-            now=now,
-        )
-        pause_route(conn, route, reason, now)
-
-
-def resume(route: str) -> int:
-    """Resume a paused route; its postponed messages are re-driven now. Returns how many."""
-    return _resume(route, get_registry().route(route))
-
-
-def drain(reason: str = "drained by an operator", hold_retries: bool = True) -> int:
-    """Drain the hub before maintenance: new messages are refused (HTTP 503), while the chains under way
-    finish. `hold_retries` (the default): no stored message starts either (a retry, a postponed or NEW one)
-    until the drain ends; False: only new messages are refused, the stored ones go on. Draining again
-    switches between the two (the first reason is kept). Returns how many messages are still under way."""
-    with transaction() as conn:
-        now = store_now()
-        audit.record(
-            conn,
-            "hub.drain",
-            target="drain",
-            old={"draining": drain_reason(conn) is not None, "hold_retries": DRAIN in paused_routes(conn)},
-            new={"draining": True, "reason": reason, "hold_retries": hold_retries},
-            now=now,
-        )
-        pause_route(conn, DRAIN, reason, now)
-        conn.execute(
-            update(route_pauses).where(route_pauses.c.route == DRAIN).values(intake_only=None if hold_retries else True)
-        )
-    return drain_status()["under_way"]
-
-
-def drain_status() -> dict[str, Any]:
-    """Whether the hub is draining (and why, and whether it holds the stored messages back too), and how
-    many messages are still under way."""
-    with transaction() as conn:
-        reason = drain_reason(conn)
-        holding = DRAIN in paused_routes(conn)
-        under_way = conn.execute(
-            select(func.count()).select_from(messages).where(M.state == State.PROCESSING.value)
-        ).scalar_one()
-    return {"draining": reason is not None, "reason": reason, "hold_retries": holding, "under_way": under_way}
-
-
-def undrain() -> int:
-    """End a drain: messages are taken again and those it held back are re-driven now. Returns how many."""
-    return _resume(DRAIN, None)
-
-
-def _resume(name: str, route: Route | None) -> int:
-    """Delete a pause (a route's, or the drain) and re-drive the messages it held back, now."""
-    now = store_now()
-    with transaction() as conn:
-        was = name in paused_routes(conn)
-        if name == DRAIN:
-            draining = drain_reason(conn) is not None
-        conn.execute(delete(route_pauses).where(route_pauses.c.route == name))
-        if name == DRAIN:
-            audit.record(
-                conn, "hub.undrain", target="drain", old={"draining": draining}, new={"draining": False}, now=now
-            )
-            if not was:  # it refused new messages only: it held none back
-                return 0
-        else:
-            audit.record(conn, "route.resume", target=name, old={"paused": was}, new={"paused": False}, now=now)
-        paused = paused_routes(conn)
-        if DRAIN in paused:  # still draining: the messages go on when it ends
-            return 0
-        # Only what waits for a time: a sequential split's children awaiting their turn have none, and
-        # starting them now would run them beside the child before them.
-        query = messages.select().with_only_columns(M.id).where(and_(M.state.in_(RESUMABLE), M.due_at.is_not(None)))
-        if route is not None:
-            query = query.where(and_(M.service == route.service, M.operation == route.operation))
-        for other in paused:  # routes paused on their own stay paused after a drain
-            service, operation = other.split(".", 1)
-            query = query.where(not_(and_(M.service == service, M.operation == operation)))
-        ids = list(conn.execute(query).scalars())
-        made_due = 0
-        if ids:  # the time they spent paused was not time blocked in their funnel
-            made_due = conn.execute(
-                update(messages)
-                .where(and_(M.id.in_(ids), M.state.in_(RESUMABLE)))
-                .values(due_at=now, blocked_since=None)
-            ).rowcount
-    # Counted as made due, not as re-driven by this call: a poller's tick that commits between the two
-    # transactions re-drives some of them itself (skipping the rows it holds locked), and they go on all the same.
-    for i in range(0, len(ids), 500):
-        redrive_due_messages(current(), now, only_ids=ids[i : i + 500])
-    return made_due
-
-
-def paused() -> dict[str, str | None]:
-    """Paused routes and why."""
-    with transaction() as conn:
-        return {r.route: r.reason for r in conn.execute(route_pauses.select())}
-
-
-def _system(name: str) -> str:
-    known = sorted(
-        {
-            system
-            for route in get_registry().routes.values()
-            for item in route.steps
-            if (system := getattr(item, "system", None))
-        }
-    )
-    if name not in known:
-        raise NotFound(f"no step calls a system named {name!r}; the systems are {', '.join(known) or 'none'}")
-    return name
-
-
-def breakers() -> list[dict[str, Any]]:
-    """Every external system a step calls (`@step(system=...)`) with its breaker as it stands."""
-    names = sorted(
-        {
-            system
-            for route in get_registry().routes.values()
-            for item in route.steps
-            if (system := getattr(item, "system", None))
-        }
-    )
-    with transaction() as conn:
-        now = store_now()
-        return [breaker.state(conn, name, now) for name in names]
-
-
-def reset_breaker(system: str, reason: str) -> dict[str, Any]:
-    """Close a system's breaker (its failure count to 0): the steps it postponed call the system when next due."""
-    return _set_breaker(system, None, reason, "breaker.reset")
-
-
-def open_breaker(system: str, reason: str, seconds: float | None = None) -> dict[str, Any]:
-    """Force a system's breaker open for `seconds` (default OPENHUB_BREAKER_OPEN): its steps are postponed
-    without counting a failure; then one step tries, as after an outage."""
-    from openhub.core.config import get_settings
-
-    duration = timedelta(seconds=seconds) if seconds is not None else get_settings().breaker_open
-    if duration.total_seconds() <= 0:
-        raise InputError("seconds must be more than 0")
-    return _set_breaker(system, duration, reason, "breaker.open")
-
-
-def _set_breaker(system: str, duration: timedelta | None, reason: str, action: str) -> dict[str, Any]:
-    _system(system)
-    if not isinstance(reason, str) or not reason.strip():
-        raise InputError("give a reason: it is kept in the audit trail")
-    with transaction() as conn:
-        now = store_now()
-        old = breaker.state(conn, system, now)
-        breaker.set_open_until(
-            conn, system, None if duration is None else now + duration, None if duration is None else reason, now
-        )
-        new = breaker.state(conn, system, now)
-        audit.record(conn, action, target=f"system {system}", old=old, new={**new, "because": reason}, now=now)
-    return new
+    carry_out(hub, follow, now)
+    return replace(get_message(message_id, hub=hub), duplicate=received is waits.Received.DUPLICATE)

@@ -15,6 +15,7 @@ from openhub.api.app import create_app
 from openhub.cli import main
 from openhub.core.errors import Draining
 from openhub.service import actions as operator
+from openhub.service import pauses
 from openhub.store import audit
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
@@ -156,13 +157,13 @@ def test_resume_counts_the_messages_a_poller_tick_redrove_in_between(hub: LocalH
     held = [hub.submit("p.flow", {}, correlation_id=f"held-{n}") for n in range(2)]
     hub.run()
     assert {hub.get(m.id).state for m in held} == {"POSTPONED"}
-    redrive = operator.redrive_due_messages
+    redrive = pauses.redrive_due_messages
 
     def tick_first(hub, now, only_ids=None):
         redrive(hub, now)  # the tick, with every due message
         return redrive(hub, now, only_ids=only_ids)
 
-    monkeypatch.setattr(operator, "redrive_due_messages", tick_first)
+    monkeypatch.setattr(pauses, "redrive_due_messages", tick_first)
     assert operator.resume("p.flow") == 2
     hub.run()
     assert {hub.get(m.id).state for m in held} == {"OK"}

@@ -59,16 +59,16 @@ def test_a_split_cancelled_while_it_runs_writes_its_children_when_restarted(hub:
 
 
 def test_a_split_whose_children_cannot_be_written_is_not_recorded_done(hub: LocalHub, monkeypatch) -> None:
-    from openhub.engine import engine
+    from openhub.engine import recording
 
-    real = engine.write_children
+    real = recording.write_children
 
     def fails_once(*args, **kwargs):
         if _once("write"):
             raise RuntimeError("the store refused a child")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "write_children", fails_once)
+    monkeypatch.setattr(recording, "write_children", fails_once)
     parent = hub.submit("p.big", {"children": 2})
     hub.run()
     assert hub.get(parent.id).state == "PARTLY_FAILED"

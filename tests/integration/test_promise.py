@@ -15,7 +15,7 @@ from sqlalchemy import event, select
 
 import openhub
 from openhub.core.errors import StoreUnavailable
-from openhub.engine import batch, engine, lifecycle, poller
+from openhub.engine import batch, engine, entry, lifecycle, poller
 from openhub.store.db import get_engine, transaction, utcnow
 from openhub.store.schema import ext_calls, messages, transitions
 from openhub.store.workers import beat, current_id
@@ -239,7 +239,7 @@ def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a
 
 
 def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: LocalHub, monkeypatch) -> None:
-    real, failures = engine._prepare, []
+    real, failures = entry.prepare, []
 
     def fails_once_at_the_second_step(tx, run, *args):
         if run.index == 1 and not failures:
@@ -247,7 +247,7 @@ def test_a_fault_entering_the_next_step_does_not_undo_the_step_before(hub: Local
             raise RuntimeError("a bug in entering the step")
         return real(tx, run, *args)
 
-    monkeypatch.setattr(engine, "_prepare", fails_once_at_the_second_step)
+    monkeypatch.setattr(entry, "prepare", fails_once_at_the_second_step)
     view = hub.submit("p.fused", {})
     hub.run()
     assert failures == [1]  # the hand-over failed, the first step was recorded alone, the second entered anew
@@ -635,7 +635,7 @@ def test_each_external_call_names_the_process_of_its_last_attempt(hub: LocalHub)
 def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub: LocalHub, monkeypatch) -> None:
     """The group's write fails for the middle message: written again with a savepoint each, its hand-over
     rolls back alone, it is recorded alone and enters its next step anew; the others are handed over."""
-    real, failures = engine._prepare, []
+    real, failures = entry.prepare, []
     views = [hub.submit("p.batch", {}) for _ in range(3)]
 
     def fails_twice_for_one(tx, run, *args):
@@ -644,7 +644,7 @@ def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub
             raise RuntimeError("a bug in entering the step")
         return real(tx, run, *args)
 
-    monkeypatch.setattr(engine, "_prepare", fails_twice_for_one)
+    monkeypatch.setattr(entry, "prepare", fails_twice_for_one)
     hub.run()
     assert len(failures) == 2  # the group's write, then its own savepoint in the careful one
     assert [(hub.get(v.id).state, hub.get(v.id).failed_count) for v in views] == [("OK", 0)] * 3
@@ -652,7 +652,7 @@ def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub
 
 
 def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(hub: LocalHub, monkeypatch) -> None:
-    real = engine._claim
+    real = entry._claim
     views = [hub.submit("p.batch", {}) for _ in range(3)]
 
     def fails_for_one(tx, row, run, lease):
@@ -660,10 +660,10 @@ def test_a_fault_entering_one_message_of_a_batch_leaves_it_to_the_repair_alone(h
             raise RuntimeError("a bug in claiming")
         return real(tx, row, run, lease)
 
-    monkeypatch.setattr(engine, "_claim", fails_for_one)
+    monkeypatch.setattr(entry, "_claim", fails_for_one)
     hub.run()
     assert [hub.get(v.id).state for v in views] == ["OK", "NEW", "OK"]  # nothing of its entry written
-    monkeypatch.setattr(engine, "_claim", real)
+    monkeypatch.setattr(entry, "_claim", real)
     hub.tick(seconds=600)  # its chain is overdue: the poller publishes it again
     assert [hub.get(v.id).state for v in views] == ["OK"] * 3
     assert routes.calls("first") == 3 and routes.calls("second") == 3

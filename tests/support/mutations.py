@@ -58,7 +58,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "done_step_called_again",
         "issue 9: a retry calls again a step whose call this message already made successfully",
-        "openhub/engine/engine.py",
+        "openhub/engine/entry.py",
         "    if call is not None and call.ok_message_id == row.id:  # this message's call already succeeded\n",
         "    if False:  # reverted: a step's own success is not looked at\n",
         guard="tests/integration/test_promise.py",
@@ -116,7 +116,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "undrain_starts_sequential_children",
         "issue 26 #7: the end of a drain starts a sequential split's children waiting their turn",
-        "openhub/service/actions.py",
+        "openhub/service/pauses.py",
         "where(and_(M.state.in_(RESUMABLE), M.due_at.is_not(None)))\n",
         "where(M.state.in_(RESUMABLE))\n",
         guard="tests/integration/test_interleavings.py::test_ending_a_drain_does_not_start_children_waiting_their_turn",
@@ -345,7 +345,7 @@ MUTATIONS: list[Mutation] = [
         "issue 37 (fan-out): an operator's restart of a family (OK from its accept) runs its topic's step, which "
         "has nothing to do, and fails the family",
         "openhub/service/actions.py",
-        "    if is_topic(get_registry().find_route_of(row)):",
+        "    if is_topic(hub.registry.find_route_of(row)):",
         "    if False:",
         guard="tests/integration/test_fanout.py::test_each_of_three_subscribers_is_called_exactly_once",
     ),
