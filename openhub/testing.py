@@ -36,13 +36,18 @@ __all__ = ["Call", "ExternalSystem", "LocalHub", "LocalPublisher"]
 
 class LocalPublisher:
     """The publisher of `LocalHub`'s hub: published chains wait in `chains`, in
-    the order they were published, for `LocalHub.run`; there is no confirmation task (the caller sends
-    confirmations at once), no broker to restore deliveries to and no worker to ping. `LocalHub.lose_broker`
-    empties it as a broker restarted empty would be."""
+    the order they were published, for `LocalHub.run`; no broker to restore deliveries to and no worker to
+    ping. `LocalHub.lose_broker` empties it as a broker restarted empty would be.
+
+    Confirmations are sent at once by whoever finished the message (and by the poller's tick), unless
+    `confirm_tasks` is set: then, as on Celery, each message's go to a task of its own (`openhub.confirm`),
+    which waits in `confirmations` for `LocalHub.run`, and the tick hands due ones over to such tasks."""
 
     def __init__(self) -> None:
         self.chains: deque[Chain] = deque()
         self.emptied = False  # lost its chains, and the poller has not seen it yet
+        self.confirm_tasks = False
+        self.confirmations: deque[int] = deque()  # messages whose confirmation task waits (`confirm_tasks`)
 
     def publish_many(self, chains: Sequence[Chain]) -> set[int]:
         self.chains.extend(chains)
@@ -56,7 +61,9 @@ class LocalPublisher:
         return first
 
     def publish_confirmation(self, message_id: int) -> bool:
-        return False
+        if self.confirm_tasks:
+            self.confirmations.append(message_id)
+        return self.confirm_tasks
 
     def restore_orphans(self, dead: Collection[str]) -> int:
         return 0
@@ -221,6 +228,7 @@ class LocalHub:
         from openhub.celery import dispatch
         from openhub.engine.batch import run_batch
         from openhub.engine.engine import run_steps
+        from openhub.outbound.confirm import send_confirmations
         from openhub.store.db import store_now
 
         assert self.hub is not None, "run() inside `with LocalHub(...)`"
@@ -254,11 +262,17 @@ class LocalHub:
                 if not report:
                     break
             done += 1
+        while self.publisher.confirmations:  # the `openhub.confirm` tasks (`LocalPublisher.confirm_tasks`)
+            send_confirmations(
+                self.publisher.confirmations.popleft(), now=clock(), settings=hub.settings, registry=hub.registry
+            )
         return done
 
     def lose_broker(self) -> None:
-        """The broker restarts empty (or is flushed): every chain published and not yet run is lost."""
+        """The broker restarts empty (or is flushed): every chain and confirmation task published and not yet
+        run is lost."""
         self.publisher.chains.clear()
+        self.publisher.confirmations.clear()
         self.publisher.emptied = True
 
     def _crashed(self) -> None:

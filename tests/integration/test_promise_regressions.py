@@ -95,6 +95,14 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "max_lost_runs_ignored": [interrupt("p.flow", "poison")],
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
+    # issue 33: a confirmation whose sender died mid-send, handed over to its task (test_hosts' "never confirmed")
+    "handed_over_sending_row_left_alone": [
+        ("confirmations_sent_by", {"tasks": True}),
+        ("protocol_receiver_fails", {"times": 1}),
+        ("submit_from_a_protocol_system", {"route": "p.flow"}),
+        RUN,
+        ("confirmation_sender_dies", {"pick": 0}),
+    ],
 }
 
 

@@ -335,7 +335,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/outbound/confirm.py",
         "C.state.in_((CS.PENDING, CS.FAILED, CS.SENDING)), C.claim == HANDED_OVER",
         "C.state.in_((CS.PENDING, CS.FAILED)), C.claim == HANDED_OVER",
-        model=False,
         guard="tests/integration/test_promise.py::test_a_confirmation_whose_sender_died_mid_send_is_sent_by_the_"
         "task_it_is_handed_over_to",
     ),

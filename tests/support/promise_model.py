@@ -23,29 +23,32 @@ import asyncio
 import json
 import socket
 import threading
+import uuid
 from collections import Counter
+from datetime import timedelta
 from email.message import Message
 from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from sqlalchemy import select
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 import openhub
 from openhub.api import sync
 from openhub.core.config import get_settings
 from openhub.core.errors import Draining, OpenHubError
+from openhub.core.policy import confirmation_lease
 from openhub.core.registry import get_registry
 from openhub.core.signing import verify_signature
 from openhub.core.states import FINAL
 from openhub.core.verdicts import idempotency_key
 from openhub.service import actions as operator
 from openhub.service import worker_states
-from openhub.store.db import transaction
-from openhub.store.schema import ext_calls, messages, transitions
+from openhub.store.db import store_now, transaction
+from openhub.store.schema import confirmations, ext_calls, messages, transitions
 from tests.support import promise_routes as routes
 from tests.support.stubs import PostStub
 
@@ -176,6 +179,30 @@ class PromiseMachine(RuleBasedStateMachine):
         """PROTO's endpoint answers 503 to its next `times` confirmations (more than OPENHUB_CONFIRM_MAX_FAILS:
         its endpoint retries forever)."""
         self.receiver.failing = times
+
+    @initialize(tasks=st.booleans())
+    def confirmations_sent_by(self, tasks: bool) -> None:
+        """Confirmations sent by a task of their own, the poller handing due ones over to such tasks (as on
+        Celery: `openhub.confirm`), or at once by whoever finished the message and by the tick (LocalHub's)."""
+        self.hub.publisher.confirm_tasks = tasks
+
+    @rule(pick=st.integers(min_value=0))
+    def confirmation_sender_dies(self, pick: int) -> None:
+        """A sender claims a due confirmation and dies before it is sent (its process killed): the row stays
+        SENDING under that claim until its sending lease ends, and the next sender sends it (issue 33, the
+        'OK, never confirmed' of test_hosts: the task it was handed over to left it alone)."""
+        C = confirmations.c
+        with transaction() as conn:
+            due = conn.execute(select(C.id).where(C.state.in_(("PENDING", "FAILED"))).order_by(C.id)).scalars().all()
+            if not due:
+                return
+            lease = confirmation_lease(get_settings())
+            claimed_at = store_now() + timedelta(minutes=self.minutes)
+            conn.execute(
+                update(confirmations)
+                .where(C.id == due[pick % len(due)])
+                .values(state="SENDING", claim=str(uuid.uuid4()), due_at=claimed_at + lease, updated_at=claimed_at)
+            )
 
     @rule(route=st.sampled_from(sorted(ROUTES)), ends=st.sampled_from(["commit", "rollback", "killed_after_commit"]))
     def submit_in_callers_transaction(self, route: str, ends: str) -> None:
@@ -779,3 +806,8 @@ class PromiseMachine(RuleBasedStateMachine):
         with self.receiver.lock:
             told = {(message, state) for _, message, state in self.receiver.accepted}
         assert final <= told, f"final PROTO messages never confirmed by the protocol: {final - told}"
+        with transaction() as conn:  # no sender is left: none may still hold a confirmation
+            sending = conn.execute(
+                select(confirmations.c.message_id, confirmations.c.claim).where(confirmations.c.state == "SENDING")
+            ).all()
+        assert not sending, f"confirmations left SENDING with no sender after 32 quiet hours: {sending}"
