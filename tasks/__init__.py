@@ -7,11 +7,18 @@ confirmations `openhub.confirm`.
 
 import logging
 
-from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    beat_init,
+    worker_init,
+    worker_process_shutdown,
+)
 
 from openhub.celery.dispatch import celery_app
 from openhub.core import concurrency, logs, tracing
-from openhub.engine.hub import current
+from openhub.core.live import set_log_level
+from openhub.engine.hub import current, serve_as
 
 from . import (
     heartbeat,  # noqa: F401 - worker liveness file
@@ -49,5 +56,18 @@ after_setup_logger.connect(_message_fields, weak=False)
 after_setup_task_logger.connect(_message_fields, weak=False)
 # A pool process ends without running atexit handlers: export the spans it still holds first.
 worker_process_shutdown.connect(lambda **_: tracing.flush(), weak=False)
+
+
+def _serve_as(kind: str) -> None:
+    # The settings in force on this kind of process are kept for `openhub config` (openhub.engine.hub.Hub.refresh):
+    # a worker's processes refresh at each step, batch and tick; beat runs no engine code, so it shows the
+    # settings it started with, once.
+    serve_as(kind)
+    set_log_level(HUB.settings.log_level)
+    HUB.refresh(force=True)
+
+
+worker_init.connect(lambda **_: _serve_as("worker"), weak=False)
+beat_init.connect(lambda **_: _serve_as("beat"), weak=False)
 
 __all__ = ["app"]
