@@ -10,7 +10,6 @@ import logging
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
-    beat_init,
     worker_init,
     worker_process_shutdown,
 )
@@ -59,15 +58,15 @@ worker_process_shutdown.connect(lambda **_: tracing.flush(), weak=False)
 
 
 def _serve_as(kind: str) -> None:
-    # The settings in force on this kind of process are kept for `openhub config` (openhub.engine.hub.Hub.refresh):
-    # a worker's processes refresh at each step, batch and tick; beat runs no engine code, so it shows the
-    # settings it started with, once.
+    # The settings in force on a worker's processes are kept for `openhub config` by their first refresh
+    # (openhub.engine.hub.Hub.refresh): never here, in a main process whose pool and beat are forked from it
+    # after (SQLite connections must not cross a fork).
     serve_as(kind)
     set_log_level(HUB.settings.log_level)
-    HUB.refresh(force=True)
 
 
+# Beat keeps no snapshot: it runs no engine code and reads no live setting (it sends the poll tick every
+# OPENHUB_POLL_INTERVAL, which needs a restart); what is in force for the hub's work is on the workers' rows.
 worker_init.connect(lambda **_: _serve_as("worker"), weak=False)
-beat_init.connect(lambda **_: _serve_as("beat"), weak=False)
 
 __all__ = ["app"]

@@ -168,8 +168,8 @@ def create_app(
     """
     hub = current() if settings is None else dataclasses.replace(current(), settings=settings)
     serve_as("api")  # its settings in force are kept for `openhub config` (openhub.engine.hub.Hub.refresh)
-    set_log_level(settings.log_level)
     settings = hub.settings
+    set_log_level(settings.log_level)
     if credentials is None:
         credentials = Credentials.from_settings(settings)
         unsafe = [] if dev else weaknesses(credentials, settings.database_url)
