@@ -177,3 +177,28 @@ def test_the_store_away_while_a_process_refreshes_keeps_the_settings_in_force_an
                 conn.execute(text("ALTER TABLE live_settings_away RENAME TO live_settings"))
             live_settings.unset_setting("OPENHUB_MAX_FAILS", hub=hub)
         assert hub.settings.max_fails == 3 and hub.settings.live_overrides == ()
+
+
+def test_the_webhook_states_and_the_log_level_changed_at_run_time_apply_where_they_are_read(
+    local_store_env, external
+) -> None:
+    """The stock webhook's states live in the registry (its hook was declared with the states of start-up), the
+    log level in the "openhub" loggers: a live change reaches both, and forgotten, the start-up ones again."""
+    with LocalHub(
+        "tests.support.routes",
+        OPENHUB_WEBHOOK_URL=f"{external.url}/hook",
+        OPENHUB_WEBHOOK_STATES="FAILED",
+        **local_store_env,
+    ) as local:
+        assert local.hub is not None
+        hub, logger = local.hub, logging.getLogger("openhub")
+        assert hub.registry.hooks_for("OK") == [] and hub.registry.hooks_for("FAILED") == ["webhook"]
+        try:
+            live_settings.set_setting("OPENHUB_WEBHOOK_STATES", "failed,ok", hub=hub)
+            live_settings.set_setting("OPENHUB_LOG_LEVEL", "DEBUG", hub=hub)
+            assert hub.registry.hooks_for("OK") == ["webhook"] and hub.registry.hooks_for("FAILED") == ["webhook"]
+            assert logger.level == logging.DEBUG and hub.settings.log_level == "debug"
+        finally:
+            live_settings.unset_setting("OPENHUB_WEBHOOK_STATES", hub=hub)
+            live_settings.unset_setting("OPENHUB_LOG_LEVEL", hub=hub)
+        assert hub.registry.hooks_for("OK") == [] and logger.level == logging.NOTSET
