@@ -70,11 +70,13 @@ class Hub:
         """A transaction on this hub's database that only reads (`openhub.store.db.reading`)."""
         return reading(self.settings.database_url)
 
-    def refresh(self, *, force: bool = False) -> Settings:
+    def refresh(self, *, force: bool = False, record: bool = True) -> Settings:
         """The settings in force: the store's live values on top of the driver's settings, read at most every
         half poll interval in this process (`force`: now). A change is swapped in (`settings`, the process's
         `get_settings()` where it answered the old object, the stock webhook's states, the log level). The
-        store away keeps the settings in force (logged once): a step never fails for it."""
+        store away keeps the settings in force (logged once): a step never fails for it. `record`: whether this
+        call may write the process's snapshot (never from inside a transaction that may hold the store: on
+        SQLite, the one writer would be waiting for itself)."""
         seen = _seen.setdefault(self.settings.database_url, _Seen())
         clock = time.monotonic()
         if force or clock >= seen.next_read:
@@ -89,7 +91,7 @@ class Hub:
                 seen.away = True
         if seen.overrides is not None and dict(self.settings.live_overrides) != seen.overrides:
             self._swap(live.with_overrides(live.driver_settings(self.settings), seen.overrides))
-        if _kind is not None and seen.shown != (_kind, self.settings.live_overrides):
+        if record and _kind is not None and seen.shown != (_kind, self.settings.live_overrides):
             seen.shown = (_kind, self.settings.live_overrides) if self._snapshot(_kind) else None
         return self.settings
 

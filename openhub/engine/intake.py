@@ -176,7 +176,7 @@ def prepare(
     `hub`: the hub whose routes and settings check it (default: the process's).
     """
     hub = given(hub)
-    settings = hub.refresh()  # an admin's live settings (openhub.core.live), read at most every half poll interval
+    settings = hub.settings
     route = hub.registry.route(route_name)
     source_system = identifier(source_system, "source_system", 100)
     if route.sources and parent_id is None and source_system not in route.sources:
