@@ -7,11 +7,17 @@ confirmations `openhub.confirm`.
 
 import logging
 
-from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_init,
+    worker_process_shutdown,
+)
 
 from openhub.celery.dispatch import celery_app
 from openhub.core import concurrency, logs, tracing
-from openhub.engine.hub import current
+from openhub.core.live import set_log_level
+from openhub.engine.hub import current, serve_as
 
 from . import (
     heartbeat,  # noqa: F401 - worker liveness file
@@ -49,5 +55,18 @@ after_setup_logger.connect(_message_fields, weak=False)
 after_setup_task_logger.connect(_message_fields, weak=False)
 # A pool process ends without running atexit handlers: export the spans it still holds first.
 worker_process_shutdown.connect(lambda **_: tracing.flush(), weak=False)
+
+
+def _serve_as(kind: str) -> None:
+    # The settings in force on a worker's processes are kept for `openhub config` by their first refresh
+    # (openhub.engine.hub.Hub.refresh): never here, in a main process whose pool and beat are forked from it
+    # after (SQLite connections must not cross a fork).
+    serve_as(kind)
+    set_log_level(HUB.settings.log_level)
+
+
+# Beat keeps no snapshot: it runs no engine code and reads no live setting (it sends the poll tick every
+# OPENHUB_POLL_INTERVAL, which needs a restart); what is in force for the hub's work is on the workers' rows.
+worker_init.connect(lambda **_: _serve_as("worker"), weak=False)
 
 __all__ = ["app"]

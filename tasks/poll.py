@@ -86,6 +86,7 @@ def poll() -> dict:
 def confirm(message_id: int) -> int:
     """Send a message's due confirmations and hook notifications (published after its final state);
     how many went out OK. A failed one is retried by the poller."""
+    current().refresh()  # the sender reads the process's settings: an admin's live ones swapped in there too
     return send_confirmations(message_id, deadline=confirmer_deadline())
 
 

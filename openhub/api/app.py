@@ -23,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from openhub.api import (
     breakers,
     codes,
+    config,
     confirmations,
     health,
     message_actions,
@@ -44,7 +45,8 @@ from openhub.api.throttle import Throttle
 from openhub.core import tracing
 from openhub.core.config import Settings, get_settings
 from openhub.core.errors import ConfigurationError, InputError
-from openhub.engine.hub import current
+from openhub.core.live import set_log_level
+from openhub.engine.hub import current, serve_as
 from openhub.engine.intake import identifier
 
 log = logging.getLogger("openhub.api")
@@ -65,6 +67,7 @@ ROUTERS = [  # in this order: a path matches the first route whose pattern takes
     breakers.router,
     workers.router,
     codes.router,
+    config.router,
 ]
 
 
@@ -169,7 +172,9 @@ def create_app(
     short or shared secrets stop the start with ConfigurationError.
     """
     hub = current() if settings is None else dataclasses.replace(current(), settings=settings)
+    serve_as("api")  # its settings in force are kept for `openhub config` (openhub.engine.hub.Hub.refresh)
     settings = hub.settings
+    set_log_level(settings.log_level)
     if credentials is None:
         credentials = Credentials.from_settings(settings)
         unsafe = [] if dev else weaknesses(credentials, settings.database_url)

@@ -10,8 +10,9 @@ from openhub.engine.hub import Hub
 
 
 def served(request: Request) -> Hub:
-    """The hub of the app answering `request`."""
+    """The hub of the app answering `request`, its live settings refreshed (at most every half poll interval)."""
     hub: Hub = request.app.state.hub
+    hub.refresh()
     return hub
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from openhub.cli.config import config
 from openhub.cli.confirmations import confirmations, exchanges
 from openhub.cli.demo import demo
 from openhub.cli.inputs import json_given, timestamp
@@ -368,3 +369,4 @@ main.add_command(tokens)
 main.add_command(audit_command)
 main.add_command(breakers)
 main.add_command(workers)
+main.add_command(config)

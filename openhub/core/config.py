@@ -155,7 +155,7 @@ def _priority(env: Mapping[str, str], name: str, default: int) -> int:
 
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
     value = _env(env, name, default).strip().lower() or default
-    if value not in choices:
+    if value != default and value not in choices:
         raise ConfigurationError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
 
@@ -245,12 +245,19 @@ class Settings:
     # A link to a message's trace (Jaeger, Grafana Tempo...): a URL template with {trace_id} (None: no link).
     trace_url: str | None = None
     log_format: str = "text"  # text | json: how the hub's processes write their log lines (openhub.core.logs)
+    # The level of the "openhub" loggers (OPENHUB_LOG_LEVEL: debug, info, warning, error, critical; empty:
+    # theirs is the root logger's), changeable at run time (openhub.core.live).
+    log_level: str = ""
     # RabbitMQ closes the channel of a consumer holding a delivery unacknowledged longer than its
     # `consumer_timeout` (rabbitmq.conf; 30 min by default on 3.10, which has no per-queue setting): the
     # value the broker has, so that a worker whose routes' steps may run longer refuses to start.
     consumer_timeout: timedelta = timedelta(seconds=1800)
     # Priority of a message whose route and submit name none (0-9, higher = sooner, JMS's default).
     default_priority: int = 4
+    # The store's live values these settings carry (openhub.core.live: NAME -> text, sorted), and the settings
+    # they were applied to, the driver's own; () and None for settings read from the environment only.
+    live_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    before_overrides: "Settings | None" = field(default=None, repr=False, compare=False)
 
     @property
     def broker(self) -> str:
@@ -335,6 +342,7 @@ class Settings:
             confirm_endpoints=_confirm_endpoints(env, confirm_secrets, _seconds(env, "OPENHUB_CONFIRM_TIMEOUT", 30)),
             trace_url=env.get("OPENHUB_TRACE_URL") or None,
             log_format=_choice(env, "OPENHUB_LOG_FORMAT", "text", ("text", "json")),
+            log_level=_choice(env, "OPENHUB_LOG_LEVEL", "", ("debug", "info", "warning", "error", "critical")),
             consumer_timeout=_seconds(env, "OPENHUB_CONSUMER_TIMEOUT", 1800),
             default_priority=_priority(env, "OPENHUB_DEFAULT_PRIORITY", 4),
         )
@@ -360,6 +368,16 @@ def serve_settings(settings: Settings | None) -> None:
     `openhub.engine.hub.install` calls it."""
     global _served
     _served = settings
+
+
+def swap_settings(old: Settings, new: Settings) -> None:
+    """Answer `new` from `get_settings()` wherever it answered `old` (a hub's live settings changed:
+    openhub.engine.hub.Hub.refresh); settings it did not answer are left alone."""
+    global _settings, _served
+    if _served is old:
+        _served = new
+    if _settings is old:
+        _settings = new
 
 
 def reset_settings() -> None:

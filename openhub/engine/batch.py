@@ -126,6 +126,7 @@ def run_batch(
     tries again later); after that the batch waits for the store instead.
     """
     hub = given(hub)  # the driver's hub: its routes, settings and clock (LocalHub moves the clock)
+    hub.refresh()  # an admin's live settings (openhub.core.live), read at most every half poll interval
     route = hub.registry.route(route_name)
     options = {} if translate is None else {"translate": translate}
     members = [

@@ -84,6 +84,7 @@ def run_steps(
     between two steps instead of two, with the same claim, fencing token and external-call record.
     """
     hub = given(hub)  # the driver's hub: its routes, settings and clock (LocalHub moves the clock)
+    hub.refresh()  # an admin's live settings (openhub.core.live), read at most every half poll interval
     options = {} if translate is None else {"translate": translate}
     return _carry_through(
         StepRun(hub.registry.route(route_name), start, message_id, token, hub, redelivered, limit, **options), end

@@ -7,10 +7,20 @@ variables. The hub owns its database (`Hub.transaction`, on its settings' URL) a
 transaction that writes message state (`lifecycle.Tx.hub`): the engine and the service read the hub they
 are given, never the process's globals (tests/unit/test_layers.py). Code that does not take the hub as a
 parameter yet reads the installed one's parts through `config.get_settings()` and `registry.get_registry()`.
+
+`settings` is the one part of a hub that changes while it serves: `Hub.refresh()` applies the values an admin
+set at run time (openhub.core.live, kept by openhub.store.live) on top of the settings its driver built, at
+most every half poll interval per process, from the entry points that take the hub (a step run, a batch, a
+poller tick, a submission, an API request). No thread of its own: it works alike in a prefork child, under
+gevent and in a LocalHub.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -20,9 +30,13 @@ from functools import partial
 from sqlalchemy import Connection
 
 from openhub.celery.dispatch import CeleryPublisher, Publisher
-from openhub.core.config import Settings, get_settings, serve_settings
+from openhub.core import live
+from openhub.core.config import Settings, get_settings, serve_settings, swap_settings
 from openhub.core.registry import Registry, build_registry, get_registry, serve_registry
+from openhub.store import live as live_store
 from openhub.store.db import reading, store_now, transaction
+
+log = logging.getLogger("openhub.config")
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,71 @@ class Hub:
     def reading(self) -> AbstractContextManager[Connection]:
         """A transaction on this hub's database that only reads (`openhub.store.db.reading`)."""
         return reading(self.settings.database_url)
+
+    def refresh(self, *, force: bool = False, record: bool = True) -> Settings:
+        """The settings in force: the store's live values on top of the driver's settings, read at most every
+        half poll interval in this process (`force`: now). A change is swapped in (`settings`, the process's
+        `get_settings()` where it answered the old object, the stock webhook's states, the log level). The
+        store away keeps the settings in force (logged once): a step never fails for it. `record`: whether this
+        call may write the process's snapshot (never from inside a transaction that may hold the store: on
+        SQLite, the one writer would be waiting for itself)."""
+        seen = _seen.setdefault(self.settings.database_url, _Seen())
+        clock = time.monotonic()
+        if force or clock >= seen.next_read:
+            seen.next_read = clock + self.settings.poll_interval.total_seconds() / 2
+            try:
+                with self.reading() as conn:
+                    seen.overrides = live.usable(live_store.overrides(conn))
+                seen.away = False
+            except Exception as exc:
+                if not seen.away:
+                    log.warning("live settings not read, the ones in force are kept: %s", exc)
+                seen.away = True
+        if seen.overrides is not None and dict(self.settings.live_overrides) != seen.overrides:
+            self._swap(live.with_overrides(live.driver_settings(self.settings), seen.overrides))
+        if record and _kind is not None and seen.shown != (_kind, self.settings.live_overrides):
+            seen.shown = (_kind, self.settings.live_overrides) if self._snapshot(_kind) else None
+        return self.settings
+
+    def _swap(self, new: Settings) -> None:
+        old = self.settings
+        object.__setattr__(self, "settings", new)  # a frozen dataclass: settings is the one part that changes
+        swap_settings(old, new)
+        live.apply(old, new, self.registry)
+        log.info("live settings in force: %s", dict(new.live_overrides) or "none (environment and defaults)")
+
+    def _snapshot(self, kind: str) -> bool:
+        """Keep this process's settings in force as its kind's newest; whether it was written."""
+        try:
+            with self.transaction() as conn:
+                node = f"{socket.gethostname()}:{os.getpid()}"  # a prefork child's own, not its parent's
+                live_store.snapshot(conn, kind, node, live.in_force(self.settings, os.environ), self.clock())
+        except Exception as exc:
+            log.debug("settings snapshot not written: %s", exc)
+            return False
+        return True
+
+
+@dataclass
+class _Seen:
+    """What this process last read of one database's live values, and when it reads them next."""
+
+    overrides: dict[str, str] | None = None
+    next_read: float = 0.0
+    away: bool = False  # the last read failed (logged once)
+    shown: tuple[str, tuple[tuple[str, str], ...]] | None = None  # the snapshot written last: kind, values
+
+
+_seen: dict[str, _Seen] = {}  # by database URL
+_kind: str | None = None  # api, worker or beat: the process kind whose snapshot this process writes
+
+
+def serve_as(kind: str) -> None:
+    """Name this process's kind (the drivers: the API app, the Celery worker, beat): its hubs keep a
+    snapshot of their settings in force for `openhub config`. A process without one (the CLI, a test's
+    LocalHub) writes none."""
+    global _kind
+    _kind = kind
 
 
 _installed: Hub | None = None

@@ -57,6 +57,7 @@ def tick(hub: Hub, now: datetime | None = None, *, confirm_deadline: TimeLimit |
     """One round of `hub`'s poller at time `now` (naive UTC; default: the hub's time, its `clock`);
     `confirm_deadline`: how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (openhub.confirm)."""
     started = time.perf_counter()
+    hub.refresh()  # an admin's live settings (openhub.core.live), read at most every half poll interval
     now = now or hub.clock()
     budget = hub.settings.poll_interval.total_seconds()
     lost, dead = repair_lost_runs(hub, now, budget=budget)  # as the sends below

@@ -99,6 +99,10 @@ def submit_many(items: list[dict[str, Any]], *, connection: Any = None, hub: Hub
     if not isinstance(items, (list, tuple)) or not items:
         raise InputError("submit_many needs a non-empty list of messages")
     hub = given(hub)
+    if connection is None:
+        # An admin's live settings (openhub.core.live), read at most every half poll interval. Not in the
+        # caller's transaction: on SQLite it holds the one writer's lock that any transaction of ours waits for.
+        hub.refresh()
     now = hub.clock()
     rows = []
     for i, item in enumerate(items):

@@ -439,6 +439,30 @@ class AuditEntry(Base):
     )
 
 
+class LiveSetting(Base):
+    """A setting an admin changed at run time (openhub.store.live): every process applies it within one poll
+    interval, on top of its environment's."""
+
+    __tablename__ = "live_settings"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)  # the environment variable's name
+    value: Mapped[str] = mapped_column(Text)  # as the environment variable would spell it
+    set_at: Mapped[datetime] = mapped_column(DateTime)
+    set_by: Mapped[str | None] = mapped_column(String(100))
+    reason: Mapped[str | None] = mapped_column(Redacted)
+
+
+class SettingsSnapshot(Base):
+    """The settings in force in the newest process of a kind (api, worker, beat) that loaded or changed them."""
+
+    __tablename__ = "settings_snapshots"
+
+    kind: Mapped[str] = mapped_column(String(20), primary_key=True)
+    node: Mapped[str] = mapped_column(String(255))  # host:pid of the process
+    settings: Mapped[str] = mapped_column(Text)  # JSON list of {name, value (secrets masked), source, live}
+    seen_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class AuditMessage(Base):
     """Which messages an audit entry acted on: the message's history shows its entries through this."""
 
@@ -470,3 +494,5 @@ http_exchanges = _table(HttpExchange)
 operator_tokens = _table(OperatorToken)
 audit = _table(AuditEntry)
 audit_messages = _table(AuditMessage)
+live_settings = _table(LiveSetting)
+settings_snapshots = _table(SettingsSnapshot)

@@ -454,7 +454,25 @@ def test_a_viewer_sees_no_control_it_may_not_use(hub, external, prefix, ingress)
         expect(page.locator("#breakers tbody tr[data-system='test-billing']")).to_be_visible()
         page.click("#tabs button[data-tab=audit]")
         expect(page.locator("#audit tbody tr").first).to_be_visible()
+        expect(page.locator("#tabs button[data-tab=settings]")).to_be_hidden()  # the configuration is the admin's
         assert openhub.get_message(failed.id).state == "FAILED"
+
+
+def test_an_admin_sees_the_settings_in_force_and_the_live_values(hub, page):
+    from playwright.sync_api import expect
+
+    from openhub.service import settings
+
+    settings.set_setting("OPENHUB_MAX_FAILS", "7", "browser test")
+    try:
+        page.click("#tabs button[data-tab=settings]")
+        row = page.locator("#settings tbody tr", has_text="OPENHUB_MAX_FAILS")
+        expect(row).to_contain_text("7")
+        expect(row).to_contain_text("store")
+        expect(page.locator("#settings tbody tr", has_text="OPENHUB_DATABASE_URL")).to_contain_text("needs a restart")
+        expect(page.locator("#settings-values tbody tr", has_text="OPENHUB_MAX_FAILS")).to_contain_text("browser test")
+    finally:
+        settings.unset_setting("OPENHUB_MAX_FAILS")
 
 
 def test_a_fan_out_family_shows_its_receivers_and_one_is_restarted_alone(hub, external, prefix, page):

@@ -4,10 +4,10 @@ Its rules interleave what happens to a hub in production: messages submitted to 
 scope, funnels, sequential and parallel splits and waits; chains run; steps that fail; poller ticks
 hours apart; and, while a step's call is in flight, an operator's cancel, restart, total restart,
 restart from a step, retry now (issue 36), drain and end of the drain (of everything, or of new messages
-only), a host's workers told to finish and back (worker states), a responder's answer (or its
-duplicate), followed by whatever chains those publish, run at once beside the call. After every rule the
-invariants are checked against the external systems' own log (`promise_routes.CALLS`, what each call's
-key saw), not the hub's view.
+only), a host's workers told to finish and back (worker states), an admin's live change of the retry
+interval or the max fails, a responder's answer (or its duplicate), followed by whatever chains those
+publish, run at once beside the call. After every rule the invariants are checked against the external
+systems' own log (`promise_routes.CALLS`, what each call's key saw), not the hub's view.
 
 A synchronous route (p.sync) is submitted as the API does it: the caller waits a while for the message
 (openhub.api.sync), and either gets its result or a 202 and sends the same message again later; its result
@@ -46,6 +46,7 @@ from openhub.core.signing import verify_signature
 from openhub.core.states import FINAL
 from openhub.core.verdicts import idempotency_key
 from openhub.service import actions as operator
+from openhub.service import settings as live_settings
 from openhub.service import worker_states
 from openhub.store.db import store_now, transaction
 from openhub.store.schema import confirmations, ext_calls, messages, transitions
@@ -154,8 +155,11 @@ class PromiseMachine(RuleBasedStateMachine):
         self.sync_ids: dict[int, str] = {}  # p.sync messages -> their correlation id (to send them again)
         self.priorities: dict[int, int] = {}  # message -> the priority it was submitted with
         self.acted: set[int] = set()  # messages an operator action named (the only ones it may change)
+        self.live: set[str] = set()  # settings an admin gave a live value (forgotten at teardown)
 
     def teardown(self) -> None:
+        for name in self.live:  # this process reads the store's values per database: none left for the next hub
+            live_settings.unset_setting(name, hub=self.hub.hub)
         self.caller.dispose()
         self._hub_cm.__exit__(None, None, None)
         self.receiver.stop()
@@ -411,6 +415,29 @@ class PromiseMachine(RuleBasedStateMachine):
     )
     def operator_acts(self, action: str, pick: int) -> None:
         self._act(action, self.ids[pick % len(self.ids)])
+        self._run()
+
+    @rule(
+        name=st.sampled_from(["OPENHUB_RETRY_INTERVAL", "OPENHUB_MAX_FAILS"]),
+        value=st.sampled_from([None, "0", "1", "600"]),
+    )
+    def admin_changes_a_retry_setting(self, name: str, value: str | None) -> None:
+        """Issue 36's live configuration: an admin changes the retry interval or the max fails mid-run (or
+        forgets the value: 60 s and 3 again). Timing and thresholds only: no message changes state by it, and
+        the invariants hold over whatever retries and failures follow."""
+        with transaction() as conn:
+            before = {r.id: r.state for r in conn.execute(select(messages.c.id, messages.c.state))}
+        if value is None:
+            if name in self.live:
+                live_settings.unset_setting(name, hub=self.hub.hub)
+                self.live.discard(name)
+        else:
+            live_settings.set_setting(name, value, "model", hub=self.hub.hub)
+            self.live.add(name)
+        with transaction() as conn:
+            after = {r.id: r.state for r in conn.execute(select(messages.c.id, messages.c.state))}
+        if after != before:
+            self.wrong.append(f"a live {name} change moved messages: {before} -> {after}")
         self._run()
 
     @rule(route=st.sampled_from(sorted(ROUTES)), minutes=st.sampled_from([1, 120]))

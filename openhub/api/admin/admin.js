@@ -404,6 +404,16 @@ async function loadAudit() {
   } catch (e) { showError(e.message); }
 }
 
+async function loadSettings() {
+  try {
+    const shown = await api("GET", "/api/v1/config");
+    const rows = shown.process.settings.map((s) => ({ ...s, live: s.live ? "live" : "needs a restart" }));
+    noneRow(fillTable("#settings", rows, ["name", "value", "source", "live"]));
+    noneRow(fillTable("#settings-values", shown.values, ["name", "value", "set_by", "set_at", "reason"]));
+    showError("");
+  } catch (e) { showError(e.message); }
+}
+
 function selectTab(name) {
   document.querySelectorAll("#tabs button").forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
   document.querySelectorAll(".tab").forEach((s) => { s.hidden = s.id !== "tab-" + name; });
@@ -413,6 +423,7 @@ function selectTab(name) {
   if (name === "routes") { loadRoutes(); loadBreakers(); }
   if (name === "audit") loadAudit();
   if (name === "errors") loadErrors();
+  if (name === "settings") loadSettings();
 }
 
 function logout() {
@@ -466,5 +477,6 @@ $("#d-restart-from").addEventListener("click", () => act("restart", { from_step:
 $("#d-retry").addEventListener("click", () => act("retry"));
 $("#d-resubmit").addEventListener("click", resubmit);
 $("#audit-form").addEventListener("submit", (ev) => { ev.preventDefault(); loadAudit(); });
+$("#settings-refresh").addEventListener("click", loadSettings);
 
 if (token()) openMain();

@@ -192,6 +192,8 @@ def test_every_mutating_call_leaves_exactly_one_audit_entry_naming_its_token(cli
         ("post", "/api/v1/hosts/{host}:resume"): (operator, lambda: f"/api/v1/hosts/{host}:resume"),
         ("post", "/api/v1/tokens"): (admin, lambda: ("/api/v1/tokens", {"name": made, "role": "viewer"})),
         ("delete", "/api/v1/tokens/{name}"): (admin, lambda: f"/api/v1/tokens/{made}"),
+        ("put", "/api/v1/config/{name}"): (admin, lambda: ("/api/v1/config/OPENHUB_MAX_FAILS", {"value": "4"})),
+        ("delete", "/api/v1/config/{name}"): (admin, lambda: "/api/v1/config/OPENHUB_MAX_FAILS"),
     }
     operator_endpoints = [e for e in mutating_endpoints(client) if e not in SOURCE_ENDPOINTS] + [
         e for e in SOURCE_ENDPOINTS if "response" in e[1]
