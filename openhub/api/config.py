@@ -15,22 +15,21 @@ from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, admin
-from openhub.api.problems import NO_CONTROL
+from openhub.api.problems import NO_CONTROL, refusals
 from openhub.api.served import ServedHub
 from openhub.service import settings
 
 router = APIRouter(prefix="/api/v1/config", tags=["operators"])
-_ERRORS = {
-    s: {"description": d}
-    for s, d in {
+_ERRORS = refusals(
+    401,
+    503,
+    said={
         400: "A value the setting does not take",
-        401: "Missing or invalid credentials",
         403: "Needs the role admin",
         404: "No such setting, or no live value to forget",
         409: "The setting is read at start-up: it needs a restart",
-        503: "Message store unavailable",
-    }.items()
-}
+    },
+)
 Name = Annotated[str, Path(max_length=100, description="The setting's environment variable, e.g. OPENHUB_MAX_FAILS.")]
 
 

@@ -475,6 +475,37 @@ def test_an_admin_sees_the_settings_in_force_and_the_live_values(hub, page):
         settings.unset_setting("OPENHUB_MAX_FAILS")
 
 
+def test_an_admin_changes_a_live_setting_and_unsets_it_on_the_page(hub, page):
+    """Issue 36: an admin changes a live setting from the page (kept in the store, audited with the reason), a
+    bad value is refused with the setting's name and changes nothing, and unset brings the default back."""
+    from playwright.sync_api import expect
+
+    from openhub.store.audit import entries
+
+    page.click("#tabs button[data-tab=settings]")
+    expect(page.locator("#setting-name option", has_text="OPENHUB_RETRY_INTERVAL")).to_have_count(1)
+    expect(page.locator("#setting-name option", has_text="OPENHUB_DATABASE_URL")).to_have_count(0)  # not live
+    page.select_option("#setting-name", "OPENHUB_RETRY_INTERVAL")
+    page.fill("#setting-value", "soon")
+    page.click("#setting-set")
+    expect(page.locator("#error")).to_contain_text("OPENHUB_RETRY_INTERVAL")
+    expect(page.locator("#settings-values tbody")).not_to_contain_text("OPENHUB_RETRY_INTERVAL")
+    page.fill("#setting-value", "42")
+    page.fill("#setting-reason", "billing is slow today")
+    page.click("#setting-set")
+    row = page.locator("#settings tbody tr", has_text="OPENHUB_RETRY_INTERVAL")
+    expect(row).to_contain_text("42")
+    expect(row).to_contain_text("store")
+    expect(page.locator("#settings-values tbody tr", has_text="OPENHUB_RETRY_INTERVAL")).to_contain_text(
+        "billing is slow today"
+    )
+    page.click("#setting-unset")
+    expect(row).not_to_contain_text("store")  # the environment's value or the default again
+    expect(page.locator("#settings-values tbody")).not_to_contain_text("OPENHUB_RETRY_INTERVAL")
+    actions = [e["action"] for e in entries(limit=10) if e["target"] and "OPENHUB_RETRY_INTERVAL" in e["target"]]
+    assert actions.count("config.set") == 1 and actions.count("config.unset") == 1, actions
+
+
 def test_a_fan_out_family_shows_its_receivers_and_one_is_restarted_alone(hub, external, prefix, page):
     """Issue 37 part 2: the family's detail lists its receivers (one per subscribed route) with their states;
     a receiver's names its family, a click away; restarting a failed receiver leaves its siblings."""

@@ -410,7 +410,20 @@ async function loadSettings() {
     const rows = shown.process.settings.map((s) => ({ ...s, live: s.live ? "live" : "needs a restart" }));
     noneRow(fillTable("#settings", rows, ["name", "value", "source", "live"]));
     noneRow(fillTable("#settings-values", shown.values, ["name", "value", "set_by", "set_at", "reason"]));
+    const select = $("#setting-name"), chosen = select.value;
+    select.replaceChildren(...shown.process.settings.filter((s) => s.live).map((s) => new Option(s.name, s.name)));
+    if (chosen) select.value = chosen;
     showError("");
+  } catch (e) { showError(e.message); }
+}
+
+async function changeSetting(method) {
+  const name = $("#setting-name").value, reason = $("#setting-reason").value || null;
+  const body = method === "PUT" ? { value: $("#setting-value").value, reason } : { reason };
+  try {
+    await api(method, "/api/v1/config/" + encodeURIComponent(name), body);
+    $("#setting-value").value = "";
+    await loadSettings();
   } catch (e) { showError(e.message); }
 }
 
@@ -478,5 +491,7 @@ $("#d-retry").addEventListener("click", () => act("retry"));
 $("#d-resubmit").addEventListener("click", resubmit);
 $("#audit-form").addEventListener("submit", (ev) => { ev.preventDefault(); loadAudit(); });
 $("#settings-refresh").addEventListener("click", loadSettings);
+$("#setting-form").addEventListener("submit", (ev) => { ev.preventDefault(); changeSetting("PUT"); });
+$("#setting-unset").addEventListener("click", () => changeSetting("DELETE"));
 
 if (token()) openMain();
