@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 
-from openhub.core import errors
+from openhub.core import errors, live
 
 log = logging.getLogger("openhub.api")
 
@@ -39,6 +39,8 @@ STATUS_BY_ERROR: dict[type[errors.OpenHubError], int] = {
     errors.Backlogged: 429,
     errors.WebhookSignatureError: 400,  # raised by receivers' verify_signature, never by the hub's own API
     errors.ConfigurationError: 500,  # a broken route module: the operator's problem, not the caller's
+    live.UnknownSetting: 404,  # `PUT /api/v1/config/{name}` of no setting (openhub.service.settings says NotFound)
+    live.NeedsRestart: 409,  # ... of a setting read at start-up (StateConflict there)
 }
 
 
