@@ -186,9 +186,18 @@ def apply(old: Settings, new: Settings, registry: Registry) -> None:
         set_log_level(new.log_level)
 
 
+_started_level: int | None = None  # the "openhub" logger's level before OPENHUB_LOG_LEVEL first set it
+
+
 def set_log_level(level: str) -> None:
-    """Make `level` (OPENHUB_LOG_LEVEL; empty: the root logger's) the "openhub" loggers'."""
-    logging.getLogger("openhub").setLevel(level.upper() if level else logging.NOTSET)
+    """Make `level` (OPENHUB_LOG_LEVEL) the "openhub" loggers'; empty: the level the process started with (its
+    driver's: `openhub serve --log-level` sets it, a Celery worker's is its root logger's). Resetting it to
+    NOTSET dropped `openhub serve`'s INFO lines, the root logger being at WARNING there."""
+    global _started_level
+    logger = logging.getLogger("openhub")
+    if _started_level is None:
+        _started_level = logger.level
+    logger.setLevel(level.upper() if level else _started_level)
 
 
 def shown(value: Any) -> str:
