@@ -7,7 +7,7 @@ external call's or a confirmation's `last_error`, a business error's text), a hi
 line, an exported span, or what confirmers, webhooks and source systems are told. One pass,
 `redact_text`, is applied where text leaves the hub's hands:
 
-- every text column the store writes (`openhub.store.schema.Redacted` and `RedactedJson`: the column type
+- every text column the store writes (`openhub.store.columns.Redacted` and `RedactedJson`: the column type
   redacts whatever module writes it);
 - every log record of the hub's processes (`openhub.core.logs` installs `RedactingFilter`);
 - every span before it is exported (`openhub.core.tracing` wraps its span processors: attributes, events,
