@@ -191,7 +191,10 @@ GLOBAL_URL = {"transaction", "reading"}  # openhub.store.db's, called with no UR
 GLOBALS_LEFT = {
     "core/registry.py": ({"get_settings"}, "the process's registry is built from the process's settings"),
     "core/logs.py": ({"get_settings"}, "a process logs one way: its log format is the process's"),
-    "core/redact.py": ({"get_settings"}, "log lines are redacted by the process's names, wherever they come from"),
+    "core/secret_shapes.py": (
+        {"get_settings"},
+        "log lines are redacted by the process's names, wherever they come from",
+    ),
     "engine/hub.py": (
         {"current", "get_settings", "get_registry"},
         "the process's hub is built here, and is the default of the entry points (`given`) for a caller without one",
