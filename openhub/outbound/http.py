@@ -195,7 +195,7 @@ class HttpCall:
         req = client.build_request(method, url, headers=headers, **kwargs)
         _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
         ctx.check_fence()  # right before the call: not sent by a process others may judge dead
-        at, started = store_now(), time.perf_counter()
+        at, started = store_now(ctx.settings.database_url if ctx.settings else None), time.perf_counter()
         try:
             response = client.send(req)
             response.read()
@@ -235,7 +235,7 @@ class HttpCall:
         at: datetime,
     ) -> None:
         record = self.record if record is None else record
-        if not record:
+        if not record or ctx.settings is None:  # no hub's run: no store to record into
             return
         bodies = record != "headers"
         exchange = Exchange(
@@ -254,7 +254,7 @@ class HttpCall:
             at=at,
         )
         try:
-            record_exchange(exchange)
+            record_exchange(exchange, ctx.settings)
         except Exception as exc:
             ctx.log.warning(
                 "could not record the HTTP exchange %s %s: %s", request.method, redact_url(str(request.url)), exc

@@ -132,3 +132,35 @@ def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() ->
 
         assert confirmed(one) == [(flow.id, "OK"), (family.id, "OK")]  # the children are not confirmed
         assert confirmed(two) == [(other.id, "OK")]
+
+
+def test_two_hubs_record_their_http_steps_exchanges_each_in_its_own_store(external, monkeypatch) -> None:
+    """Issue 35: an HTTP step's exchange is recorded from its StepContext, which carries the settings of the hub
+    running the step: into that hub's store, cut as that hub's OPENHUB_HTTP_RECORD_BYTES says. The second hub
+    opened is the process's installed one: a recording that read the process's settings would land in its
+    store, or be cut to its limit."""
+    from sqlalchemy import select
+
+    from openhub.store.schema import http_exchanges
+
+    monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", external.url)
+    with (
+        LocalHub("tests.support.http_routes", OPENHUB_HTTP_RECORD_BYTES="8") as one,
+        LocalHub("tests.support.http_routes", OPENHUB_HTTP_RECORD_BYTES="4096") as two,
+    ):
+        assert one.hub is not None and two.hub is not None
+        first = one.submit("http.call", {"path": "/one"})
+        second = two.submit("http.call", {"path": "/two"})
+        assert one.run() == 1 and two.run() == 1
+        assert one.get(first.id).state == two.get(second.id).state == "OK"
+
+        def recorded(local: LocalHub) -> list[tuple[int, str, str]]:
+            """Every exchange in the hub's store: its message, the path called, the request body as kept."""
+            assert local.hub is not None
+            X = http_exchanges.c
+            with local.hub.transaction() as conn:
+                rows = conn.execute(select(X.message_id, X.url, X.request_body).order_by(X.id)).all()
+            return [(r.message_id, r.url.removeprefix(external.url), r.request_body) for r in rows]
+
+        assert recorded(one) == [(first.id, "/one", '{"path":' + "… [7 more bytes not recorded]")]
+        assert recorded(two) == [(second.id, "/two", '{"path":"/two"}')]
