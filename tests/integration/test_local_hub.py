@@ -164,3 +164,30 @@ def test_two_hubs_record_their_http_steps_exchanges_each_in_its_own_store(extern
 
         assert recorded(one) == [(first.id, "/one", '{"path":' + "… [7 more bytes not recorded]")]
         assert recorded(two) == [(second.id, "/two", '{"path":"/two"}')]
+
+
+def test_a_crashed_task_is_noted_in_the_store_its_caller_names() -> None:
+    """Issue 35: `record_crash` (the chain-failed task's) writes to the store it is given, not the process's:
+    with two hubs open, the first's message gets the note and the second's store (the installed hub's,
+    holding a message of the same id) none."""
+    from sqlalchemy import select
+
+    from openhub.store.queries import record_crash
+    from openhub.store.schema import transitions
+
+    with LocalHub("tests.support.routes") as one, LocalHub("tests.support.routes") as two:
+        assert one.hub is not None and two.hub is not None
+        view = one.submit("test.flow", {"prefix": "/a"})
+        assert two.submit("test.flow", {"prefix": "/b"}).id == view.id  # each store counts from 1
+
+        record_crash(one.hub.settings.database_url, view.id, "step task: RuntimeError('boom')")
+
+        def notes(local: LocalHub) -> list[tuple[str, str | None]]:
+            assert local.hub is not None
+            T = transitions.c
+            with local.hub.transaction() as conn:
+                rows = conn.execute(select(T.event, T.detail).where(T.event == "task_crashed")).all()
+            return [(r.event, r.detail) for r in rows]
+
+        assert notes(one) == [("task_crashed", "step task: RuntimeError('boom')")]
+        assert notes(two) == []
