@@ -106,6 +106,6 @@ def chain_failed(request, exc, traceback, message_id: int, token: str) -> None:
         exc,
     )
     try:
-        record_crash(message_id, f"{task}: {exc!r}")
+        record_crash(current().settings.database_url, message_id, f"{task}: {exc!r}")
     except Exception:
         log.exception("message %s: could not record the crash", message_id)

@@ -197,7 +197,7 @@ async def soap_submit(request: Request, service: Service) -> Response:
         at=datetime.now(timezone.utc),
     )
     try:
-        await run_in_threadpool(record_exchange, exchange)
+        await run_in_threadpool(record_exchange, exchange, served(request).settings)
     except errors.StoreUnavailable as exc:  # the message is stored: its answer must not be lost for a record
         log.warning("message %s: the SOAP request was not recorded (%s)", view.id, exc)
     return Response(answer, media_type=media)

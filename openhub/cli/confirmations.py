@@ -100,7 +100,8 @@ def exchanges() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def exchanges_prune(days: int | None, as_json: bool) -> None:
     """Delete recorded HTTP exchanges older than the retention period."""
+    from openhub.core.config import get_settings
     from openhub.store.recordings import prune_exchanges
 
-    deleted = prune_exchanges(days=days)
+    deleted = prune_exchanges(get_settings(), days=days)
     click.echo(json.dumps({"deleted": deleted}) if as_json else f"{deleted} recorded HTTP exchanges deleted")

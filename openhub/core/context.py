@@ -6,11 +6,14 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 from urllib.parse import urlencode
 
 from openhub.core.errors import StepOutcome
 from openhub.core.model import route_name
+
+if TYPE_CHECKING:
+    from openhub.core.config import Settings
 
 log = logging.getLogger("openhub.step")
 
@@ -123,6 +126,7 @@ class StepContext:
         custom_data: dict[str, Any],
         response: Any = None,
         wait_token: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.payload = payload
         self.message = message
@@ -134,6 +138,9 @@ class StepContext:
         # This run's ask: a step that waits hands it to the responder, who sends it back with the answer
         # (openhub.respond(..., token=), `?token=` over HTTP); new for every run of the step.
         self.wait_token = wait_token
+        # The settings of the hub running the step: its HTTP exchanges are recorded in that hub's store, as
+        # its settings say (openhub.outbound.http); None: a context built outside a hub's run records none.
+        self.settings = settings
         self.business_errors: list[dict[str, str]] = []
         self.log = logging.LoggerAdapter(log, {"correlation_id": message.correlation_id, "message_id": message.id})
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Union
 
 from openhub.core.codes import CODE, Code, is_hub_code
 from openhub.core.errors import ConfigurationError
+from openhub.core.soap_route import Soap as Soap  # declared there, still importable from here
 
 if TYPE_CHECKING:
     from openhub.core.context import StepContext
@@ -232,36 +233,6 @@ def _check_batch(name: str, steps: tuple[RouteStep, ...], options: dict[str, Any
                 f"route {name!r}: batch needs all steps on one queue; step {item.key!r} is on "
                 f"{item.queue or options.get('queue')!r}, step {steps[0].key!r} on {queue!r}"
             )
-
-
-@dataclass(frozen=True)
-class Soap:
-    """A route's SOAP ingress (openhub.api.soap): messages arrive as `element` of the XSD `xsd` in a SOAP
-    1.1 or 1.2 body, validated and decoded against it; the steps see the decoded dict.
-
-    `xsd` is the schema's text or the path of a self-contained .xsd file (no xs:import or xs:include of
-    other files); `element` one of its global elements, by local name. Checked when declared.
-    """
-
-    xsd: str
-    element: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.element, str) or not self.element:
-            raise ConfigurationError(f"Soap: element must be the local name of a global element, got {self.element!r}")
-        text = self.xsd
-        if not isinstance(text, str) or not text.strip():
-            raise ConfigurationError("Soap: xsd must be the schema's text or the path of an .xsd file")
-        if not text.lstrip().startswith("<"):
-            try:
-                with open(text, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError as exc:
-                raise ConfigurationError(f"Soap: cannot read the XSD {self.xsd!r}: {exc.strerror}") from None
-        from openhub.core.soapxml import schema_element  # xmlschema is loaded only by routes that take SOAP
-
-        schema_element(text, self.element)  # a ConfigurationError naming what is wrong
-        object.__setattr__(self, "xsd", text)
 
 
 _ROUTE_OPTIONS = {

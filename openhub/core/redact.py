@@ -7,7 +7,7 @@ external call's or a confirmation's `last_error`, a business error's text), a hi
 line, an exported span, or what confirmers, webhooks and source systems are told. One pass,
 `redact_text`, is applied where text leaves the hub's hands:
 
-- every text column the store writes (`openhub.store.schema.Redacted` and `RedactedJson`: the column type
+- every text column the store writes (`openhub.store.columns.Redacted` and `RedactedJson`: the column type
   redacts whatever module writes it);
 - every log record of the hub's processes (`openhub.core.logs` installs `RedactingFilter`);
 - every span before it is exported (`openhub.core.tracing` wraps its span processors: attributes, events,
@@ -27,11 +27,12 @@ What `redact_text` takes out:
   values and body fields; a route's `secret_fields` are noted from the payload), whatever shape and
   wherever they come back (an echoed body, `Illegal header value b'…\\n'`).
 
-A secret name (`is_secret_name`): one holding token, secret, passw(or)d, passphrase, api-key,
-access-key, private-key, session, signature, subscription, credential, auth or cookie; or a word of it
-(camelCase or separated) pass, pwd, pin, otp, jwt; or one ending in the word key (`X-Functions-Key`,
-`privateKey`; not `Idempotency-Key`); or `sig`, `key` (and, in a URL, `code`); or one of OPENHUB_REDACT_NAMES (and
-OPENHUB_REDACT_HEADERS): names are compared case-insensitively, and the configured ones only add.
+A secret name (`is_secret_name`; it and the credentials' shapes are recognised in secret_shapes.py): one
+holding token, secret, passw(or)d, passphrase, api-key, access-key, private-key, session, signature,
+subscription, credential, auth or cookie; or a word of it (camelCase or separated) pass, pwd, pin, otp, jwt;
+or one ending in the word key (`X-Functions-Key`, `privateKey`; not `Idempotency-Key`); or `sig`, `key` (and,
+in a URL, `code`); or one of OPENHUB_REDACT_NAMES (and OPENHUB_REDACT_HEADERS): names are compared
+case-insensitively, and the configured ones only add.
 
 Nothing here raises: a text the pass cannot read is withheld, not kept (`[redaction failed: …]`), and a
 body the hub cannot parse is kept for the text pass, so redaction never turns a good call into a
@@ -41,62 +42,25 @@ failed step.
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
 
-from openhub.core.config import get_settings
+from openhub.core.secret_shapes import PREFIXED_TOKEN, SECRET_VALUE, looks_like_a_token, redact_shapes
+from openhub.core.secret_shapes import REDACTED as REDACTED  # what stands for a secret, still importable from here
+from openhub.core.secret_shapes import configured_names as configured_names
+from openhub.core.secret_shapes import is_secret_name as is_secret_name
 
-REDACTED = "[redacted]"
 IN_URL = "***"  # what stands for a secret in a URL (brackets would make it an IPv6 host)
-
-# --- names --------------------------------------------------------------------------------------------
-_SECRET_PARTS = re.compile(
-    r"token|secret|passw(?:or)?d|passphrase|api[-_]?key|access[-_]?key|private[-_]?key"
-    r"|session|signature|subscription|credential|auth|cookie",
-    re.IGNORECASE,
-)
-_SECRET_WORDS = frozenset({"pass", "pwd", "pin", "otp", "jwt", "apikey", "privatekey", "accesskey"})
-_SECRET_WHOLE = frozenset({"sig", "key"})
 _SECRET_IN_URL = frozenset({"code"})  # an OAuth authorization code (`Location: …?code=`); elsewhere an error code
-_NOT_SECRET = frozenset({"idempotency-key", "idempotency_key", "idempotencykey"})
-_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-
-
-def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
-    """Whether a header, query parameter or field called `name` holds a credential (module docstring)."""
-    lower = name.strip().strip("\"'").lower()
-    if extra and lower in {e.lower() for e in extra}:
-        return True
-    return _is_secret_name(name, lower, configured_names())
-
-
-@lru_cache(maxsize=4096)
-def _is_secret_name(name: str, lower: str, configured: frozenset[str]) -> bool:
-    if not lower or lower in _NOT_SECRET:
-        return False
-    if lower in _SECRET_WHOLE or lower in configured or _SECRET_PARTS.search(lower):
-        return True
-    words = [w.lower() for w in _WORDS.findall(name)]
-    return bool(words) and (words[-1] == "key" or any(w in _SECRET_WORDS for w in words))
-
-
-def configured_names() -> frozenset[str]:
-    """OPENHUB_REDACT_NAMES and OPENHUB_REDACT_HEADERS (lower case); none when the settings cannot be read."""
-    try:
-        return get_settings().redact_names
-    except Exception:
-        return frozenset()
-
 
 # --- values the current step or send knows to be secret ----------------------------------------------------
 _known: ContextVar[set[str] | None] = ContextVar("openhub_known_secrets", default=None)
+# An auth header's scheme: its credentials are noted without it too.
+_SCHEME = re.compile(r"^\s*(?:bearer|basic|digest|negotiate|token)\s+", re.IGNORECASE)
 MIN_KNOWN = 4  # shorter values (a 3-character "pin") would blank every such run of any text
 
 
@@ -126,48 +90,6 @@ def remember(*values: Any) -> None:
         for part in (text, *_SCHEME.sub("", text).split()):
             if len(part) >= MIN_KNOWN:
                 known.add(part)
-
-
-# --- shapes ------------------------------------------------------------------------------------------------
-_SCHEME = re.compile(r"^\s*(?:bearer|basic|digest|negotiate|token)\s+", re.IGNORECASE)
-# Header values that are a credential whatever the header is called: an HTTP auth scheme and its
-# credentials, or a JWT (base64url of `{"...` twice, so `eyJ` then `.eyJ`) anywhere in the value.
-SECRET_VALUE = re.compile(
-    r"^\s*(?:bearer|basic|digest|negotiate)\s+\S|eyJ[A-Za-z0-9_-]*\.eyJ[A-Za-z0-9_-]*\.", re.IGNORECASE
-)
-# Well-known credential forms, matched whole: a JWT, Stripe/GitHub/Slack/AWS/Google keys, a webhook secret.
-_PREFIXED = (
-    r"eyJ[A-Za-z0-9_-]*\.eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*"
-    r"|\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abprse]-[A-Za-z0-9-]{10,}"
-    r"|\bAKIA[0-9A-Z]{16}\b|\bwhsec_[A-Za-z0-9+/=]{8,}|\bAIza[A-Za-z0-9_-]{30,}"
-)
-_PREFIXED_WHOLE = re.compile(_PREFIXED)
-# What a text must hold for a pattern to be worth running (most texts hold none: the passes stay cheap).
-_PREFIX_MARKS = ("eyJ", "_live_", "_test_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "xox", "AKIA", "whsec_", "AIza")
-_SCHEME_MARKS = ("bearer", "basic", "digest", "negotiate")
-_SCHEMES = re.compile(r"(?P<scheme>\b(?i:Bearer|Basic|Digest|Negotiate)\s+)[A-Za-z0-9._~+/=-]{8,}")
-_RUN = re.compile(r"(?<![A-Za-z0-9+=_-])[A-Za-z0-9+=_-]{24,}+")  # a run from its start, taken whole
-
-
-def _shapes(text: str) -> str:
-    lower = text.lower()
-    if any(mark in lower for mark in _SCHEME_MARKS):
-        text = _SCHEMES.sub(lambda m: m["scheme"] + REDACTED, text)
-    if any(mark in text for mark in _PREFIX_MARKS):
-        text = _PREFIXED_WHOLE.sub(REDACTED, text)
-    return _RUN.sub(lambda m: REDACTED if looks_like_a_token(m.group()) else m.group(), text)
-
-
-def looks_like_a_token(text: str) -> bool:
-    """24+ characters mixing upper case, lower case and digits, with the entropy of random text (base64 and
-    base62 keys); not hex (trace ids, digests, UUIDs), words, identifiers or paths."""
-    if len(text) < 24 or not (
-        any(c.isupper() for c in text) and any(c.islower() for c in text) and sum(c.isdigit() for c in text) >= 2
-    ):
-        return False
-    counts = Counter(text)
-    entropy = -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
-    return entropy >= 3.5
 
 
 # --- URLs ---------------------------------------------------------------------------------------------------
@@ -224,7 +146,7 @@ def _redact_path(path: str) -> str:
 def _redact_segment(segment: str) -> str:
     if _BOT.match(segment):
         return "bot" + IN_URL
-    return IN_URL if looks_like_a_token(segment) or _PREFIXED_WHOLE.fullmatch(segment) else segment
+    return IN_URL if looks_like_a_token(segment) or PREFIXED_TOKEN.fullmatch(segment) else segment
 
 
 def _redact_query(query: str) -> str:
@@ -277,7 +199,7 @@ def _redact(text: str) -> str:
     text = _pairs(text)
     if "value" in text.lower():
         text = _NAME_VALUE.sub(_name_value, text)
-    text = _shapes(text)
+    text = redact_shapes(text)
     for value in sorted(_known.get() or (), key=len, reverse=True):  # longest first: a part within another
         if value in text:
             text = text.replace(value, REDACTED)

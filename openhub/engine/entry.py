@@ -101,6 +101,7 @@ def prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = Fals
         custom_data=loads(row.custom_data, {}),
         response=loads(row.response),
         wait_token=run_id,
+        settings=tx.hub.settings,
     )
     try:
         key = call_key(row, item, ctx)

@@ -49,15 +49,8 @@ from openhub.core.concurrency import green
 from openhub.core.context import StepContext
 from openhub.core.errors import ConfigurationError, Postpone, Reject, TransientError
 from openhub.core.failures import RETRYABLE_4XX, error_code
-from openhub.core.redact import (
-    SECRET_VALUE,
-    configured_names,
-    is_secret_name,
-    redact_text,
-    redact_url,
-    remember,
-    url_secrets,
-)
+from openhub.core.redact import redact_text, redact_url, remember, url_secrets
+from openhub.core.secret_shapes import SECRET_VALUE, configured_names, is_secret_name
 from openhub.store.db import store_now
 from openhub.store.recordings import Exchange, record_exchange
 
@@ -202,7 +195,7 @@ class HttpCall:
         req = client.build_request(method, url, headers=headers, **kwargs)
         _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
         ctx.check_fence()  # right before the call: not sent by a process others may judge dead
-        at, started = store_now(), time.perf_counter()
+        at, started = store_now(ctx.settings.database_url if ctx.settings else None), time.perf_counter()
         try:
             response = client.send(req)
             response.read()
@@ -242,7 +235,7 @@ class HttpCall:
         at: datetime,
     ) -> None:
         record = self.record if record is None else record
-        if not record:
+        if not record or ctx.settings is None:  # no hub's run: no store to record into
             return
         bodies = record != "headers"
         exchange = Exchange(
@@ -261,7 +254,7 @@ class HttpCall:
             at=at,
         )
         try:
-            record_exchange(exchange)
+            record_exchange(exchange, ctx.settings)
         except Exception as exc:
             ctx.log.warning(
                 "could not record the HTTP exchange %s %s: %s", request.method, redact_url(str(request.url)), exc
@@ -270,7 +263,7 @@ class HttpCall:
 
 _ECHO_READ = 20_000  # characters of an error answer's body read for its one-line text
 _PARSE_SENT = 65_536  # bytes of a request body read for the secret fields it sends
-# A body holding none of these holds no secret name (openhub.core.redact.is_secret_name): not parsed at all.
+# A body holding none of these holds no secret name (openhub.core.secret_shapes.is_secret_name): not parsed at all.
 _SECRET_MARKS = re.compile(
     rb"(?i)token|secret|pass|pwd|pin|otp|jwt|key|session|sig|subscription|credential|auth"
     rb"|cookie"

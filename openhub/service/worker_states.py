@@ -25,8 +25,9 @@ from openhub.core.errors import InputError, NotFound
 from openhub.engine.hub import Hub, given
 from openhub.store import audit, holds
 from openhub.store.db import store_now
+from openhub.store.liveness import dead_among
 from openhub.store.schema import workers
-from openhub.store.workers import FENCE, dead_among
+from openhub.store.workers import FENCE
 
 W = workers.c
 STATES = ("taking work", "finishing", "stopped", "store away", "gone")

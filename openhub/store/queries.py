@@ -210,9 +210,10 @@ def update_message(conn: Connection, message_id: int, **values: Any) -> None:
     conn.execute(_UPDATE, {"mid": message_id, **values})
 
 
-def record_crash(message_id: int, detail: str) -> None:
-    """Note in a message's history that a task carrying it crashed outside its step."""
-    with transaction() as conn:
+def record_crash(url: str, message_id: int, detail: str) -> None:
+    """Note in a message's history, in the store at `url` (the caller's hub's), that a task carrying it
+    crashed outside its step."""
+    with transaction(url) as conn:
         state = conn.execute(select(M.state).where(M.id == message_id)).scalar()
         if state is not None:
             record_transition(conn, message_id, Note.TASK_CRASHED.value, state, state, detail=detail)

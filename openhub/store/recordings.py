@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
 
-from openhub.core.config import get_settings
+from openhub.core.config import Settings
 from openhub.core.context import aware
 from openhub.core.redact import redact_body, redact_headers, redact_text, redact_url
 from openhub.store.db import store_now, transaction
@@ -53,9 +53,9 @@ def truncate_body(body: bytes | None, limit: int) -> str | None:
     return text
 
 
-def record_exchange(exchange: Exchange) -> None:
-    """Write one exchange in its own transaction (bodies redacted, then cut to OPENHUB_HTTP_RECORD_BYTES)."""
-    settings = get_settings()
+def record_exchange(exchange: Exchange, settings: Settings) -> None:
+    """Write one exchange in its own transaction on the store of `settings` (the hub's that made it): bodies
+    redacted as they say (OPENHUB_REDACT_HEADERS, OPENHUB_REDACT_BODIES), then cut to OPENHUB_HTTP_RECORD_BYTES."""
     limit, names, mode = settings.http_record_bytes, settings.redact_headers, settings.redact_bodies
     row = {
         "message_id": exchange.message_id,
@@ -76,7 +76,7 @@ def record_exchange(exchange: Exchange) -> None:
         "duration_ms": exchange.duration_ms,
         "at": exchange.at,
     }
-    with transaction() as conn:
+    with transaction(settings.database_url) as conn:
         conn.execute(insert(http_exchanges).values(**row))
 
 
@@ -110,9 +110,10 @@ def message_exchanges(conn: Connection, message_id: int) -> list[dict[str, Any]]
     return out
 
 
-def prune_exchanges(now: datetime | None = None, days: int | None = None) -> int:
-    """Delete exchanges older than `days` (default OPENHUB_HTTP_RECORD_DAYS); returns how many went."""
-    days = get_settings().http_record_days if days is None else days
-    cutoff = (now or store_now()) - timedelta(days=days)
-    with transaction() as conn:
+def prune_exchanges(settings: Settings, now: datetime | None = None, days: int | None = None) -> int:
+    """Delete the exchanges in the store of `settings` older than `days` (default: their
+    OPENHUB_HTTP_RECORD_DAYS); returns how many went."""
+    days = settings.http_record_days if days is None else days
+    cutoff = (now or store_now(settings.database_url)) - timedelta(days=days)
+    with transaction(settings.database_url) as conn:
         return conn.execute(delete(http_exchanges).where(http_exchanges.c.at < cutoff)).rowcount or 0

@@ -1,7 +1,9 @@
-"""SQLAlchemy 2.0 models of the message store.
+"""SQLAlchemy 2.0 models of the message store: the messages' tables here, the operators' in
+operator_tables.py; this module exports every table of the store (the code, tests and migrations read them
+from here).
 
 Text the hub writes about messages (errors, history details, recorded exchanges, business errors) is of
-the column types `Redacted` and `RedactedJson`: stored with secrets redacted whoever writes it.
+the column types `Redacted` and `RedactedJson` (columns.py): stored with secrets redacted whoever writes it.
 
 Indexes are chosen so the poller's queries touch only live rows: `ix_messages_due` is a partial
 index over rows with a due time, which every final state clears, so its cost does not grow
@@ -15,7 +17,6 @@ from datetime import datetime
 from typing import cast
 
 from sqlalchemy import (
-    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -28,43 +29,62 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.orm import Mapped, mapped_column
 
-from openhub.core.redact import redact_json_text, redact_text
+from openhub.store.columns import Base, Id, Redacted, RedactedJson
+from openhub.store.operator_tables import (
+    AuditEntry,
+    AuditMessage,
+    LiveSetting,
+    OperatorToken,
+    SettingsSnapshot,
+    WorkerHold,
+)
+
+__all__ = [
+    "LIVE_PREDICATE",
+    "AuditEntry",
+    "AuditMessage",
+    "Base",
+    "Breaker",
+    "Confirmation",
+    "ExtCall",
+    "HttpExchange",
+    "Id",
+    "LiveSetting",
+    "Message",
+    "OperatorToken",
+    "Redacted",
+    "RedactedJson",
+    "RoutePause",
+    "SettingsSnapshot",
+    "SystemRate",
+    "SystemSlot",
+    "Transition",
+    "Wait",
+    "Worker",
+    "WorkerHold",
+    "audit",
+    "audit_messages",
+    "breakers",
+    "confirmations",
+    "ext_calls",
+    "http_exchanges",
+    "live_settings",
+    "messages",
+    "operator_tokens",
+    "route_pauses",
+    "settings_snapshots",
+    "system_rates",
+    "system_slots",
+    "transitions",
+    "waits",
+    "worker_holds",
+    "workers",
+]
 
 # Rows not in a final state (states.FINAL, spelled out: this module imports no domain code).
 LIVE_PREDICATE = "state NOT IN ('CANCEL', 'FAILED', 'OK', 'SKIPPED')"
-
-# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
-Id = BigInteger().with_variant(Integer(), "sqlite")
-
-
-class Redacted(TypeDecorator[str]):
-    """Text the hub writes about a message (an error, a history detail, a recorded body): whatever module
-    writes it, it is stored with secrets redacted (`openhub.core.redact.redact_text`), so no writer can forget."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        return redact_text(value) if isinstance(value, str) else value
-
-
-class RedactedJson(TypeDecorator[str]):
-    """JSON text (recorded headers, business errors) stored with every string in it redacted
-    (`openhub.core.redact.redact_json_text`)."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        return redact_json_text(value) if isinstance(value, str) else value
-
-
-class Base(DeclarativeBase):
-    """Declarative base of the store's tables."""
 
 
 class Message(Base):
@@ -315,17 +335,6 @@ class Worker(Base):
     taking: Mapped[bool | None] = mapped_column(Boolean)
 
 
-class WorkerHold(Base):
-    """An operator's "finish what you have, take nothing new" for one worker or every worker of a host."""
-
-    __tablename__ = "worker_holds"
-
-    target: Mapped[str] = mapped_column(String(300), primary_key=True)  # worker:<id> or host:<hostname>
-    since: Mapped[datetime] = mapped_column(DateTime)
-    reason: Mapped[str | None] = mapped_column(Redacted)
-    by: Mapped[str | None] = mapped_column(String(100))
-
-
 class RoutePause(Base):
     """A paused route: nothing of it is processed until an operator resumes it."""
 
@@ -400,78 +409,6 @@ class HttpExchange(Base):
         Index("ix_http_exchanges_message", "message_id"),
         Index("ix_http_exchanges_at", "at"),  # retention prunes by age
     )
-
-
-class OperatorToken(Base):
-    """A named operator token (`openhub tokens add`): its role, kept by the SHA-256 of the secret only."""
-
-    __tablename__ = "operator_tokens"
-
-    name: Mapped[str] = mapped_column(String(100), primary_key=True)
-    role: Mapped[str] = mapped_column(String(20))  # viewer, operator, admin (openhub.roles)
-    digest: Mapped[str] = mapped_column(String(64), unique=True)  # hex SHA-256 of the secret
-    created_at: Mapped[datetime] = mapped_column(DateTime)
-    created_by: Mapped[str | None] = mapped_column(String(100))
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime)  # revoked: refused, kept for the audit
-
-
-class AuditEntry(Base):
-    """One operator action (openhub.store.audit), written in the transaction of its effect; never updated."""
-
-    __tablename__ = "audit"
-
-    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(DateTime)
-    who: Mapped[str] = mapped_column(String(100))  # the token's name ("admin": OPENHUB_ADMIN_TOKEN; "cli")
-    role: Mapped[str] = mapped_column(String(20))
-    action: Mapped[str] = mapped_column(String(50))
-    target: Mapped[str | None] = mapped_column(Redacted)  # the setting, route, system or token acted on
-    message_ids: Mapped[str | None] = mapped_column(Text)  # JSON list of the messages acted on
-    old_value: Mapped[str | None] = mapped_column(Redacted)
-    new_value: Mapped[str | None] = mapped_column(Redacted)
-    client: Mapped[str | None] = mapped_column(String(100))  # the client's address
-    request_id: Mapped[str | None] = mapped_column(String(100))
-
-    __table_args__ = (
-        Index("ix_audit_at", "at"),
-        Index("ix_audit_who", "who", "at"),
-        Index("ix_audit_action", "action", "at"),
-    )
-
-
-class LiveSetting(Base):
-    """A setting an admin changed at run time (openhub.store.live): every process applies it within one poll
-    interval, on top of its environment's."""
-
-    __tablename__ = "live_settings"
-
-    name: Mapped[str] = mapped_column(String(100), primary_key=True)  # the environment variable's name
-    value: Mapped[str] = mapped_column(Text)  # as the environment variable would spell it
-    set_at: Mapped[datetime] = mapped_column(DateTime)
-    set_by: Mapped[str | None] = mapped_column(String(100))
-    reason: Mapped[str | None] = mapped_column(Redacted)
-
-
-class SettingsSnapshot(Base):
-    """The settings in force in the newest process of a kind (api, worker, beat) that loaded or changed them."""
-
-    __tablename__ = "settings_snapshots"
-
-    kind: Mapped[str] = mapped_column(String(20), primary_key=True)
-    node: Mapped[str] = mapped_column(String(255))  # host:pid of the process
-    settings: Mapped[str] = mapped_column(Text)  # JSON list of {name, value (secrets masked), source, live}
-    seen_at: Mapped[datetime] = mapped_column(DateTime)
-
-
-class AuditMessage(Base):
-    """Which messages an audit entry acted on: the message's history shows its entries through this."""
-
-    __tablename__ = "audit_messages"
-
-    audit_id: Mapped[int] = mapped_column(Id, ForeignKey("audit.id"), primary_key=True)
-    message_id: Mapped[int] = mapped_column(Id, primary_key=True)  # no foreign key: the archive moves messages
-
-    __table_args__ = (Index("ix_audit_messages_message", "message_id"),)
 
 
 def _table(model: type[Base]) -> Table:

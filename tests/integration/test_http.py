@@ -196,8 +196,9 @@ def test_nothing_is_recorded_unless_asked(hub, server) -> None:
 
 def test_retention_prunes_old_exchanges_only(hub, server) -> None:
     view = run(hub, {"path": "/ok"})
-    assert prune_exchanges(days=14) == 0
-    assert prune_exchanges(now=utcnow() + timedelta(days=15), days=14) == 1
+    assert hub.hub is not None
+    assert prune_exchanges(hub.hub.settings, days=14) == 0
+    assert prune_exchanges(hub.hub.settings, now=utcnow() + timedelta(days=15), days=14) == 1
     assert message_detail(view.id)["http_exchanges"] == []
 
 

@@ -132,3 +132,62 @@ def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() ->
 
         assert confirmed(one) == [(flow.id, "OK"), (family.id, "OK")]  # the children are not confirmed
         assert confirmed(two) == [(other.id, "OK")]
+
+
+def test_two_hubs_record_their_http_steps_exchanges_each_in_its_own_store(external, monkeypatch) -> None:
+    """Issue 35: an HTTP step's exchange is recorded from its StepContext, which carries the settings of the hub
+    running the step: into that hub's store, cut as that hub's OPENHUB_HTTP_RECORD_BYTES says. The second hub
+    opened is the process's installed one: a recording that read the process's settings would land in its
+    store, or be cut to its limit."""
+    from sqlalchemy import select
+
+    from openhub.store.schema import http_exchanges
+
+    monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", external.url)
+    with (
+        LocalHub("tests.support.http_routes", OPENHUB_HTTP_RECORD_BYTES="8") as one,
+        LocalHub("tests.support.http_routes", OPENHUB_HTTP_RECORD_BYTES="4096") as two,
+    ):
+        assert one.hub is not None and two.hub is not None
+        first = one.submit("http.call", {"path": "/one"})
+        second = two.submit("http.call", {"path": "/two"})
+        assert one.run() == 1 and two.run() == 1
+        assert one.get(first.id).state == two.get(second.id).state == "OK"
+
+        def recorded(local: LocalHub) -> list[tuple[int, str, str]]:
+            """Every exchange in the hub's store: its message, the path called, the request body as kept."""
+            assert local.hub is not None
+            X = http_exchanges.c
+            with local.hub.transaction() as conn:
+                rows = conn.execute(select(X.message_id, X.url, X.request_body).order_by(X.id)).all()
+            return [(r.message_id, r.url.removeprefix(external.url), r.request_body) for r in rows]
+
+        assert recorded(one) == [(first.id, "/one", '{"path":' + "… [7 more bytes not recorded]")]
+        assert recorded(two) == [(second.id, "/two", '{"path":"/two"}')]
+
+
+def test_a_crashed_task_is_noted_in_the_store_its_caller_names() -> None:
+    """Issue 35: `record_crash` (the chain-failed task's) writes to the store it is given, not the process's:
+    with two hubs open, the first's message gets the note and the second's store (the installed hub's,
+    holding a message of the same id) none."""
+    from sqlalchemy import select
+
+    from openhub.store.queries import record_crash
+    from openhub.store.schema import transitions
+
+    with LocalHub("tests.support.routes") as one, LocalHub("tests.support.routes") as two:
+        assert one.hub is not None and two.hub is not None
+        view = one.submit("test.flow", {"prefix": "/a"})
+        assert two.submit("test.flow", {"prefix": "/b"}).id == view.id  # each store counts from 1
+
+        record_crash(one.hub.settings.database_url, view.id, "step task: RuntimeError('boom')")
+
+        def notes(local: LocalHub) -> list[tuple[str, str | None]]:
+            assert local.hub is not None
+            T = transitions.c
+            with local.hub.transaction() as conn:
+                rows = conn.execute(select(T.event, T.detail).where(T.event == "task_crashed")).all()
+            return [(r.event, r.detail) for r in rows]
+
+        assert notes(one) == [("task_crashed", "step task: RuntimeError('boom')")]
+        assert notes(two) == []

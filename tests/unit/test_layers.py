@@ -191,7 +191,10 @@ GLOBAL_URL = {"transaction", "reading"}  # openhub.store.db's, called with no UR
 GLOBALS_LEFT = {
     "core/registry.py": ({"get_settings"}, "the process's registry is built from the process's settings"),
     "core/logs.py": ({"get_settings"}, "a process logs one way: its log format is the process's"),
-    "core/redact.py": ({"get_settings"}, "log lines are redacted by the process's names, wherever they come from"),
+    "core/secret_shapes.py": (
+        {"get_settings"},
+        "log lines are redacted by the process's names, wherever they come from",
+    ),
     "engine/hub.py": (
         {"current", "get_settings", "get_registry"},
         "the process's hub is built here, and is the default of the entry points (`given`) for a caller without one",
@@ -205,11 +208,6 @@ GLOBALS_LEFT = {
     "store/db.py": ({"get_settings"}, "the database URL of a caller that gives none (the drivers')"),
     "store/migrate.py": ({"get_settings"}, "`openhub migrate` (a driver) migrates the process's database"),
     "store/workers.py": ({"get_settings"}, "heartbeats and the fence are the process's (worker-states work)"),
-    "store/recordings.py": (
-        {"get_settings", "transaction"},
-        "an HTTP step's exchange is recorded from its StepContext, which carries no hub yet",
-    ),
-    "store/queries.py": ({"transaction"}, "record_crash, called by the chain-failed task (tasks/)"),
     "store/audit.py": ({"transaction"}, "the audit trail's listing, read by the drivers"),
     "store/tokens.py": ({"transaction"}, "operator tokens, kept and read by the drivers"),
 }
