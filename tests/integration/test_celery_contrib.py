@@ -47,9 +47,14 @@ def celery_worker_parameters() -> dict:
 
 
 @pytest.mark.parametrize("route", ["test.flow", "fused.flow"])
-def test_celerys_in_process_worker_carries_a_route(celery_worker, route: str, prefix: str) -> None:
+def test_celerys_in_process_worker_carries_a_route(celery_worker, route: str, prefix: str, caplog) -> None:
     view = openhub.submit(route, {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)
     assert wait_final(view.id, timeout=60).state == "OK"
     assert_each_step_ok_once([view.id], ["a", "b", "c"])
-    # Run here, in the test process's worker thread, not by a subprocess worker of the suite.
-    assert {c["worker"] for c in message_detail(view.id)["ext_calls"]} == {current_node()}
+    # Run here, in the test process's worker thread, not by a subprocess worker of the suite; unless this
+    # process's heartbeat fell behind (on a loaded box, the embedded store's lock held by the suite's other
+    # processes past 3/4 of the test backends' 2 s dead-after): then the fence let its lease go, as it must,
+    # and the suite's poller handed the step to one of its own workers.
+    fenced = [r.getMessage() for r in caplog.records if "heartbeat fell behind" in r.getMessage()]
+    workers = {c["worker"] for c in message_detail(view.id)["ext_calls"]}
+    assert workers == {current_node()} or fenced, workers
