@@ -237,6 +237,7 @@ class LocalHub:
         def clock() -> Any:
             return store_now(url) + timedelta(seconds=seconds)
 
+        self.hub.refresh()  # live settings on the hub itself: its per-run copy below would swap them anew each run
         hub = replace(self.hub, clock=clock)
 
         done = 0

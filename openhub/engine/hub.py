@@ -77,20 +77,20 @@ class Hub:
         store away keeps the settings in force (logged once): a step never fails for it. `record`: whether this
         call may write the process's snapshot (never from inside a transaction that may hold the store: on
         SQLite, the one writer would be waiting for itself)."""
-        seen = _seen.setdefault(self.settings.database_url, _Seen())
+        seen = _seen.get(self.settings.database_url) or _seen.setdefault(self.settings.database_url, _Seen())
         clock = time.monotonic()
         if force or clock >= seen.next_read:
             seen.next_read = clock + self.settings.poll_interval.total_seconds() / 2
             try:
                 with self.reading() as conn:
-                    seen.overrides = live.usable(live_store.overrides(conn))
+                    seen.overrides = tuple(sorted(live.usable(live_store.overrides(conn)).items()))
                 seen.away = False
             except Exception as exc:
                 if not seen.away:
                     log.warning("live settings not read, the ones in force are kept: %s", exc)
                 seen.away = True
-        if seen.overrides is not None and dict(self.settings.live_overrides) != seen.overrides:
-            self._swap(live.with_overrides(live.driver_settings(self.settings), seen.overrides))
+        if seen.overrides is not None and self.settings.live_overrides != seen.overrides:  # both sorted pairs
+            self._swap(live.with_overrides(live.driver_settings(self.settings), dict(seen.overrides)))
         if record and _kind is not None and seen.shown != (_kind, self.settings.live_overrides):
             seen.shown = (_kind, self.settings.live_overrides) if self._snapshot(_kind) else None
         return self.settings
@@ -118,7 +118,7 @@ class Hub:
 class _Seen:
     """What this process last read of one database's live values, and when it reads them next."""
 
-    overrides: dict[str, str] | None = None
+    overrides: tuple[tuple[str, str], ...] | None = None  # sorted, as Settings.live_overrides
     next_read: float = 0.0
     away: bool = False  # the last read failed (logged once)
     shown: tuple[str, tuple[tuple[str, str], ...]] | None = None  # the snapshot written last: kind, values

@@ -17,7 +17,6 @@ from openhub.core.errors import ConfigurationError, InputError, NotFound, StateC
 from openhub.engine.hub import Hub, given
 from openhub.store import audit
 from openhub.store import live as live_store
-from openhub.store.db import store_now
 
 
 def settings_in_force(*, hub: Hub | None = None, kind: str = "this process") -> dict[str, Any]:
@@ -73,7 +72,7 @@ def set_setting(name: str, value: str, reason: str | None = None, *, hub: Hub | 
     value = value.strip()
     name, reason = _checked(name, value), _reason(reason)
     with hub.transaction() as conn:
-        now = store_now()
+        now = hub.clock()
         old = live_store.stored(conn, name)
         live_store.put(conn, name, value, audit.current_actor().name[:100], reason, now)
         audit.record(
