@@ -270,15 +270,17 @@ def test_two_beats_never_dispatch_twice(svc, pool, chaos, tmp_path) -> None:
 
     with transaction() as conn:
         rows = conn.execute(
-            select(transitions.c.message_id, transitions.c.event, transitions.c.from_state)
+            select(transitions.c.message_id, transitions.c.event, transitions.c.from_state, transitions.c.to_state)
             .where(transitions.c.message_id.in_(ids))
             .order_by(transitions.c.id)
         ).all()
-    failures = Counter(m for m, e, _ in rows if e in ("transient", "lease_expired"))
+    assert sum(1 for _, e, _, _ in rows if e == "transient") >= 20
+    # Every way into PARTLY_FAILED: b's failures, and a run the hub itself lost (lease_expired) or let go
+    # (lease_dropped: a gevent worker's fence on a loaded box, stop 48's CI), each re-driven like a failure.
+    failures = Counter(m for m, _, _, to in rows if to == "PARTLY_FAILED")
     # A failed message's re-drives (PARTLY_FAILED -> IN_QUEUE); a NEW one whose first chain a loaded box had not
     # started within the chain's wait is re-driven too (NEW -> IN_QUEUE), for no failure (stop 46's CI).
-    redrives = Counter(m for m, e, was in rows if e == "redriven" and was == "PARTLY_FAILED")
-    assert sum(failures.values()) >= 20
+    redrives = Counter(m for m, e, was, _ in rows if e == "redriven" and was == "PARTLY_FAILED")
     assert failures == redrives  # each failure re-driven once, by one of the two pollers
 
 
