@@ -23,7 +23,7 @@ import click
 from openhub.cli.config import config
 from openhub.cli.confirmations import confirmations, exchanges
 from openhub.cli.demo import demo
-from openhub.cli.inputs import json_given, timestamp
+from openhub.cli.inputs import json_given, json_input, timestamp
 from openhub.cli.messages import messages
 from openhub.cli.operators import audit_command, breakers, tokens
 from openhub.cli.output import counted, escaped, make_console, verbatim
@@ -220,14 +220,7 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
 @click.argument("route")
 @click.option("--source-system", "-s", required=True, help="The source system the message comes from.")
 @click.option("--correlation-id", "-c", required=True, help="Unique per source system; a repeat is a duplicate.")
-@click.option("--payload", "-p", help="The payload as JSON text.")
-@click.option(
-    "--file",
-    "-f",
-    "payload_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A file holding the JSON payload.",
-)
+@json_input("the payload")
 @click.option("--process-id", help="Groups messages of one business process.")
 @click.option("--msg-timestamp", help="ISO 8601 timestamp of the message (orders entity versions).")
 @click.option("--expires-at", help="ISO 8601; not started by then, the message ends FAILED (error code EXPIRED).")

@@ -4,10 +4,30 @@ timestamp; a bad one ends the command as a usage error, never a traceback."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_input(what: str) -> Callable[[F], F]:
+    """The --payload/-p and --file/-f options of a command taking a JSON value (`what` names it in the
+    help), passed as `payload` and `payload_file`; read them with json_given."""
+
+    def options(command: F) -> F:
+        command = click.option(
+            "--file",
+            "-f",
+            "payload_file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help=f"A file holding {what} as JSON.",
+        )(command)
+        return click.option("--payload", "-p", help=f"{what[0].upper()}{what[1:]} as JSON text.")(command)
+
+    return options
 
 
 def json_given(payload: str | None, payload_file: Path | None) -> Any:

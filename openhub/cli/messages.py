@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from openhub.cli.inputs import json_given, timestamp
+from openhub.cli.inputs import json_given, json_input, timestamp
 from openhub.cli.output import counted, echo_done, make_console, print_error, short, state_text, verbatim
 from openhub.core.states import State
 from openhub.store.queries import MessageFilter
@@ -325,14 +325,7 @@ def messages_retry(message_id: int, as_json: bool) -> None:
 
 @messages.command("resubmit")
 @click.argument("message_id", type=int)
-@click.option("--payload", "-p", help="The new payload as JSON text.")
-@click.option(
-    "--file",
-    "-f",
-    "payload_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A file holding the new JSON payload.",
-)
+@json_input("the new payload")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def messages_resubmit(message_id: int, payload: str | None, payload_file: Path | None, as_json: bool) -> None:
     """Replace a FAILED message's payload (checked as a submission's; the old one stays in its history) and
@@ -344,14 +337,7 @@ def messages_resubmit(message_id: int, payload: str | None, payload_file: Path |
 
 @messages.command("respond")
 @click.argument("message_id", type=int)
-@click.option("--payload", "-p", help="The answer as JSON text.")
-@click.option(
-    "--file",
-    "-f",
-    "payload_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A file holding the JSON answer.",
-)
+@json_input("the answer")
 @click.option(
     "--token",
     "-t",
