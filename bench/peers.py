@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3]
         [--variants plain,hub,hub1,fused,batch,dbos] [--latency-ms 0] [--pool prefork|gevent|threads]
         [--concurrency 2] [--processes 1] [--warmup 200] [--http-client sharded|httpcall] [--burn 0]
+        [--broker redis|amqp]
 
 The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
 after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx clients of bench/flows.py, or
@@ -16,7 +17,10 @@ run as
                together, each step entered and recorded for all of them in one transaction
   (d) dbos   - a DBOS Transact workflow of 3 steps on a DBOS queue (bench/dbos_app.py),
                2 worker processes with worker_concurrency=1, enqueued with DBOSClient
-each in its own fresh PostgreSQL database and private redis-server, interleaved run by run.
+each in its own fresh PostgreSQL database and private redis-server, interleaved run by run. With
+--broker amqp the Celery variants' broker is a private RabbitMQ node instead, started fresh for each
+variant and run (tests/support/backends.RabbitServer: no plugins, consumer_timeout 3600 s); the
+redis-server stays for the benchmark's own counters, and the broker's CPU figure is the node's.
 Celery variants: `--processes P` (default 1) `celery -A tasks worker --pool POOL --concurrency N`
 (prefork -c 2 by default, no beat; several gevent processes use several cores). DBOS: 2 processes of
 worker_concurrency max(1, N x P // 2) each, so as many workflows in flight as the Celery workers have
@@ -38,7 +42,7 @@ of calls in flight at the server during the measured part, and the peak RSS of a
 processes together (sum of VmRSS, sampled every 0.5 s: shared pages are counted in every process).
 With --profile DIR, the measured part of each variant is also profiled: `py-spy record` (beside the
 python, or $PY_SPY) on the worker's processes (DIR/VARIANT-RUN.txt, collapsed stacks, and the top
-functions by bench/collapsed.py printed), CPU ms/message of the redis-server, the HTTP server and this
+functions by bench/collapsed.py printed), CPU ms/message of the broker, the HTTP server and this
 process from /proc, and, if the PostgreSQL server preloads pg_stat_statements (a private cluster:
 OPENHUB_TEST_PG), the SQL statements per message.
 Then submit figures with no worker running: openhub.submit() one per message from one
@@ -65,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 import sqlalchemy  # noqa: E402
 
 from bench.slow_server import serve_slow  # noqa: E402
-from tests.support.backends import RedisServer, activate, free_port, postgres_database  # noqa: E402
+from tests.support.backends import RabbitServer, RedisServer, activate, free_port, postgres_database  # noqa: E402
 from tests.support.burner import spin  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
@@ -73,7 +77,8 @@ TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 WARMUP = 200  # --warmup
 HTTP = {"port": 0, "pid": 0}  # the slow server's, set by main()
-ENV: dict[str, int] = {}  # the current variant's redis-server pid
+ENV: dict[str, int] = {}  # the current variant's broker's pid (redis-server or the RabbitMQ node)
+BROKER = {"kind": "redis"}  # --broker
 PROFILE: dict = {"dir": None, "rate": 100, "tag": ""}  # --profile; tag: the variant and run being measured
 
 
@@ -226,24 +231,30 @@ SHARDED = {"on": True}  # --http-client: bench/flows.py's own clients, else open
 
 
 class Env:
-    """A fresh database, a private redis-server and the OPENHUB_* environment pointing at them."""
+    """A fresh database, a private redis-server (and with --broker amqp a private RabbitMQ node) and the
+    OPENHUB_* environment pointing at them."""
 
     def __init__(
         self, workdir: Path, http_port: int, url: str, pool: str = "prefork", concurrency: int = 2, processes: int = 1
     ) -> None:
         self.redis = RedisServer.start(workdir / "redis")
+        self.rabbit = RabbitServer.start() if BROKER["kind"] == "amqp" else None
         self.url, self.workdir = url, workdir
         self.pool, self.concurrency, self.processes = pool, concurrency, processes
-        ENV["redis"] = self.redis.process.pid
+        broker = self.rabbit or self.redis
+        assert broker.process is not None
+        ENV["broker"] = broker.process.pid
         self.env = {
             "OPENHUB_DATABASE_URL": url,
-            "OPENHUB_BROKER_URL": self.redis.url,
+            "OPENHUB_BROKER_URL": broker.url,
             "OPENHUB_ROUTES": "bench.flows",
             "OPENHUB_VAR_DIR": str(workdir / "var"),
             "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
             "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16) if SHARDED["on"] else 0),  # bench/flows.py
             "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1",
         }
+        if self.rabbit is not None:
+            self.env["OPENHUB_CONSUMER_TIMEOUT"] = "3600"  # the node's (RabbitServer.start's default)
         activate({k: v for k, v in self.env.items() if k.startswith("OPENHUB_")})  # BENCH_*: the workers'
         from openhub.store.migrate import upgrade
 
@@ -372,8 +383,8 @@ class Profile:
 def _measure(pg: PgMeter, roots: list[int], submit, wait, n: int) -> dict[str, float]:
     """Submit and wait for n messages after the warm-up's WARMUP (the server counted those already)."""
     others = {"http": HTTP["pid"], "bench": os.getpid()}
-    if ENV.get("redis"):
-        others["redis"] = ENV["redis"]
+    if ENV.get("broker"):
+        others["broker"] = ENV["broker"]
     profile = Profile(pg, roots, others) if PROFILE["dir"] else None
     before_pg, before_cpu = pg.snapshot(), tree_cpu_ms(roots)
     rss = RssPeak(roots)
@@ -717,6 +728,8 @@ def fresh(workdir: Path, http_port: int, tag: str, fn, pool: str = "prefork", co
             return fn(env)
         finally:
             env.redis.stop()
+            if env.rabbit is not None:
+                env.rabbit.stop()
 
 
 def main() -> None:
@@ -757,7 +770,14 @@ def main() -> None:
         help="offer the measured messages one at a time at this rate (msg/s, Poisson arrivals) and report "
         "submit -> last call answered p50/p90/p99/max; 0: submit them all at once (throughput)",
     )
+    parser.add_argument(
+        "--broker",
+        default="redis",
+        choices=("redis", "amqp"),
+        help="the Celery variants' broker: a private redis-server, or a private RabbitMQ node (amqp)",
+    )
     args = parser.parse_args()
+    BROKER["kind"] = args.broker
     OPEN_LOOP["rate"] = args.rate
     SHARDED["on"] = args.http_client == "sharded"
     PROFILE.update(dir=args.profile, rate=args.profile_rate)
