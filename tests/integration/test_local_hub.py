@@ -191,3 +191,52 @@ def test_a_crashed_task_is_noted_in_the_store_its_caller_names() -> None:
 
         assert notes(one) == [("task_crashed", "step task: RuntimeError('boom')")]
         assert notes(two) == []
+
+
+def test_hubs_closed_in_any_order_leave_no_closed_hub_as_the_process_s() -> None:
+    """Issue 35: the process's hub is the newest one a driver installed whose block is still open. Each
+    LocalHub restored the hub installed before it when it closed: the first closed while the second was open
+    made the environment's the process's hub under the second, and the second, closed after, left the first
+    (its store deleted) the process's hub for good, its settings what every later `get_settings()` answered."""
+    from openhub.core.config import get_settings
+    from openhub.core.registry import get_registry
+    from openhub.engine.hub import current
+
+    before = get_settings().database_url
+    one = LocalHub("tests.support.routes", OPENHUB_DEFAULT_PRIORITY="2").__enter__()
+    try:
+        two = LocalHub("tests.support.routes", OPENHUB_DEFAULT_PRIORITY="7").__enter__()
+    except BaseException:
+        one.__exit__(None, None, None)
+        raise
+    try:
+        assert current() is two.hub
+        one.__exit__(None, None, None)  # the first closed while the second is still open
+        assert current() is two.hub
+        assert two.hub is not None and get_settings() is two.hub.settings and get_registry() is two.hub.registry
+        view = two.submit("test.flow", {"prefix": "/order"})
+        assert two.get(view.id).priority == 7
+    finally:
+        two.__exit__(None, None, None)
+    assert current().settings.database_url == get_settings().database_url == before  # neither hub's
+    assert one.hub is not None and current() is not one.hub and get_registry() is not one.hub.registry
+
+
+def test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store() -> None:
+    """Issue 35: a LocalHub whose run crashed writes its heartbeat row again, leaving the run out, so that the
+    next tick repairs it. Written to the process's database (the second hub's, installed last), the first's
+    row still vouched for the run and its tick never repaired it."""
+    from tests.support import promise_routes as routes
+
+    with routes.local_hub() as one, LocalHub("tests.support.routes"):
+
+        def interrupt(_ctx: object) -> None:
+            del routes.HOOKS["first"]
+            raise KeyboardInterrupt
+
+        routes.HOOKS["first"] = interrupt
+        view = one.submit("p.flow", {})
+        with pytest.raises(KeyboardInterrupt):
+            one.run()
+        assert one.tick().repaired == 1
+        assert one.get(view.id).state == "OK"
