@@ -289,6 +289,7 @@ def _send_one(
                             delivery_id=row.id,
                             delivery_key=row.delivery_key,
                             hook=row.hook,
+                            settings=settings,
                         )
                     )
                     returned = True  # a deadline arriving after this is too late to undo the send

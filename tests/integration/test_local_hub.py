@@ -89,17 +89,30 @@ def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() ->
     settings and stores open in one process each carry a message (and a split family, and its
     confirmation) to OK in their own store. The second one opened is the process's installed hub while
     the first is driven: whatever read the process's globals instead of the hub it was given would write
-    into the second's store, or take its settings."""
+    into the second's store, or take its settings (the stock webhook signed the first's notifications with the
+    second's OPENHUB_WEBHOOK_SECRET)."""
     from sqlalchemy import select
 
+    from openhub.core.errors import WebhookSignatureError
+    from openhub.outbound.notify import verify_signature
     from openhub.service.reads import list_messages
     from openhub.store.schema import confirmations
+    from tests.integration.test_signed_webhooks import PLAIN, SECRET, Receiver
     from tests.support import promise_routes as routes
 
+    def hooked(receiver: Receiver, secret: str) -> dict[str, str]:
+        """The stock webhook on `receiver`, told of every OK message, signing with `secret`."""
+        return {"OPENHUB_WEBHOOK_URL": receiver.url, "OPENHUB_WEBHOOK_STATES": "OK", "OPENHUB_WEBHOOK_SECRET": secret}
+
     routes.reset()
+    receivers = Receiver(), Receiver()
     with (
-        LocalHub(routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="2") as one,
-        LocalHub(routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="7") as two,
+        LocalHub(
+            routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="2", **hooked(receivers[0], SECRET)
+        ) as one,
+        LocalHub(
+            routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="7", **hooked(receivers[1], PLAIN)
+        ) as two,
     ):
         assert one.hub is not None and two.hub is not None
         assert one.hub.settings.database_url != two.hub.settings.database_url
@@ -127,11 +140,21 @@ def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() ->
         def confirmed(local: LocalHub) -> list[tuple[int, str]]:
             assert local.hub is not None
             with local.hub.transaction() as conn:
-                rows = conn.execute(select(confirmations.c.message_id, confirmations.c.state)).all()
+                C = confirmations.c
+                rows = conn.execute(select(C.message_id, C.state).where(C.hook.is_(None))).all()  # not hooks
             return sorted((r.message_id, r.state) for r in rows)
 
         assert confirmed(one) == [(flow.id, "OK"), (family.id, "OK")]  # the children are not confirmed
         assert confirmed(two) == [(other.id, "OK")]
+    for receiver in receivers:
+        receiver.close()
+    # Each hub's webhook told its own receiver of its own OK messages, signed with its own secret only.
+    for receiver, own, theirs, count in ((receivers[0], SECRET, PLAIN, 4), (receivers[1], PLAIN, SECRET, 1)):
+        assert len(receiver.posts) == count
+        for post in receiver.posts:
+            verify_signature(own, post.headers, post.body)
+            with pytest.raises(WebhookSignatureError):
+                verify_signature(theirs, post.headers, post.body)
 
 
 def test_two_hubs_record_their_http_steps_exchanges_each_in_its_own_store(external, monkeypatch) -> None:

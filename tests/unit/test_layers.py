@@ -203,8 +203,11 @@ GLOBALS_LEFT = {
         {"get_settings", "get_registry", "transaction"},
         "the confirm task (tasks/) sends without a hub; listing and resending are the drivers' operator calls",
     ),
-    "outbound/notify.py": ({"get_settings"}, "the stock webhook, called from route modules: the process's secrets"),
-    "outbound/protocol.py": ({"get_settings"}, "the stock confirmer, likewise (its timeout)"),
+    "outbound/notify.py": (
+        {"get_settings"},
+        "`post_json`, a route's own confirmer's POST with no outcome at hand, and an Outcome built outside a"
+        " sender (`settings_of`): the process's secrets; a sent one carries its hub's (`Outcome.settings`)",
+    ),
     "store/db.py": ({"get_settings"}, "the database URL of a caller that gives none (the drivers')"),
     "store/migrate.py": ({"get_settings"}, "`openhub migrate` (a driver) migrates the process's database"),
     "store/workers.py": ({"get_settings"}, "heartbeats and the fence are the process's (worker-states work)"),
