@@ -200,8 +200,9 @@ GLOBALS_LEFT = {
         "the process's hub is built here, and is the default of the entry points (`given`) for a caller without one",
     ),
     "outbound/confirm.py": (
-        {"get_settings", "get_registry", "transaction"},
-        "the confirm task (tasks/) sends without a hub; listing and resending are the drivers' operator calls",
+        {"get_settings", "get_registry"},
+        "the operator calls of the Python API with no hub at hand (`openhub.list_confirmations`, `resend`,"
+        " `resend_parked`; the API passes its served hub's); every send is given its hub's settings and routes",
     ),
     "outbound/notify.py": (
         {"get_settings"},
