@@ -80,10 +80,15 @@ def test_confirmations_over_http(hub: LocalHub) -> None:
 
 def test_the_api_lists_and_resends_the_confirmations_of_the_hub_it_serves(hub: LocalHub) -> None:
     """Issue 35: an app serving a hub other than the process's (`create_app(settings=...)`; here the process's
-    is a second LocalHub, opened after) listed and resent the confirmations of the process's store."""
+    is a second LocalHub, opened after) listed and resent the confirmations of the process's store, looked its
+    named operator tokens up there, and read its audit trail there."""
+    from openhub.store import audit, tokens
+
     first, second = _parked(hub, 2)
     assert hub.hub is not None
-    auth = {"Authorization": f"Bearer {ADMIN}"}
+    url = hub.hub.settings.database_url
+    auth = {"Authorization": f"Bearer {tokens.add('served-operator', 'operator', url=url)}"}
+    admin = {"Authorization": f"Bearer {ADMIN}"}
     with (
         LocalHub(routes.__name__, source_system="CONFIRMED") as other,
         TestClient(create_app(settings=hub.hub.settings)) as client,
@@ -95,6 +100,10 @@ def test_the_api_lists_and_resends_the_confirmations_of_the_hub_it_serves(hub: L
         assert sent.status_code == 200 and sent.json()["state"] == "OK"
         rest = client.post("/api/v1/confirmations:resend", json={}, headers=auth)
         assert rest.status_code == 200 and rest.json() == {"resent": [listed[0]["id"]]}
+        assert [t["name"] for t in client.get("/api/v1/tokens", headers=admin).json()] == ["served-operator"]
+        trail = client.get("/api/v1/audit", params={"who": "served-operator"}, headers=admin).json()
+        assert [e["action"] for e in trail] == ["confirmation.resend_parked", "confirmation.resend"]
+        assert audit.entries(who="served-operator", url=other.hub.settings.database_url) == []
     assert routes.CONFIRMED == [(first, "OK")]
 
 

@@ -212,8 +212,6 @@ GLOBALS_LEFT = {
     "store/db.py": ({"get_settings"}, "the database URL of a caller that gives none (the drivers')"),
     "store/migrate.py": ({"get_settings"}, "`openhub migrate` (a driver) migrates the process's database"),
     "store/workers.py": ({"get_settings"}, "heartbeats and the fence are the process's (worker-states work)"),
-    "store/audit.py": ({"transaction"}, "the audit trail's listing, read by the drivers"),
-    "store/tokens.py": ({"transaction"}, "operator tokens, kept and read by the drivers"),
 }
 DRIVERS = ("api", "cli", "pipeline", "dev.py", "testing.py")
 
