@@ -263,3 +263,25 @@ def test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store() -
             one.run()
         assert one.tick().repaired == 1
         assert one.get(view.id).state == "OK"
+
+
+def test_each_of_two_hubs_judges_heartbeats_by_its_own_worker_dead_after() -> None:
+    """Issue 35: a hub's poller judges a process dead by that hub's OPENHUB_WORKER_DEAD_AFTER (its store's
+    heartbeats, its limit). It read the process's (the second hub's, installed last): a process silent for
+    a minute in the first's store, whose limit is 30 s, was alive by the second's hour."""
+    from datetime import timedelta
+
+    from openhub.store.db import utcnow
+    from openhub.store.workers import beat
+
+    with (
+        LocalHub("tests.support.routes", OPENHUB_WORKER_DEAD_AFTER="30") as one,
+        LocalHub("tests.support.routes", OPENHUB_WORKER_DEAD_AFTER="3600") as two,
+    ):
+        assert one.hub is not None and two.hub is not None
+        url, then = one.hub.settings.database_url, utcnow() - timedelta(seconds=120)
+        beat("silent", "host-a:1", url, broken=True, now=then)
+        beat("witness", "host-b:1", url, broken=True, now=then)
+        beat("witness", "host-b:1", url, now=then + timedelta(seconds=60))  # it saw the other silent for 60 s
+        assert one.tick().dead_workers == {"silent"}
+        assert two.tick().dead_workers == set()

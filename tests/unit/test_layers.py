@@ -211,7 +211,11 @@ GLOBALS_LEFT = {
     ),
     "store/db.py": ({"get_settings"}, "the database URL of a caller that gives none (the drivers')"),
     "store/migrate.py": ({"get_settings"}, "`openhub migrate` (a driver) migrates the process's database"),
-    "store/workers.py": ({"get_settings"}, "heartbeats and the fence are the process's (worker-states work)"),
+    "store/workers.py": (
+        {"get_settings"},
+        "this process's own heartbeat (one thread a process, started by tasks/ with no hub): its store, its"
+        " interval and its fence; judging others' heartbeats (`liveness`) takes the hub's dead-after",
+    ),
 }
 DRIVERS = ("api", "cli", "pipeline", "dev.py", "testing.py")
 
