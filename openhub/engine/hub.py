@@ -3,10 +3,13 @@
 Drivers build one and pass it in: the Celery worker and beat (tasks/) and the HTTP API take the
 process's own (`current()`, built from the OPENHUB_* environment); `openhub.testing.LocalHub` builds
 its own from its settings and `install`s it while it is open, so nothing is reset through environment
-variables. The hub owns its database (`Hub.transaction`, on its settings' URL) and travels with every
-transaction that writes message state (`lifecycle.Tx.hub`): the engine and the service read the hub they
-are given, never the process's globals (tests/unit/test_layers.py). Code that does not take the hub as a
-parameter yet reads the installed one's parts through `config.get_settings()` and `registry.get_registry()`.
+variables. Building a hub (`Hub.build`) writes no process global: only a driver's explicit `install` makes
+a hub the process's, and hubs installed side by side (two LocalHubs) may close in any order. The hub owns
+its database (`Hub.transaction`, on its settings' URL) and travels with every transaction that writes
+message state (`lifecycle.Tx.hub`): the engine and the service read the hub they are given, never the
+process's globals (tests/unit/test_layers.py, whose GLOBALS_LEFT lists the few modules below the drivers
+that still read the installed hub's parts through `config.get_settings()` and `registry.get_registry()`,
+each with its reason).
 
 `settings` is the one part of a hub that changes while it serves: `Hub.refresh()` applies the values an admin
 set at run time (openhub.core.live, kept by openhub.store.live) on top of the settings its driver built, at
