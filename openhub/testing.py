@@ -130,7 +130,7 @@ def _migrated(db: Path) -> None:
 
     template = _MIGRATED.get(os.getpid())
     if template is None:
-        upgrade()
+        upgrade(f"sqlite:///{db}")
         folder = Path(tempfile.mkdtemp(prefix="openhub-local-schema-", dir=_scratch()))
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         source, target = db, folder / "openhub.db"
@@ -191,10 +191,10 @@ class LocalHub:
         if settings.database_url == store:  # its own new store (not one given in OPENHUB_DATABASE_URL)
             _migrated(self._dir / "openhub.db")
         else:
-            upgrade()
+            upgrade(settings.database_url)
         self.publisher.chains.clear()
-        # Steps run in this process: it is the one worker, alive as long as the hub is open.
-        beat(current_id(), "LocalHub")
+        # Steps run in this process: it is the one worker, alive as long as the hub is open (in its own store).
+        beat(current_id(), "LocalHub", settings.database_url)
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -282,8 +282,9 @@ class LocalHub:
         after it: the run stayed leased while the hub was open. Now the next tick repairs it."""
         from openhub.store.workers import beat, current_id
 
+        assert self.hub is not None
         with suppress(Exception):  # the store away too: the crash is what is raised
-            beat(current_id(), "LocalHub")
+            beat(current_id(), "LocalHub", self.hub.settings.database_url)
 
     def _take_batch(self, route: str, start: int, size: int) -> list[tuple[int, str]]:
         """Up to `size` of the waiting chains of `route` from step `start`, taken out of the line."""

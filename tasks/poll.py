@@ -86,8 +86,9 @@ def poll() -> dict:
 def confirm(message_id: int) -> int:
     """Send a message's due confirmations and hook notifications (published after its final state);
     how many went out OK. A failed one is retried by the poller."""
-    current().refresh()  # the sender reads the process's settings: an admin's live ones swapped in there too
-    return send_confirmations(message_id, deadline=confirmer_deadline())
+    hub = current()
+    hub.refresh()  # an admin's live settings, swapped in on the hub it sends by
+    return send_confirmations(message_id, deadline=confirmer_deadline(), settings=hub.settings, registry=hub.registry)
 
 
 @app.task(name=CHAIN_FAILED_TASK)

@@ -246,7 +246,9 @@ async def authenticate(request: Request, basic: bool = False) -> Caller:
     if caller is not None and pair is not None and caller.source_system != pair[0]:
         caller = None  # a key presented under another system's name is refused like a wrong key
     if caller is None:
-        found = await run_in_threadpool(tokens.lookup, creds.credentials)
+        found = await run_in_threadpool(
+            tokens.lookup, creds.credentials, url=request.app.state.hub.settings.database_url
+        )
         oidc = getattr(request.app.state, "oidc", None)
         if found is None and oidc is not None:  # an operator signed in at the OpenID Connect provider
             found = await run_in_threadpool(oidc.identify, creds.credentials)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from openhub.api.auth import Caller, viewer
 from openhub.api.auth import operator as can_operate
 from openhub.api.problems import NO_CONTROL, refusals
+from openhub.api.served import ServedHub
 from openhub.core.context import aware, error_line
 from openhub.core.soapxml import CONFIRMATION_XSD
 from openhub.core.states import ConfirmationState
@@ -35,6 +36,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
 @router.get("", summary="Confirmations, newest first", responses=_ERRORS)
 def list_confirmations(
     _: Annotated[Caller, Depends(viewer)],
+    hub: ServedHub,
     state: Annotated[ConfirmationState | None, Query(description="FAILED_END: parked, its attempts ran out.")] = None,
     source_system: Annotated[str | None, Query(max_length=100, json_schema_extra=NO_CONTROL)] = None,
     message_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
@@ -44,17 +46,17 @@ def list_confirmations(
     return [
         _shown(r)
         for r in confirm.list_confirmations(
-            state=state, message_id=message_id, source_system=source_system, limit=limit
+            state=state, message_id=message_id, source_system=source_system, limit=limit, settings=hub.settings
         )
     ]
 
 
 @router.post("/{confirmation_id}/resend", summary="Send a parked confirmation again now", responses=_ERRORS)
 def resend(
-    confirmation_id: Annotated[int, Path(ge=1, le=MAX_ID)], _: Annotated[Caller, Depends(can_operate)]
+    confirmation_id: Annotated[int, Path(ge=1, le=MAX_ID)], _: Annotated[Caller, Depends(can_operate)], hub: ServedHub
 ) -> dict[str, Any]:
     """A FAILED_END confirmation gets a fresh round of attempts, the first one now; the row after it."""
-    return _shown(confirm.resend(confirmation_id))
+    return _shown(confirm.resend(confirmation_id, settings=hub.settings, registry=hub.registry))
 
 
 class Parked(BaseModel):
@@ -67,9 +69,12 @@ class Parked(BaseModel):
 
 
 @router.post(":resend", summary="Send every parked confirmation again", responses=_ERRORS)
-def resend_parked(_: Annotated[Caller, Depends(can_operate)], parked: Parked | None = None) -> dict[str, Any]:
+def resend_parked(
+    _: Annotated[Caller, Depends(can_operate)], hub: ServedHub, parked: Parked | None = None
+) -> dict[str, Any]:
     """Every FAILED_END confirmation (of one source system) is due again; the poller sends them."""
-    return {"resent": confirm.resend_parked(source_system=parked.source_system if parked else None)}
+    source_system = parked.source_system if parked else None
+    return {"resent": confirm.resend_parked(source_system=source_system, settings=hub.settings)}
 
 
 schemas_router = APIRouter(prefix="/api/v1/schemas", tags=["confirmations"])

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openhub.api.auth import Caller, admin, reader, viewer
 from openhub.api.problems import NO_CONTROL, refusals
+from openhub.api.served import ServedHub
 from openhub.engine.intake import to_utc
 from openhub.store import audit, tokens
 
@@ -39,28 +40,31 @@ class NewToken(BaseModel):
 
 
 @router.get("/tokens", summary="The named operator tokens (never their secrets)", responses=_ERRORS)
-def list_tokens(_: Annotated[Caller, Depends(admin)]) -> list[dict[str, Any]]:
+def list_tokens(_: Annotated[Caller, Depends(admin)], hub: ServedHub) -> list[dict[str, Any]]:
     """Every named token with its role, who made it and when, and when it was revoked."""
-    return tokens.listing()
+    return tokens.listing(url=hub.settings.database_url)
 
 
 @router.post("/tokens", status_code=201, summary="Make a named operator token", responses=_ERRORS)
-def add_token(new: NewToken, _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+def add_token(new: NewToken, _: Annotated[Caller, Depends(admin)], hub: ServedHub) -> dict[str, Any]:
     """The token's secret is in the answer, and nowhere else ever after: the store keeps its SHA-256."""
-    secret = tokens.add(new.name, new.role)
+    secret = tokens.add(new.name, new.role, url=hub.settings.database_url)
     return {"name": new.name, "role": new.role, "token": secret}
 
 
 @router.delete("/tokens/{name}", summary="Revoke a named operator token", responses=_ERRORS)
-def revoke_token(name: Annotated[str, Path(max_length=100)], _: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+def revoke_token(
+    name: Annotated[str, Path(max_length=100)], _: Annotated[Caller, Depends(admin)], hub: ServedHub
+) -> dict[str, Any]:
     """Refused from now on; kept, so the audit entries naming it still say who it was."""
-    tokens.revoke(name)
+    tokens.revoke(name, url=hub.settings.database_url)
     return {"name": name, "revoked": True}
 
 
 @router.get("/audit", summary="The audit trail: who did what, newest first", responses=_ERRORS)
 def list_audit(
     _: Annotated[Caller, Depends(viewer)],
+    hub: ServedHub,
     who: Annotated[str | None, Query(max_length=100, json_schema_extra=NO_CONTROL)] = None,
     action: Annotated[
         str | None,
@@ -74,6 +78,7 @@ def list_audit(
     """Entries matching every filter: who (token name), role, when, action, target and messages, old and new
     value (secrets masked), client address, request id."""
     return audit.entries(
+        url=hub.settings.database_url,
         who=who,
         action=action,
         since=to_utc(since, "since"),

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from openhub.core.config import get_settings
+
 
 @click.group()
 def tokens() -> None:
@@ -25,7 +27,7 @@ def tokens_add(name: str, role: str, as_json: bool) -> None:
     """Make a token NAME with ROLE; its secret is printed this once (the store keeps its SHA-256 only)."""
     from openhub.store import tokens as store
 
-    secret = store.add(name, role)
+    secret = store.add(name, role, url=get_settings().database_url)
     if as_json:
         click.echo(json.dumps({"name": name, "role": role, "token": secret}))
     else:
@@ -38,7 +40,7 @@ def tokens_list(as_json: bool) -> None:
     """Every named token (never its secret)."""
     from openhub.store import tokens as store
 
-    rows = store.listing()
+    rows = store.listing(url=get_settings().database_url)
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -53,7 +55,7 @@ def tokens_revoke(name: str) -> None:
     """Revoke the token NAME: refused from now on (kept, so the audit still names it)."""
     from openhub.store import tokens as store
 
-    store.revoke(name)
+    store.revoke(name, url=get_settings().database_url)
     click.echo(f"token {name} revoked")
 
 
@@ -79,6 +81,7 @@ def audit_command(
     from openhub.store import audit
 
     rows = audit.entries(
+        url=get_settings().database_url,
         who=who,
         action=action,
         since=to_utc(since, "--since"),

@@ -189,6 +189,9 @@ class Outcome:
     delivery_key: str | None = None
     # The state hook this notification is for; None: the confirmation to the message's source system.
     hook: str | None = None
+    # The settings in force of the hub sending it: the stock webhook and confirmer sign it with that hub's
+    # secrets and give it that hub's OPENHUB_CONFIRM_TIMEOUT (None, an Outcome built elsewhere: the process's).
+    settings: Settings | None = field(default=None, repr=False, compare=False)
 
     @property
     def webhook_id(self) -> str:

@@ -45,7 +45,7 @@ def claim(conn: Connection, row: Any, route: Route, now: datetime, settings: Set
     if row.expires_at is not None and row.expires_at <= now:
         expired = f"expired at {row.expires_at.isoformat()}Z before it was carried out"
         return Refusal(Event.EXPIRED, expired, dict(error_code=codes.EXPIRED, failed_error=expired))
-    if row.step_run is not None and in_flight(conn, row.id, now):
+    if row.step_run is not None and in_flight(conn, row.id, now, settings):
         return Refusal(
             Event.POSTPONED,
             "an earlier run of the message is still in flight",
@@ -99,7 +99,8 @@ def against_record(
         return Refusal(
             Event.OBSOLETE, f"newer message {call.ok_message_id} already did {key}", dict(due_at=None, finished_at=now)
         )
-    if call.state == CallState.PROCESSING and call.message_id != row.id and in_flight(conn, call.message_id, now):
+    busy = call.state == CallState.PROCESSING and call.message_id != row.id
+    if busy and in_flight(conn, call.message_id, now, settings):
         return Refusal(
             Event.POSTPONED,
             f"{key} is being called by message {call.message_id}",
@@ -134,15 +135,16 @@ def system_busy(
     return None
 
 
-def in_flight(conn: Connection, message_id: int, now: datetime) -> bool:
-    """Whether a step of the message is running now (its worker's heartbeat lists the run).
+def in_flight(conn: Connection, message_id: int, now: datetime, settings: Settings) -> bool:
+    """Whether a step of the message is running now (its worker's heartbeat lists the run, by the hub's
+    OPENHUB_WORKER_DEAD_AFTER).
 
     A cancelled message keeps its run until the run ends, so this holds in any state.
     """
     other = conn.execute(select(M.step_run, M.worker, M.due_at, M.updated_at).where(M.id == message_id)).first()
     if other is None or other.step_run is None:
         return False
-    known = liveness(conn).run_in_flight(other.worker, other.step_run, other.updated_at)
+    known = liveness(conn, settings.worker_dead_after).run_in_flight(other.worker, other.step_run, other.updated_at)
     if known is not None:
         return known
     return other.due_at is not None and bool(other.due_at > now)  # a worker without heartbeat: its lease

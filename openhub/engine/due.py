@@ -93,7 +93,7 @@ def scan_due_messages(hub: Hub, now: datetime, follow: FollowUps, only_ids: list
         if is_postgres(conn):
             query = query.with_for_update(skip_locked=True, key_share=True)
         rows = conn.execute(query).all()
-        live = liveness(conn) if any(r.step_run is not None for r in rows) else None
+        live = liveness(conn, settings.worker_dead_after) if any(r.step_run is not None for r in rows) else None
         for row in rows:
             try:
                 route = registry.route_of(row)

@@ -3,10 +3,13 @@
 Drivers build one and pass it in: the Celery worker and beat (tasks/) and the HTTP API take the
 process's own (`current()`, built from the OPENHUB_* environment); `openhub.testing.LocalHub` builds
 its own from its settings and `install`s it while it is open, so nothing is reset through environment
-variables. The hub owns its database (`Hub.transaction`, on its settings' URL) and travels with every
-transaction that writes message state (`lifecycle.Tx.hub`): the engine and the service read the hub they
-are given, never the process's globals (tests/unit/test_layers.py). Code that does not take the hub as a
-parameter yet reads the installed one's parts through `config.get_settings()` and `registry.get_registry()`.
+variables. Building a hub (`Hub.build`) writes no process global: only a driver's explicit `install` makes
+a hub the process's, and hubs installed side by side (two LocalHubs) may close in any order. The hub owns
+its database (`Hub.transaction`, on its settings' URL) and travels with every transaction that writes
+message state (`lifecycle.Tx.hub`): the engine and the service read the hub they are given, never the
+process's globals (tests/unit/test_layers.py, whose GLOBALS_LEFT lists the few modules below the drivers
+that still read the installed hub's parts through `config.get_settings()` and `registry.get_registry()`,
+each with its reason).
 
 `settings` is the one part of a hub that changes while it serves: `Hub.refresh()` applies the values an admin
 set at run time (openhub.core.live, kept by openhub.store.live) on top of the settings its driver built, at
@@ -136,14 +139,15 @@ def serve_as(kind: str) -> None:
     _kind = kind
 
 
-_installed: Hub | None = None
+_installed: list[Hub] = []  # the hubs drivers installed and whose blocks are still open, oldest first
 
 
 def current() -> Hub:
-    """The installed hub, else the process's own: its settings and routes from the environment
-    (read once; `config.reset_settings`, `registry.reset_registry` forget them), publishing to Celery."""
-    if _installed is not None:
-        return _installed
+    """The process's hub: the one a driver installed last whose block is still open, else the process's
+    own, its settings and routes from the environment (read once; `config.reset_settings`,
+    `registry.reset_registry` forget them), publishing to Celery."""
+    if _installed:
+        return _installed[-1]
     settings = get_settings()
     return Hub(settings, get_registry(), CeleryPublisher(settings))
 
@@ -156,15 +160,24 @@ def given(hub: Hub | None) -> Hub:
 
 @contextmanager
 def install(hub: Hub) -> Iterator[Hub]:
-    """Serve `hub` in this process inside the block (what `current()`, `get_settings()` and
-    `get_registry()` answer), then the one before."""
-    global _installed
-    previous, _installed = _installed, hub
-    serve_settings(hub.settings)
-    serve_registry(hub.registry)
+    """Make `hub` the process's inside the block (what `current()`, `get_settings()` and `get_registry()`
+    answer): a driver's explicit act, never a side effect of building a hub (`Hub.build` writes nothing).
+    The library below the drivers reads the hub it is given, not this one (tests/unit/test_layers.py).
+
+    Blocks may end in any order (two LocalHubs, the first closed while the second is still open): the
+    process's hub is always the newest installed whose block is still open, else the environment's;
+    never one whose block ended, and never one hub's settings or routes served beside another's."""
+    _installed.append(hub)
+    _serve()
     try:
         yield hub
     finally:
-        _installed = previous
-        serve_settings(previous.settings if previous is not None else None)
-        serve_registry(previous.registry if previous is not None else None)
+        del _installed[max(i for i, h in enumerate(_installed) if h is hub)]
+        _serve()
+
+
+def _serve() -> None:
+    """Answer the process's hub's settings and routes from `get_settings()`/`get_registry()`."""
+    served = _installed[-1] if _installed else None
+    serve_settings(served.settings if served is not None else None)
+    serve_registry(served.registry if served is not None else None)

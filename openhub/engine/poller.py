@@ -120,7 +120,8 @@ def _repair_page(hub: Hub, now: datetime, after: Mark | None) -> tuple[int, set[
         if is_postgres(conn):
             query = query.with_for_update(skip_locked=True, key_share=True)
         rows = conn.execute(query).all()
-        live = liveness(conn)  # read after the rows: a run listed now was not recorded before them
+        # Read after the rows: a run listed now was not recorded before them.
+        live = liveness(conn, hub.settings.worker_dead_after)
         if live.dead:
             # Between two steps the worker that ran the first is the one that publishes the second's
             # task: if it died, that task may never have been sent, or died with it unstarted. Due

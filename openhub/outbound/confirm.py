@@ -81,18 +81,16 @@ def send_confirmations(
     budget: float | None = None,
     deadline: TimeLimit | None = None,
     *,
-    settings: Settings | None = None,
-    registry: Registry | None = None,
+    settings: Settings,
+    registry: Registry,
 ) -> int:
     """Send due confirmations (of one message, or all due ones); returns how many were sent OK.
 
     With `budget` (seconds), no further one is claimed once that much time is spent: the rest stay
     due for the next call, so a few slow receivers cannot stretch one poller tick without end.
     `deadline`: how the driver interrupts a confirmer past OPENHUB_CONFIRM_TIMEOUT (None: it cannot).
-    `settings`, `registry`: the hub's (default: the process's, for the drivers that have no hub at hand).
+    `settings`, `registry`: the sending hub's (the confirm task's, the poller's, the follow-ups').
     """
-    settings = settings if settings is not None else get_settings()
-    registry = registry if registry is not None else get_registry()
     url = settings.database_url
     now = now or store_now(url)
     # A confirmer may take as long as a step, a webhook up to its deadline: a shorter lease would let
@@ -289,6 +287,7 @@ def _send_one(
                             delivery_id=row.id,
                             delivery_key=row.delivery_key,
                             hook=row.hook,
+                            settings=settings,
                         )
                     )
                     returned = True  # a deadline arriving after this is too late to undo the send
@@ -343,10 +342,17 @@ def _missing(name: str) -> Confirmer:
 
 
 def list_confirmations(
-    state: str | None = None, message_id: int | None = None, source_system: str | None = None, limit: int = 100
+    state: str | None = None,
+    message_id: int | None = None,
+    source_system: str | None = None,
+    limit: int = 100,
+    *,
+    settings: Settings | None = None,
 ) -> list[dict[str, Any]]:
     """Confirmations with their message's source system and correlation id, newest first;
-    `state="FAILED_END"` lists the parked ones for operators."""
+    `state="FAILED_END"` lists the parked ones for operators. In the store of the hub whose `settings` are
+    given (the API's served hub); without them, the process's (`openhub.list_confirmations`, the CLI)."""
+    settings = settings if settings is not None else get_settings()
     if state is not None and state not in CS.__members__:
         raise InputError(f"unknown confirmation state {state!r}: one of {', '.join(CS)}")
     refuse_control(source_system=source_system)
@@ -363,13 +369,18 @@ def list_confirmations(
         query = query.where(C.message_id == message_id)
     if source_system is not None:
         query = query.where(M.source_system == source_system)
-    with transaction() as conn:
+    with transaction(settings.database_url) as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def resend(confirmation_id: int) -> dict[str, Any]:
-    """Send a parked (FAILED_END) confirmation again now, with a fresh round of attempts; the row after."""
-    with transaction() as conn:
+def resend(
+    confirmation_id: int, *, settings: Settings | None = None, registry: Registry | None = None
+) -> dict[str, Any]:
+    """Send a parked (FAILED_END) confirmation again now, with a fresh round of attempts; the row after.
+    By the hub whose `settings` and `registry` are given (the API's served hub); else the process's."""
+    settings = settings if settings is not None else get_settings()
+    registry = registry if registry is not None else get_registry()
+    with transaction(settings.database_url) as conn:
         row = conn.execute(select(C.state, C.message_id).where(C.id == confirmation_id)).first()
         if row is None:
             raise NotFound(f"no confirmation with id {confirmation_id}")
@@ -377,22 +388,31 @@ def resend(confirmation_id: int) -> dict[str, Any]:
             raise StateConflict(
                 f"confirmation {confirmation_id} is {row.state}: only a parked (FAILED_END) one is sent again"
             )
-        _unpark(conn, C.id == confirmation_id)
+        now = store_now(settings.database_url)
+        _unpark(conn, C.id == confirmation_id, now)
         audit.record(
-            conn, "confirmation.resend", target=f"confirmation {confirmation_id}", message_ids=[row.message_id]
+            conn,
+            "confirmation.resend",
+            target=f"confirmation {confirmation_id}",
+            message_ids=[row.message_id],
+            now=now,
         )
-    send_confirmations(row.message_id)
-    return next(c for c in list_confirmations(message_id=row.message_id, limit=1000) if c["id"] == confirmation_id)
+    send_confirmations(row.message_id, settings=settings, registry=registry)
+    listed = list_confirmations(message_id=row.message_id, limit=1000, settings=settings)
+    return next(c for c in listed if c["id"] == confirmation_id)
 
 
-def resend_parked(source_system: str | None = None) -> list[int]:
-    """Make every parked confirmation (of one source system) due again; the poller sends them. Their ids."""
+def resend_parked(source_system: str | None = None, *, settings: Settings | None = None) -> list[int]:
+    """Make every parked confirmation (of one source system) due again; the poller sends them. Their ids.
+    In the store of the hub whose `settings` are given (the API's served hub); else the process's."""
+    settings = settings if settings is not None else get_settings()
     refuse_control(source_system=source_system)
     where = C.state == CS.FAILED_END
     if source_system is not None:
         where = and_(where, C.message_id.in_(select(messages.c.id).where(messages.c.source_system == source_system)))
-    with transaction() as conn:
-        ids = sorted(_unpark(conn, where))
+    with transaction(settings.database_url) as conn:
+        now = store_now(settings.database_url)
+        ids = sorted(_unpark(conn, where, now))
         messages_of = list(conn.execute(select(C.message_id).where(C.id.in_(ids))).scalars()) if ids else []
         audit.record(
             conn,
@@ -400,12 +420,12 @@ def resend_parked(source_system: str | None = None) -> list[int]:
             target=f"source system {source_system}" if source_system else "every source system",
             message_ids=messages_of,
             new={"resent": ids},
+            now=now,
         )
         return ids
 
 
-def _unpark(conn: Connection, where: Any) -> list[int]:
-    now = store_now()
+def _unpark(conn: Connection, where: Any, now: datetime) -> list[int]:
     return list(
         conn.execute(
             update(confirmations)

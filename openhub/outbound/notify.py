@@ -24,7 +24,7 @@ from typing import Any, Callable
 import httpcore
 import httpx
 
-from openhub.core.config import get_settings
+from openhub.core.config import Settings, get_settings
 from openhub.core.context import Outcome
 from openhub.core.errors import ConfigurationError
 from openhub.core.redact import redact_url
@@ -148,12 +148,18 @@ def post_signed(
     return post_within(url, seconds, content=body, headers=headers)
 
 
+def settings_of(outcome: Outcome) -> Settings:
+    """The settings a notification is sent by: those of the hub sending it (`outcome.settings`, which the
+    sender, openhub.outbound.confirm, gives it), else the process's (an Outcome built outside a sender)."""
+    return outcome.settings if outcome.settings is not None else get_settings()
+
+
 def signing_keys(outcome: Outcome) -> tuple[bytes, ...]:
     """The keys a notification is signed with: a state hook's, the operators' (OPENHUB_WEBHOOK_SECRET); a
     confirmation's, its source system's (OPENHUB_CONFIRM_SECRETS). A source system without its own while the
     operators' is set is a ConfigurationError (the send fails, visibly): unsigned, it would look signed to
     nobody, and the operators' secret must never reach a source system."""
-    settings = get_settings()
+    settings = settings_of(outcome)
     if outcome.hook is not None:
         return settings.webhook_secrets
     system = outcome.message.source_system
@@ -173,7 +179,7 @@ def send_outcome(url: str, outcome: Outcome, seconds: float | None = None, secre
     else as `signing_keys` says: what the stock webhook does, for a confirmer's own POST."""
     keys = signing_keys(outcome) if secret is None else secret_keys(secret, strong=True)
     if seconds is None:
-        seconds = get_settings().confirm_timeout.total_seconds()
+        seconds = settings_of(outcome).confirm_timeout.total_seconds()
     return post_signed(url, seconds, outcome.as_dict(), outcome.webhook_id, keys)
 
 

@@ -19,12 +19,11 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openhub.core.config import get_settings
 from openhub.core.context import Outcome
 from openhub.core.endpoints import ConfirmEndpoint
 from openhub.core.signing import signature_headers
 from openhub.core.soapxml import confirmation_envelope
-from openhub.outbound.notify import post_signed, post_within, signing_keys
+from openhub.outbound.notify import post_signed, post_within, settings_of, signing_keys
 
 PROTOCOL = "openhub.confirmation/1"
 
@@ -77,7 +76,7 @@ def stock_confirmer(endpoint: ConfirmEndpoint) -> Callable[[Outcome], None]:
     (`confirmer.endpoint`: its retry policy) and the states it confirms (`confirmer.states`)."""
 
     def confirm(outcome: Outcome) -> None:
-        seconds = (endpoint.timeout or get_settings().confirm_timeout).total_seconds()
+        seconds = (endpoint.timeout or settings_of(outcome).confirm_timeout).total_seconds()
         keys = signing_keys(outcome)  # the system's own OPENHUB_CONFIRM_SECRETS secret
         if endpoint.format == "json":
             post_signed(endpoint.url, seconds, body(outcome), outcome.webhook_id, keys, endpoint.headers)

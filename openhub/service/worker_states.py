@@ -24,7 +24,6 @@ from sqlalchemy import select
 from openhub.core.errors import InputError, NotFound
 from openhub.engine.hub import Hub, given
 from openhub.store import audit, holds
-from openhub.store.db import store_now
 from openhub.store.liveness import dead_among
 from openhub.store.schema import workers
 from openhub.store.workers import FENCE
@@ -47,7 +46,7 @@ def worker_states(now: datetime | None = None, *, hub: Hub | None = None) -> lis
     hub = given(hub)
     dead_after = hub.settings.worker_dead_after
     with hub.transaction() as conn:
-        now = now or store_now()
+        now = now or hub.clock()
         rows = conn.execute(select(workers).order_by(W.up_since)).all()
         held = holds.all_holds(conn)
     dead = dead_among(rows, dead_after)
@@ -157,7 +156,7 @@ def _worker(hub: Hub, worker_id: str) -> str:
 def _set(hub: Hub, target: str, reason: str | None) -> dict[str, Any]:
     """Hold (`reason` given) or release a target, audited in the same transaction."""
     with hub.transaction() as conn:
-        now = store_now()
+        now = hub.clock()
         holds.forget_gone(conn)
         was = holds.all_holds(conn).get(target)
         if reason is not None:

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from openhub.core.context import aware
 from openhub.core.redact import redact_text
-from openhub.store.db import store_now, transaction
+from openhub.store.db import store_clock, transaction, utcnow
 from openhub.store.schema import audit, audit_messages
 
 ROLES = ("viewer", "operator", "admin")  # each may do what the ones before it may
@@ -95,7 +95,7 @@ def record(
     entry_id = conn.execute(
         audit.insert()
         .values(
-            at=now or store_now(),
+            at=now if now is not None else store_clock(conn, utcnow()),  # `conn`'s database clock
             who=actor.name[:100],
             role=actor.role,
             action=action,
@@ -131,6 +131,7 @@ def _shown(row: Any) -> dict[str, Any]:
 
 def entries(
     *,
+    url: str,
     who: str | None = None,
     action: str | None = None,
     since: datetime | None = None,
@@ -138,7 +139,8 @@ def entries(
     message_id: int | None = None,
     limit: int = 100,
 ) -> list[dict[str, Any]]:
-    """Audit entries matching every given filter, newest first (`since` inclusive, `until` exclusive)."""
+    """Audit entries matching every given filter, newest first (`since` inclusive, `until` exclusive), in the
+    store whose `url` the driver gives (the API's served hub's, the CLI's process database)."""
     query = select(audit)
     if who is not None:
         query = query.where(A.who == who)
@@ -152,7 +154,7 @@ def entries(
         query = query.where(
             A.id.in_(select(audit_messages.c.audit_id).where(audit_messages.c.message_id == int(message_id)))
         )
-    with transaction() as conn:
+    with transaction(url) as conn:
         return [_shown(r) for r in conn.execute(query.order_by(A.id.desc()).limit(int(limit)))]
 
 

@@ -216,7 +216,8 @@ def record_crash(url: str, message_id: int, detail: str) -> None:
     with transaction(url) as conn:
         state = conn.execute(select(M.state).where(M.id == message_id)).scalar()
         if state is not None:
-            record_transition(conn, message_id, Note.TASK_CRASHED.value, state, state, detail=detail)
+            note = Note.TASK_CRASHED.value
+            record_transition(conn, message_id, note, state, state, detail=detail, now=store_now(url))
 
 
 DRAIN = "*"  # the route_pauses row of a drain: every route is paused and new messages are refused

@@ -1,5 +1,7 @@
 """Named operator tokens (`openhub tokens add|list|revoke`, /api/v1/tokens): a role each, kept hashed.
 
+Kept in the store whose `url` the driver gives (the API's served hub's, the CLI's process database).
+
 A token is 32 random bytes; the store keeps only its SHA-256 (a secret of that entropy needs no slow
 hash), so the secret is shown once, when it is made. A revoked token is refused at once and kept,
 so the audit entries naming it still say who it was. Every change is audited.
@@ -30,7 +32,7 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def add(name: str, role: str) -> str:
+def add(name: str, role: str, *, url: str) -> str:
     """Make a token `name` with `role`; the secret, shown this once."""
     if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED:
         raise InputError(
@@ -40,10 +42,10 @@ def add(name: str, role: str) -> str:
     if role not in audit.ROLES:
         raise InputError(f"role must be one of {', '.join(audit.ROLES)}, not {role!r}")
     secret = "ohk_" + secrets.token_urlsafe(32)
-    with transaction() as conn:
+    with transaction(url) as conn:
         if conn.execute(select(T.name).where(T.name == name)).first() is not None:
             raise StateConflict(f"a token named {name!r} exists (revoked ones keep their name for the audit)")
-        now = store_now()
+        now = store_now(url)
         conn.execute(
             operator_tokens.insert().values(
                 name=name, role=role, digest=digest(secret), created_at=now, created_by=audit.current_actor().name[:100]
@@ -53,22 +55,22 @@ def add(name: str, role: str) -> str:
     return secret
 
 
-def revoke(name: str) -> None:
+def revoke(name: str, *, url: str) -> None:
     """Revoke the token `name`: refused from now on."""
-    with transaction() as conn:
+    with transaction(url) as conn:
         row = conn.execute(select(operator_tokens).where(T.name == name)).first()
         if row is None:
             raise NotFound(f"no token named {name!r}")
         if row.revoked_at is not None:
             raise StateConflict(f"token {name!r} is already revoked")
-        now = store_now()
+        now = store_now(url)
         conn.execute(update(operator_tokens).where(T.name == name).values(revoked_at=now))
         audit.record(conn, "token.revoke", target=name, old={"role": row.role}, new={"revoked": True}, now=now)
 
 
-def listing() -> list[dict[str, Any]]:
+def listing(*, url: str) -> list[dict[str, Any]]:
     """Every token (never its secret or digest), oldest first."""
-    with transaction() as conn:
+    with transaction(url) as conn:
         rows = conn.execute(select(operator_tokens).order_by(T.created_at, T.name)).all()
     return [
         {
@@ -82,8 +84,8 @@ def listing() -> list[dict[str, Any]]:
     ]
 
 
-def lookup(secret: str) -> tuple[str, str] | None:
+def lookup(secret: str, *, url: str) -> tuple[str, str] | None:
     """(name, role) of the live token with this secret, or None."""
-    with transaction() as conn:
+    with transaction(url) as conn:
         row = conn.execute(select(T.name, T.role).where(T.digest == digest(secret), T.revoked_at.is_(None))).first()
     return (row.name, row.role) if row is not None else None

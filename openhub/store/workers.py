@@ -412,10 +412,11 @@ def _heartbeat(worker_id: str, node: str, own: _OwnConnection, stop: Any, broken
         own.dispose()
 
 
-def liveness(conn: Connection) -> Liveness:
-    """The heartbeats as the store shows them now."""
+def liveness(conn: Connection, dead_after: timedelta) -> Liveness:
+    """The heartbeats as the store shows them now, a process silent for `dead_after` (the hub's
+    OPENHUB_WORKER_DEAD_AFTER) dead."""
     rows = conn.execute(select(workers)).all()
-    dead = dead_among(rows, get_settings().worker_dead_after)
+    dead = dead_among(rows, dead_after)
     return Liveness({r.id: r for r in rows if r.id not in dead}, dead)
 
 

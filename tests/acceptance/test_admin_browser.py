@@ -19,6 +19,7 @@ import uvicorn
 import openhub
 from openhub.api.app import create_app
 from openhub.api.auth import Credentials
+from openhub.core.config import get_settings
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.waiting import wait_final, wait_for
@@ -224,7 +225,7 @@ def test_an_operator_restarts_from_a_step_retries_now_and_resubmits_an_edited_pa
     from openhub.store import tokens
 
     name = f"browser-op-{uuid.uuid4().hex[:6]}"
-    secret = tokens.add(name, "operator")
+    secret = tokens.add(name, "operator", url=get_settings().database_url)
     done = openhub.submit("test.flow", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)
     assert wait_final(done.id).state == "OK"
     with logged_in(ingress, secret) as page:
@@ -394,7 +395,7 @@ def test_an_operator_tells_a_worker_and_its_host_to_finish_and_lets_them_go(hub,
     from openhub.store import audit, tokens
 
     name = f"browser-ops-{uuid.uuid4().hex[:6]}"
-    secret = tokens.add(name, "operator")
+    secret = tokens.add(name, "operator", url=get_settings().database_url)
     host = f"node-{uuid.uuid4().hex[:6]}"
     worker_id = _worker_row(host)
     with logged_in(ingress, secret) as page:
@@ -408,7 +409,7 @@ def test_an_operator_tells_a_worker_and_its_host_to_finish_and_lets_them_go(hub,
         expect(row).to_contain_text(f"its host, by {name}")
         row.locator("button.host-resume").click()
         expect(row.locator("button.host-finish")).to_be_visible()
-    done = [(e["action"], e["target"]) for e in audit.entries(who=name)]
+    done = [(e["action"], e["target"]) for e in audit.entries(who=name, url=get_settings().database_url)]
     assert done == [
         ("worker.resume", f"host {host}"),
         ("worker.finish", f"host {host}"),
@@ -423,7 +424,7 @@ def test_a_viewer_sees_no_control_it_may_not_use(hub, external, prefix, ingress)
     from openhub.store import tokens
 
     name = f"browser-view-{uuid.uuid4().hex[:6]}"
-    secret = tokens.add(name, "viewer")
+    secret = tokens.add(name, "viewer", url=get_settings().database_url)
     worker_id = _worker_row(f"node-{uuid.uuid4().hex[:6]}")
     external.fail(f"{prefix}/fragile", times=3)
     failed = openhub.submit("test.fragile", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)

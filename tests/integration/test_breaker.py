@@ -9,6 +9,7 @@ from typing import Iterator
 import pytest
 
 import openhub
+from openhub.core.config import get_settings
 from openhub.outbound.http import HttpCall
 from openhub.service.overview import overview
 from openhub.store.db import transaction
@@ -128,7 +129,7 @@ def test_an_operator_forces_the_breaker_open_and_resets_it_with_a_reason_audited
     assert not closed["open"] and closed["failures"] == 0
     hub.tick(seconds=601)
     assert [hub.get(i).state for i in ids] == ["OK"] * 2 and routes.calls("bill") == 2
-    [reset, forced] = audit.entries(action=None, limit=2)
+    [reset, forced] = audit.entries(action=None, limit=2, url=get_settings().database_url)
     assert (forced["action"], reset["action"]) == ("breaker.open", "breaker.reset")
     assert forced["target"] == "system billing" and "billing maintenance until 10:00" in forced["new_value"]
     assert "billing is back" in reset["new_value"] and '"open": true' in reset["old_value"]

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 import openhub
 from openhub.cli import main
+from openhub.core.config import get_settings
 from openhub.store import audit
 from openhub.testing import ExternalSystem
 from tests.support import backends
@@ -389,11 +390,12 @@ def test_tokens_add_list_revoke_and_the_audit_names_the_cli_user(cli):
 
     name = f"cli-{uuid.uuid4().hex[:8]}"
     made = json.loads(cli("tokens", "add", name, "--role", "viewer", "--json").output)
-    assert made["role"] == "viewer" and tokens.lookup(made["token"]) == (name, "viewer")
+    url = get_settings().database_url
+    assert made["role"] == "viewer" and tokens.lookup(made["token"], url=url) == (name, "viewer")
     listed = cli("tokens", "list").output
     assert name in listed and made["token"] not in listed
     assert cli("tokens", "revoke", name).output == f"token {name} revoked\n"
-    assert tokens.lookup(made["token"]) is None
+    assert tokens.lookup(made["token"], url=url) is None
     again = CliRunner().invoke(main, ["tokens", "revoke", name])
     assert again.exit_code == 1 and "already revoked" in again.output
     bad = CliRunner().invoke(main, ["tokens", "add", "x", "--role", "root"])

@@ -78,6 +78,35 @@ def test_confirmations_over_http(hub: LocalHub) -> None:
     assert sorted(routes.CONFIRMED) == sorted([(first, "OK"), (second, "OK")])
 
 
+def test_the_api_lists_and_resends_the_confirmations_of_the_hub_it_serves(hub: LocalHub) -> None:
+    """Issue 35: an app serving a hub other than the process's (`create_app(settings=...)`; here the process's
+    is a second LocalHub, opened after) listed and resent the confirmations of the process's store, looked its
+    named operator tokens up there, and read its audit trail there."""
+    from openhub.store import audit, tokens
+
+    first, second = _parked(hub, 2)
+    assert hub.hub is not None
+    url = hub.hub.settings.database_url
+    auth = {"Authorization": f"Bearer {tokens.add('served-operator', 'operator', url=url)}"}
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with (
+        LocalHub(routes.__name__, source_system="CONFIRMED") as other,
+        TestClient(create_app(settings=hub.hub.settings)) as client,
+    ):
+        assert other.hub is not None and openhub.list_confirmations() == []  # the process's: the other's store
+        listed = client.get("/api/v1/confirmations", params={"state": "FAILED_END"}, headers=auth).json()
+        assert [c["message_id"] for c in listed] == [second, first]
+        sent = client.post(f"/api/v1/confirmations/{listed[1]['id']}/resend", headers=auth)
+        assert sent.status_code == 200 and sent.json()["state"] == "OK"
+        rest = client.post("/api/v1/confirmations:resend", json={}, headers=auth)
+        assert rest.status_code == 200 and rest.json() == {"resent": [listed[0]["id"]]}
+        assert [t["name"] for t in client.get("/api/v1/tokens", headers=admin).json()] == ["served-operator"]
+        trail = client.get("/api/v1/audit", params={"who": "served-operator"}, headers=admin).json()
+        assert [e["action"] for e in trail] == ["confirmation.resend_parked", "confirmation.resend"]
+        assert audit.entries(who="served-operator", url=other.hub.settings.database_url) == []
+    assert routes.CONFIRMED == [(first, "OK")]
+
+
 def test_a_confirmation_refused_by_raise_for_status_is_listed_by_its_status_and_url(hub: LocalHub) -> None:
     def unavailable(outcome):
         httpx.Response(503, request=httpx.Request("POST", "https://crm.example/confirmations")).raise_for_status()

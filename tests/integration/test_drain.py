@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 import openhub
 from openhub.api.app import create_app
 from openhub.cli import main
+from openhub.core.config import get_settings
 from openhub.core.errors import Draining
 from openhub.service import actions as operator
 from openhub.service import pauses
@@ -106,7 +107,7 @@ def test_a_drain_of_new_messages_only_refuses_them_and_lets_the_stored_ones_and_
     assert operator.undrain() == 1
     hub.run()
     assert hub.get(waiting.id).state == "OK"
-    drains = [e["new_value"] for e in audit.entries(action="hub.drain", limit=10)]
+    drains = [e["new_value"] for e in audit.entries(action="hub.drain", limit=10, url=get_settings().database_url)]
     assert '"hold_retries": true' in drains[0] and '"hold_retries": false' in drains[1], drains
 
 

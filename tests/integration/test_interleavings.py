@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select
 
 import openhub
+from openhub.core.config import get_settings
 from openhub.service import actions as operator
 from openhub.store.db import transaction, utcnow
 from openhub.store.schema import ext_calls
@@ -233,7 +234,7 @@ def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: 
             both_beat()
             threading.Event().wait(0.05)  # the heartbeat interval of the simulated hosts
         with transaction() as conn:
-            assert workers.liveness(conn).dead & {"on-time", "ahead"} == set()
+            assert workers.liveness(conn, get_settings().worker_dead_after).dead & {"on-time", "ahead"} == set()
 
 
 def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(

@@ -18,6 +18,7 @@ from sqlalchemy import select, text
 
 import openhub
 from openhub.cli import main
+from openhub.core.config import get_settings
 from openhub.service import settings as live_settings
 from openhub.store import audit
 from openhub.store.db import store_now, transaction
@@ -98,7 +99,10 @@ def test_a_retry_interval_changed_at_run_time_is_used_by_the_next_retry_on_a_wor
                 external.fail(f"{prefix}-fast/a", times=1)
                 fast = _submit(f"{prefix}-fast")
                 assert wait_final(fast, 30).state == "OK"
-                assert [e["action"] for e in audit.entries(who="admin")] == ["config.unset", "config.set"]
+                assert [e["action"] for e in audit.entries(who="admin", url=get_settings().database_url)] == [
+                    "config.unset",
+                    "config.set",
+                ]
             assert "live settings in force: {'OPENHUB_RETRY_INTERVAL': '60'}" in worker.log()
     finally:
         backends.activate(before_env)
@@ -136,7 +140,11 @@ def test_openhub_config_shows_sources_masks_secrets_and_changes_live_settings(ba
         assert bad.exit_code == 1 and "OPENHUB_BREAKER_OPEN must be a number of seconds" in bad.output
         done = runner.invoke(main, ["config", "unset", "OPENHUB_BREAKER_FAILURES"])
         assert done.exit_code == 0 and "OPENHUB_BREAKER_FAILURES=3 [environment] (was 8)" in done.output
-        trail = [e for e in audit.entries(action=None, limit=10) if e["target"] == "OPENHUB_BREAKER_FAILURES"]
+        trail = [
+            e
+            for e in audit.entries(action=None, limit=10, url=get_settings().database_url)
+            if e["target"] == "OPENHUB_BREAKER_FAILURES"
+        ]
         assert [e["action"] for e in trail][:2] == ["config.unset", "config.set"]
         assert trail[0]["who"].startswith("local:")
         as_json = runner.invoke(main, ["config", "--json"], catch_exceptions=False)

@@ -89,17 +89,30 @@ def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() ->
     settings and stores open in one process each carry a message (and a split family, and its
     confirmation) to OK in their own store. The second one opened is the process's installed hub while
     the first is driven: whatever read the process's globals instead of the hub it was given would write
-    into the second's store, or take its settings."""
+    into the second's store, or take its settings (the stock webhook signed the first's notifications with the
+    second's OPENHUB_WEBHOOK_SECRET)."""
     from sqlalchemy import select
 
+    from openhub.core.errors import WebhookSignatureError
+    from openhub.outbound.notify import verify_signature
     from openhub.service.reads import list_messages
     from openhub.store.schema import confirmations
+    from tests.integration.test_signed_webhooks import PLAIN, SECRET, Receiver
     from tests.support import promise_routes as routes
 
+    def hooked(receiver: Receiver, secret: str) -> dict[str, str]:
+        """The stock webhook on `receiver`, told of every OK message, signing with `secret`."""
+        return {"OPENHUB_WEBHOOK_URL": receiver.url, "OPENHUB_WEBHOOK_STATES": "OK", "OPENHUB_WEBHOOK_SECRET": secret}
+
     routes.reset()
+    receivers = Receiver(), Receiver()
     with (
-        LocalHub(routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="2") as one,
-        LocalHub(routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="7") as two,
+        LocalHub(
+            routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="2", **hooked(receivers[0], SECRET)
+        ) as one,
+        LocalHub(
+            routes.__name__, source_system="CONFIRMED", OPENHUB_DEFAULT_PRIORITY="7", **hooked(receivers[1], PLAIN)
+        ) as two,
     ):
         assert one.hub is not None and two.hub is not None
         assert one.hub.settings.database_url != two.hub.settings.database_url
@@ -127,11 +140,21 @@ def test_two_hubs_side_by_side_each_carry_their_messages_in_their_own_store() ->
         def confirmed(local: LocalHub) -> list[tuple[int, str]]:
             assert local.hub is not None
             with local.hub.transaction() as conn:
-                rows = conn.execute(select(confirmations.c.message_id, confirmations.c.state)).all()
+                C = confirmations.c
+                rows = conn.execute(select(C.message_id, C.state).where(C.hook.is_(None))).all()  # not hooks
             return sorted((r.message_id, r.state) for r in rows)
 
         assert confirmed(one) == [(flow.id, "OK"), (family.id, "OK")]  # the children are not confirmed
         assert confirmed(two) == [(other.id, "OK")]
+    for receiver in receivers:
+        receiver.close()
+    # Each hub's webhook told its own receiver of its own OK messages, signed with its own secret only.
+    for receiver, own, theirs, count in ((receivers[0], SECRET, PLAIN, 4), (receivers[1], PLAIN, SECRET, 1)):
+        assert len(receiver.posts) == count
+        for post in receiver.posts:
+            verify_signature(own, post.headers, post.body)
+            with pytest.raises(WebhookSignatureError):
+                verify_signature(theirs, post.headers, post.body)
 
 
 def test_two_hubs_record_their_http_steps_exchanges_each_in_its_own_store(external, monkeypatch) -> None:
@@ -191,3 +214,96 @@ def test_a_crashed_task_is_noted_in_the_store_its_caller_names() -> None:
 
         assert notes(one) == [("task_crashed", "step task: RuntimeError('boom')")]
         assert notes(two) == []
+
+
+def test_hubs_closed_in_any_order_leave_no_closed_hub_as_the_process_s() -> None:
+    """Issue 35: the process's hub is the newest one a driver installed whose block is still open. Each
+    LocalHub restored the hub installed before it when it closed: the first closed while the second was open
+    made the environment's the process's hub under the second, and the second, closed after, left the first
+    (its store deleted) the process's hub for good, its settings what every later `get_settings()` answered."""
+    from openhub.core.config import get_settings
+    from openhub.core.registry import get_registry
+    from openhub.engine.hub import current
+
+    before = get_settings().database_url
+    one = LocalHub("tests.support.routes", OPENHUB_DEFAULT_PRIORITY="2").__enter__()
+    try:
+        two = LocalHub("tests.support.routes", OPENHUB_DEFAULT_PRIORITY="7").__enter__()
+    except BaseException:
+        one.__exit__(None, None, None)
+        raise
+    try:
+        assert current() is two.hub
+        one.__exit__(None, None, None)  # the first closed while the second is still open
+        assert current() is two.hub
+        assert two.hub is not None and get_settings() is two.hub.settings and get_registry() is two.hub.registry
+        view = two.submit("test.flow", {"prefix": "/order"})
+        assert two.get(view.id).priority == 7
+    finally:
+        two.__exit__(None, None, None)
+    assert current().settings.database_url == get_settings().database_url == before  # neither hub's
+    assert one.hub is not None and current() is not one.hub and get_registry() is not one.hub.registry
+
+
+def test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store() -> None:
+    """Issue 35: a LocalHub whose run crashed writes its heartbeat row again, leaving the run out, so that the
+    next tick repairs it. Written to the process's database (the second hub's, installed last), the first's
+    row still vouched for the run and its tick never repaired it."""
+    from tests.support import promise_routes as routes
+
+    with routes.local_hub() as one, LocalHub("tests.support.routes"):
+
+        def interrupt(_ctx: object) -> None:
+            del routes.HOOKS["first"]
+            raise KeyboardInterrupt
+
+        routes.HOOKS["first"] = interrupt
+        view = one.submit("p.flow", {})
+        with pytest.raises(KeyboardInterrupt):
+            one.run()
+        assert one.tick().repaired == 1
+        assert one.get(view.id).state == "OK"
+
+
+def test_each_of_two_hubs_judges_heartbeats_by_its_own_worker_dead_after() -> None:
+    """Issue 35: a hub's poller judges a process dead by that hub's OPENHUB_WORKER_DEAD_AFTER (its store's
+    heartbeats, its limit). It read the process's (the second hub's, installed last): a process silent for
+    a minute in the first's store, whose limit is 30 s, was alive by the second's hour."""
+    from datetime import timedelta
+
+    from openhub.store.db import utcnow
+    from openhub.store.workers import beat
+
+    with (
+        LocalHub("tests.support.routes", OPENHUB_WORKER_DEAD_AFTER="30") as one,
+        LocalHub("tests.support.routes", OPENHUB_WORKER_DEAD_AFTER="3600") as two,
+    ):
+        assert one.hub is not None and two.hub is not None
+        url, then = one.hub.settings.database_url, utcnow() - timedelta(seconds=120)
+        beat("silent", "host-a:1", url, broken=True, now=then)
+        beat("witness", "host-b:1", url, broken=True, now=then)
+        beat("witness", "host-b:1", url, now=then + timedelta(seconds=60))  # it saw the other silent for 60 s
+        assert one.tick().dead_workers == {"silent"}
+        assert two.tick().dead_workers == set()
+
+
+def test_a_hub_s_worker_states_and_crash_notes_read_no_process_settings(monkeypatch) -> None:
+    """Issue 35: the worker-states service and the chain-failed task's note took their time from the process's
+    database clock (`store_now()` with no URL: the installed hub's store, on PostgreSQL another server's clock)
+    while writing to the hub's store. Here the process's settings cannot be read at all."""
+    from openhub.service import worker_states as states
+    from openhub.store import db
+    from openhub.store.queries import record_crash
+
+    def process_settings() -> None:
+        raise AssertionError("the process's settings were read on a hub's path")
+
+    with LocalHub("tests.support.routes") as local:
+        assert local.hub is not None
+        view = local.submit("test.flow", {"prefix": "/states"})
+        monkeypatch.setattr(db, "get_settings", process_settings)
+        assert states.worker_states(hub=local.hub) == []  # no worker's main process: LocalHub's row is none
+        states.finish_host("host-x", "a test", hub=local.hub)
+        assert [h["host"] for h in states.held_hosts(hub=local.hub)] == ["host-x"]
+        record_crash(local.hub.settings.database_url, view.id, "step task: RuntimeError('boom')")
+        monkeypatch.undo()

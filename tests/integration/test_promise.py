@@ -541,8 +541,9 @@ def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatc
             calls["n"] += 1
             time.sleep(0.4)  # the CRM takes 0.4 s per confirmation: this is its behaviour under test
             if calls["n"] == 4:  # 1.2 s in, past a lease taken for the whole batch: a second sender starts
-                send_confirmations(now=utcnow())
+                send_confirmations(now=utcnow(), **parts)
 
+        parts = {"settings": local.hub.settings, "registry": local.hub.registry}
         routes.HOOKS["confirm"] = slow
         from sqlalchemy import update
 
@@ -550,7 +551,7 @@ def test_a_slow_confirmer_confirms_each_message_once_with_two_senders(monkeypatc
 
         with transaction() as conn:  # their retry is due now
             conn.execute(update(confirmations).values(due_at=utcnow()))
-        send_confirmations(now=utcnow())
+        send_confirmations(now=utcnow(), **parts)
         confirmed = sorted(routes.CONFIRMED)
     routes.reset()
     assert confirmed == sorted((i, "OK") for i in ids)  # each final state confirmed exactly once

@@ -36,6 +36,8 @@ def test_a_confirmation_sent_by_a_sender_whose_clock_is_behind_is_not_sent_again
     from datetime import timedelta
 
     import openhub
+    from openhub.core.config import get_settings
+    from openhub.core.registry import get_registry
     from openhub.outbound.confirm import queue_confirmation, send_confirmations
     from openhub.store.db import transaction, utcnow
     from openhub.testing import ExternalSystem
@@ -49,10 +51,13 @@ def test_a_confirmation_sent_by_a_sender_whose_clock_is_behind_is_not_sent_again
             view = openhub.submit("test.flow", {"prefix": "/cs"}, source_system="CONFIRMED", correlation_id="cs-1")
             with transaction() as conn:
                 queue_confirmation(conn, view.id, "OK", utcnow() - timedelta(seconds=120))  # due for both
-            behind = threading.Thread(target=send_confirmations, args=(view.id, utcnow() - timedelta(seconds=90)))
+            hub = {"settings": get_settings(), "registry": get_registry()}  # the process's (the backend's)
+            behind = threading.Thread(
+                target=send_confirmations, args=(view.id, utcnow() - timedelta(seconds=90)), kwargs=hub
+            )
             behind.start()
             wait_for(lambda: external.started_events["/cs/confirm"].is_set(), 30, "the first sender's call")
-            send_confirmations(view.id)  # another sender, on the right clock, while the first one sends
+            send_confirmations(view.id, **hub)  # another sender, on the right clock, while the first one sends
             behind.join(timeout=30)
             assert external.count("/cs/confirm") == 1
     finally:
@@ -136,7 +141,8 @@ def test_a_poller_whose_clock_is_behind_sends_again_a_confirmation_whose_sending
                     state="SENDING", claim="crashed", due_at=database_now() - timedelta(seconds=1)
                 )
             )
-        assert send_confirmations(view.id, now=utcnow() - timedelta(seconds=90)) == 1
+        sender = {"settings": hub.hub.settings, "registry": hub.hub.registry}
+        assert send_confirmations(view.id, now=utcnow() - timedelta(seconds=90), **sender) == 1
         assert routes.CONFIRMED == [(view.id, "OK")]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import openhub
+from openhub.core.config import get_settings
 from openhub.service import worker_states
 from openhub.store import audit
 from tests.support import backends
@@ -81,7 +82,7 @@ def test_a_worker_told_to_finish_takes_nothing_new_finishes_what_it_has_and_take
             wait_for(lambda: (_state_of(held) or {}).get("taking") is False, 30, "the worker to say it holds")
             now = _state_of(held)
             assert now is not None and now["state"] == "finishing" and now["reason"] == "host patch 7", now
-            entries = audit.entries(action="worker.finish")
+            entries = audit.entries(action="worker.finish", url=get_settings().database_url)
             assert len(entries) == 1 and entries[0]["target"] == f"worker {state['id']}"
             if name == "redis-pg":
                 wait_for(lambda: _stats_state(held) == "finishing: host patch 7", 30, "Celery's stats to say so")
@@ -101,7 +102,7 @@ def test_a_worker_told_to_finish_takes_nothing_new_finishes_what_it_has_and_take
             assert _made_by(external, f"{prefix}-after/a") == ["other"] * 3
 
             worker_states.resume_worker(state["id"])
-            assert len(audit.entries(action="worker.resume")) == 1
+            assert len(audit.entries(action="worker.resume", url=get_settings().database_url)) == 1
             wait_for(lambda: (_state_of(held) or {}).get("state") == "taking work", 30, "the worker to take again")
             other.stop()
             again = _submit(f"{prefix}-again", 2)

@@ -358,6 +358,27 @@ MUTATIONS: list[Mutation] = [
         guard="tests/integration/test_fanout.py::test_each_receiver_is_confirmed_to_the_source_system_and_the_family_"
         "is_not",
     ),
+    # --- issue 35, "one way in": two hubs in one process ----------------------------------------------------
+    Mutation(
+        "liveness_by_the_process_s_dead_after",
+        "issue 35: a hub's poller judges the heartbeats in its store by the process's OPENHUB_WORKER_DEAD_AFTER "
+        "(the installed hub's), so a process silent past the hub's own limit is alive to it",
+        "openhub/store/workers.py",
+        "    dead = dead_among(rows, dead_after)\n",
+        "    dead = dead_among(rows, get_settings().worker_dead_after)  # reverted: the process's\n",
+        model=False,
+        guard="tests/integration/test_local_hub.py::test_each_of_two_hubs_judges_heartbeats_by_its_own_worker_dead_after",
+    ),
+    Mutation(
+        "crash_beat_in_the_process_s_store",
+        "issue 35: a LocalHub whose run crashed writes its heartbeat row into the process's store (the hub "
+        "installed last), so its own row still vouches for the run and no tick repairs it",
+        "openhub/testing.py",
+        'beat(current_id(), "LocalHub", self.hub.settings.database_url)',
+        'beat(current_id(), "LocalHub")',
+        model=False,
+        guard="tests/integration/test_local_hub.py::test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store",
+    ),
 ]
 
 

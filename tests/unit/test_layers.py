@@ -200,16 +200,22 @@ GLOBALS_LEFT = {
         "the process's hub is built here, and is the default of the entry points (`given`) for a caller without one",
     ),
     "outbound/confirm.py": (
-        {"get_settings", "get_registry", "transaction"},
-        "the confirm task (tasks/) sends without a hub; listing and resending are the drivers' operator calls",
+        {"get_settings", "get_registry"},
+        "the operator calls of the Python API with no hub at hand (`openhub.list_confirmations`, `resend`,"
+        " `resend_parked`; the API passes its served hub's); every send is given its hub's settings and routes",
     ),
-    "outbound/notify.py": ({"get_settings"}, "the stock webhook, called from route modules: the process's secrets"),
-    "outbound/protocol.py": ({"get_settings"}, "the stock confirmer, likewise (its timeout)"),
+    "outbound/notify.py": (
+        {"get_settings"},
+        "`post_json`, a route's own confirmer's POST with no outcome at hand, and an Outcome built outside a"
+        " sender (`settings_of`): the process's secrets; a sent one carries its hub's (`Outcome.settings`)",
+    ),
     "store/db.py": ({"get_settings"}, "the database URL of a caller that gives none (the drivers')"),
     "store/migrate.py": ({"get_settings"}, "`openhub migrate` (a driver) migrates the process's database"),
-    "store/workers.py": ({"get_settings"}, "heartbeats and the fence are the process's (worker-states work)"),
-    "store/audit.py": ({"transaction"}, "the audit trail's listing, read by the drivers"),
-    "store/tokens.py": ({"transaction"}, "operator tokens, kept and read by the drivers"),
+    "store/workers.py": (
+        {"get_settings"},
+        "this process's own heartbeat (one thread a process, started by tasks/ with no hub): its store, its"
+        " interval and its fence; judging others' heartbeats (`liveness`) takes the hub's dead-after",
+    ),
 }
 DRIVERS = ("api", "cli", "pipeline", "dev.py", "testing.py")
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from openhub.core.config import get_settings
 from openhub.store import audit, tokens
 from openhub.store.db import transaction
 from openhub.store.schema import live_settings
@@ -21,7 +22,10 @@ from openhub.store.schema import live_settings
 def admin_token(api_env) -> dict[str, Any]:
     """A named admin token (unique: the store outlives the test), and every live value forgotten after."""
     name = f"cfg-admin-{uuid.uuid4().hex[:8]}"
-    yield {"name": name, "headers": {"Authorization": f"Bearer {tokens.add(name, 'admin')}"}}
+    yield {
+        "name": name,
+        "headers": {"Authorization": f"Bearer {tokens.add(name, 'admin', url=get_settings().database_url)}"},
+    }
     with transaction() as conn:
         conn.execute(live_settings.delete())
 
@@ -69,7 +73,7 @@ def test_an_admin_changes_a_live_setting_and_forgets_it_each_change_audited_once
     assert r.json()["source"] in ("default", "environment") and r.json()["previous"] == "9"
     assert _stored() == {} and client.app.state.hub.settings.max_fails == 3
     assert client.delete("/api/v1/config/OPENHUB_MAX_FAILS", headers=admin).status_code == 404  # none to forget
-    trail = audit.entries(who=who)
+    trail = audit.entries(who=who, url=get_settings().database_url)
     assert [e["action"] for e in trail] == ["config.unset", "config.set", "config.set"]
     assert [e["target"] for e in trail] == ["OPENHUB_MAX_FAILS"] * 3
     assert trail[2]["old_value"] is None and '"value": "7"' in trail[2]["new_value"]
@@ -91,7 +95,7 @@ def test_an_admin_changes_a_live_setting_and_forgets_it_each_change_audited_once
 def test_a_bad_value_is_refused_naming_the_setting_and_nothing_is_stored(client, admin_token, name, value, says):
     r = client.put(f"/api/v1/config/{name}", json={"value": value}, headers=admin_token["headers"])
     assert r.status_code == 400 and says in r.json()["detail"], r.text
-    assert _stored() == {} and audit.entries(who=admin_token["name"]) == []
+    assert _stored() == {} and audit.entries(who=admin_token["name"], url=get_settings().database_url) == []
 
 
 def test_a_setting_read_at_start_up_is_refused_as_needing_a_restart_and_an_unknown_one_as_unknown(client, admin_token):
@@ -102,13 +106,15 @@ def test_a_setting_read_at_start_up_is_refused_as_needing_a_restart_and_an_unkno
     assert client.delete("/api/v1/config/OPENHUB_POLL_INTERVAL", headers=admin).status_code == 409
     r = client.put("/api/v1/config/OPENHUB_NO_SUCH", json={"value": "1"}, headers=admin)
     assert r.status_code == 404 and "OPENHUB_NO_SUCH is not an openhub setting" in r.json()["detail"], r.text
-    assert _stored() == {} and audit.entries(who=admin_token["name"]) == []
+    assert _stored() == {} and audit.entries(who=admin_token["name"], url=get_settings().database_url) == []
 
 
 def test_a_viewer_and_an_operator_may_not_read_or_change_the_configuration(client, admin_token):
     suffix = uuid.uuid4().hex[:8]
     for role in ("viewer", "operator"):
-        headers = {"Authorization": f"Bearer {tokens.add(f'cfg-{role}-{suffix}', role)}"}
+        headers = {
+            "Authorization": f"Bearer {tokens.add(f'cfg-{role}-{suffix}', role, url=get_settings().database_url)}"
+        }
         for method, body in (("GET", None), ("PUT", {"value": "5"}), ("DELETE", None)):
             path = "/api/v1/config" + ("" if method == "GET" else "/OPENHUB_MAX_FAILS")
             r = client.request(method, path, headers=headers, json=body)

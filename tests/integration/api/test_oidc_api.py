@@ -104,7 +104,11 @@ def test_a_providers_token_is_an_operator_of_the_role_its_claim_maps_to(api_env,
         reason = f"oidc-{uuid.uuid4().hex[:8]}"
         done = client.post("/api/v1/breakers/test-billing:reset", headers=operator, json={"reason": reason})
         assert done.status_code == 200, done.text
-        entry = next(e for e in audit.entries(who="oidc:alice", limit=20) if reason in json.dumps(e))
+        entry = next(
+            e
+            for e in audit.entries(who="oidc:alice", limit=20, url=get_settings().database_url)
+            if reason in json.dumps(e)
+        )
         assert entry["role"] == "operator"
     assert provider.fetches == 1  # the key set is cached between requests
 

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import update
 
 import openhub
+from openhub.core.config import get_settings
 from openhub.store import tokens
 from openhub.store.db import transaction
 from openhub.store.schema import messages
@@ -23,7 +24,7 @@ from tests.support.waiting import wait_final, wait_for, wait_state
 @pytest.fixture
 def operator_token() -> dict[str, str]:
     name = f"oncall-{uuid.uuid4().hex[:8]}"
-    return {"name": name, "headers": bearer(tokens.add(name, "operator"))}
+    return {"name": name, "headers": bearer(tokens.add(name, "operator", url=get_settings().database_url))}
 
 
 def _submit(payload: dict) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 from sqlalchemy import func, select, update
 
+from openhub.core.config import get_settings
 from openhub.store import audit, tokens
 from openhub.store.db import store_now, transaction
 from openhub.store.schema import audit as audit_table
@@ -40,7 +41,7 @@ def role_tokens(api_env) -> dict[str, dict[str, str]]:
     made = {}
     for role in audit.ROLES:
         name = f"{role}-{suffix}"
-        made[role] = {"name": name, "headers": bearer(tokens.add(name, role))}
+        made[role] = {"name": name, "headers": bearer(tokens.add(name, role, url=get_settings().database_url))}
     return made
 
 
@@ -107,7 +108,7 @@ def test_a_revoked_token_is_refused_and_tokens_are_kept_hashed(client, role_toke
 
 
 def _entries(name: str) -> list[dict[str, Any]]:
-    return audit.entries(who=name, limit=1000)
+    return audit.entries(who=name, limit=1000, url=get_settings().database_url)
 
 
 def _submit(client, cid: str) -> int:

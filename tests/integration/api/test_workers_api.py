@@ -10,6 +10,7 @@ import uuid
 
 from sqlalchemy import select
 
+from openhub.core.config import get_settings
 from openhub.store.db import store_now, transaction
 from openhub.store.schema import worker_holds, workers
 from tests.integration.api.conftest import ADMIN
@@ -106,7 +107,7 @@ def test_openhub_workers_lists_holds_and_lets_go_audited_as_the_local_user(api_e
     listed = runner.invoke(main, ["workers"]).output
     line = next(x for x in listed.splitlines() if x.startswith(worker_id))
     assert "\tfinishing\t" in line and "disk swap" in line, line
-    entry = audit.entries(action="worker.finish", limit=1)[0]
+    entry = audit.entries(action="worker.finish", limit=1, url=get_settings().database_url)[0]
     assert entry["who"].startswith("local:") and entry["target"] == f"worker {worker_id}"
     assert runner.invoke(main, ["workers", "finish", "--host", host]).exit_code == 0
     shown = json.loads(runner.invoke(main, ["workers", "--json"]).output)
