@@ -4,14 +4,23 @@ ping in flight per process."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import uuid
+from pathlib import Path
 
+import pytest
 import sqlalchemy
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
+import openhub
 from openhub.store import db, proof
+from openhub.store.db import transaction
+from openhub.store.schema import messages
+from openhub.testing import ExternalSystem
 from tests.support.tcpproxy import TcpProxy
+from tests.support.waiting import wait_for
 
 
 def _through(proxy: TcpProxy, url: str) -> str:
@@ -66,3 +75,71 @@ def test_sqlite_asks_no_proof() -> None:
 def _host_port(url: str) -> tuple[str, int]:
     u = sqlalchemy.engine.make_url(url)
     return u.host or "127.0.0.1", u.port or 5432
+
+
+@pytest.mark.parametrize(
+    ("pool", "route", "messages"),
+    [("prefork", "test.flow", 1), ("gevent", "batched.flow", 3)],
+)
+def test_a_worker_cut_from_the_store_starts_no_call_past_the_proof_age(
+    tmp_path: Path, pool: str, route: str, messages: int
+) -> None:
+    """Issue 33, break 6: a step whose lease was written just before its worker lost the store (a network
+    cut: its queries hang, nothing fails) still made its call as long as the heartbeat was younger than the
+    call fence (half of dead-after, 15 s here); the store never learnt of it, and the repair made it again.
+    Now a call goes only within PROOF_AGE of a round trip of its process to the store: the step computes 2 s
+    between its lease and its call, the ping it then asks for is not answered, and the call is refused.
+    Under gevent a batch's members ask at once: one ping for them all."""
+    from tests.support import backends
+    from tests.support.workers import Worker
+
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OPENHUB_")}
+    external = ExternalSystem().start()
+    try:
+        with backends.backend("redis-pg", tmp_path / "store", {"OPENHUB_TEST_EXTERNAL_URL": external.url}) as b:
+            proxy = TcpProxy(_host_port(b.database_url))
+            env = dict(b.env, OPENHUB_DATABASE_URL=_through(proxy, b.database_url), OPENHUB_WORKER_DEAD_AFTER="30")
+            cut_off = Worker(env, tmp_path, beat=False, concurrency=4 if pool == "gevent" else 1, pool=pool)
+            try:
+                cut_off.start()
+                b.workers.append(cut_off)
+                prefix = f"/p{uuid.uuid4().hex[:8]}"
+                ids = [
+                    v.id
+                    for v in openhub.submit_many(
+                        [
+                            {
+                                "route": route,
+                                "payload": {"prefix": prefix, "n": n, "script": {"a": {"pause": 2.0}}},
+                                "source_system": "CRM",
+                                "correlation_id": f"proof-{uuid.uuid4().hex}",
+                            }
+                            for n in range(messages)
+                        ]
+                    )
+                ]
+                wait_for(lambda: _leased(b.database_url, ids) == messages, 60, "every step a leased")
+                proxy.blackhole()
+                cut = time.monotonic()
+                wait_for(
+                    lambda: cut_off.log().count("call not made") >= messages or external.count(f"{prefix}/a") > 0,
+                    30,
+                    "step a's calls refused (or made)",
+                )
+                late = [
+                    round(c.started - cut, 3)
+                    for c in external.calls
+                    if c.path == f"{prefix}/a" and c.started > cut + proof.PROOF_AGE + 0.25
+                ]
+                assert late == [], (late, cut_off.log()[-3000:])
+            finally:
+                cut_off.kill()
+        backends.activate(saved)
+    finally:
+        external.stop()
+
+
+def _leased(url: str, ids: list[int]) -> int:
+    with transaction(url) as conn:
+        rows = conn.execute(select(messages.c.step_run).where(messages.c.id.in_(ids))).scalars().all()
+    return sum(1 for r in rows if r is not None)
