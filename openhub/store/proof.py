@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from openhub.store.db import proved_since, prove_at
+from openhub.store.db import prove_at, proved_since
 
 PROOF_AGE = 0.5  # seconds: a call is sent only this soon after a round trip of its process to the store
 PING_CONNECT_TIMEOUT = 2.0  # seconds for the ping's connection to open (a new one after a failed ping)
@@ -86,7 +86,7 @@ def _ping_lock() -> Any:
 def _ping_of(url: str) -> _Ping:
     ping = _pings.get(url)
     if ping is None or ping.pid != os.getpid():
-        if ping is not None:  # a forked child's: its parent's is kept, never closed (libpq would end the parent's session)
+        if ping is not None:  # a forked child's: its parent's is kept, never closed (it would end the parent's)
             _inherited.append(ping)
         ping = _pings[url] = _Ping(url)
     return ping

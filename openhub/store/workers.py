@@ -28,7 +28,9 @@ last success is older than `CALL_FENCE` of the dead-after limit (2.5 heartbeat i
 store that neither answers nor fails). A call started then could not be recorded, and the repair would
 make it again (break 6); refusing it costs only a postponed step. The limit is half the dead-after limit,
 not 3/4: a beat is due every fifth of it, so two missed beats are proof enough, and the half left is
-what a call just started has before others may judge this process dead.
+what a call just started has before others may judge this process dead. A heartbeat is slow to see a cut
+(a query on a cut link hangs), so a call is also sent only within `PROOF_AGE` (0.5 s) of a store round trip
+of this process, or after a ping answered now (openhub.store.proof).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ the promise:
   process or its host: a kill or a stall of that process (its pid in the fault's), or a cut of its
   host from PostgreSQL (a call arriving within CUT_UNSEEN of the cut counts as in flight then: a
   process sends a call only within PROOF_AGE of its store's last answer). Anything else is unexplained:
-  a repeat whose first call started after the fault began (later than that after a cut), a repeat during a fault on another host, a repeat whose first call was made by a
-  process other than the stalled one, a call made again before the fault. A confirmation sent twice is
+  a repeat whose first call started after the fault began (later than that after a cut), a repeat
+  during a fault on another host, a repeat whose first call was made by a process other than the
+  stalled one, a call made again before the fault. A confirmation sent twice is
   never explained by a cut (its sending lease is in the store, not in the worker's heartbeat), only by
   its own process killed or stalled while sending;
 - a message not final; a step of a message that ended OK never applied (a split's children: every
@@ -151,9 +152,7 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
     process = fault.kind in ("kill", "stall")
     if process and not call.started <= fault.start <= call.ended + SLACK:
         return False
-    if not process and not (
-        min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= call.ended + SLACK
-    ):
+    if not process and not (min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= call.ended + SLACK):
         return False
     pids = getattr(fault, "pids", None)
     if process:
