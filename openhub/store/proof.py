@@ -108,7 +108,22 @@ class _Ping:
 
     def ping(self, timeout: float) -> float | None:
         """Send `SELECT 1` and wait up to `timeout` for its answer: the monotonic time it was sent, or None
-        (the store did not answer in time, or the connection failed; it is closed)."""
+        (the store did not answer in time, or the connection failed; it is closed). A kept connection that
+        failed at once (the server closed it meanwhile: a restart, an idle timeout) is tried once anew."""
+        kept = self.pg is not None
+        try:
+            return self._once(timeout)
+        except TimeoutError:
+            return None
+        except Exception:
+            if not kept:
+                return None
+        try:
+            return self._once(timeout)
+        except Exception:
+            return None
+
+    def _once(self, timeout: float) -> float:
         global _made
         from psycopg import pq
 
@@ -136,7 +151,7 @@ class _Ping:
             return sent
         except Exception:
             self.close()
-            return None
+            raise
 
     def _connect(self, deadline: float) -> Any:
         from psycopg import pq

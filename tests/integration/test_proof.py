@@ -143,3 +143,17 @@ def _leased(url: str, ids: list[int]) -> int:
     with transaction(url) as conn:
         rows = conn.execute(select(messages.c.step_run).where(messages.c.id.in_(ids))).scalars().all()
     return sum(1 for r in rows if r is not None)
+
+
+def test_a_ping_connection_the_server_closed_is_opened_anew_not_taken_for_a_cut(local_store: str) -> None:
+    url = local_store
+    db._proved[url] = time.monotonic() - proof.PROOF_AGE - 0.1
+    assert proof.proved(url)  # the ping's connection opened
+    backend = proof._pings[url].pg.backend_pid
+    with create_engine(url).connect() as conn:  # an idle timeout, a restart: the server ends the session
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+        conn.commit()
+    db._proved[url] = time.monotonic() - proof.PROOF_AGE - 0.1
+    made = proof.pings_made()
+    assert proof.proved(url)
+    assert proof.pings_made() == made + 2 and proof._pings[url].pg.backend_pid != backend
