@@ -95,6 +95,34 @@ def _clock_stale(url: str) -> bool:
     return reading is None or _boot_clock() - reading[0] > CLOCK_READ_EVERY
 
 
+# --- proofs that the store answered (openhub.store.proof) ----------------------------------------------------
+_proved: dict[str, float] = {}  # database URL -> monotonic time a statement this process sent was last answered
+_SENT = "openhub_sent"  # a connection's info: when its statement in flight was sent
+
+
+def record_proofs(engine: Engine, url: str) -> None:
+    """Each statement `engine` sends that the store answers proves the store reachable as of its sending."""
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _sent(conn, *_args):  # type: ignore[no-untyped-def]
+        conn.info[_SENT] = time.monotonic()
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _answered(conn, *_args):  # type: ignore[no-untyped-def]
+        prove_at(url, conn.info.get(_SENT, float("-inf")))
+
+
+def prove_at(url: str, sent: float) -> None:
+    """The store at `url` answered a statement this process sent at monotonic time `sent`."""
+    if sent > _proved.get(url, float("-inf")):
+        _proved[url] = sent
+
+
+def proved_since(url: str) -> float:
+    """The monotonic time of the latest statement this process sent to `url` that was answered (-inf: none)."""
+    return _proved.get(url, float("-inf"))
+
+
 def sqlite_engine(url: str, **options: Any) -> Engine:
     """A new engine for the SQLite database at `url` (WAL, BEGIN IMMEDIATE); `options` for create_engine."""
     path = url.split("///", 1)[-1]
@@ -137,6 +165,7 @@ def get_engine(url: str | None = None) -> Engine:
             engine = create_engine(
                 url, pool_size=PG_POOL_SIZE, max_overflow=PG_MAX_OVERFLOW, pool_timeout=PG_POOL_TIMEOUT
             )
+            record_proofs(engine, url)
         _engines[key] = engine
     return engine
 

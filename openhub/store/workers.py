@@ -28,7 +28,9 @@ last success is older than `CALL_FENCE` of the dead-after limit (2.5 heartbeat i
 store that neither answers nor fails). A call started then could not be recorded, and the repair would
 make it again (break 6); refusing it costs only a postponed step. The limit is half the dead-after limit,
 not 3/4: a beat is due every fifth of it, so two missed beats are proof enough, and the half left is
-what a call just started has before others may judge this process dead.
+what a call just started has before others may judge this process dead. A heartbeat is slow to see a cut
+(a query on a cut link hangs), so a call is also sent only within `PROOF_AGE` (0.5 s) of a store round trip
+of this process, or after a ping answered now (openhub.store.proof).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ from sqlalchemy.pool import NullPool
 
 from openhub.core.config import get_settings
 from openhub.core.errors import Fenced
-from openhub.store.db import database_now, is_postgres, sqlite_engine, transaction, utcnow
+from openhub.store.db import database_now, is_postgres, record_proofs, sqlite_engine, transaction, utcnow
 from openhub.store.holds import hold_on
 from openhub.store.liveness import Liveness as Liveness  # judged there, still importable from here
 from openhub.store.liveness import dead_among as dead_among
+from openhub.store.proof import proved
 from openhub.store.schema import workers
 
 log = logging.getLogger("openhub.workers")
@@ -235,13 +238,16 @@ def _fence_after() -> float:
 
 def call_fenced(since: float) -> bool:
     """Whether an external call of a step run whose lease was taken at `since` must not be sent now:
-    `fenced`, or the heartbeat's last try failed, or its last success is older than `CALL_FENCE`."""
+    `fenced`, or the heartbeat's last try failed, or its last success is older than `CALL_FENCE`, or the
+    store answered none of this process's statements in the last `PROOF_AGE` and does not answer a ping
+    now (openhub.store.proof: a store cut meanwhile)."""
     if _beating != os.getpid() or _renewed is None:
         return False
     return (
         fenced(since)
         or _store_away
         or time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE
+        or not proved(get_settings().database_url)
     )
 
 
@@ -366,6 +372,8 @@ class _OwnConnection:
             if url.startswith("sqlite")
             else create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 10})
         )
+        if not url.startswith("sqlite"):
+            record_proofs(self.engine, url)  # a beat answered is a proof of the store (openhub.store.proof)
         self.conn: Connection | None = None
 
     @contextmanager

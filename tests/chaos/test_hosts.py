@@ -4,7 +4,6 @@ tests/support/history.py). bench/hosts_soak.py runs the same for longer."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -31,13 +30,8 @@ def test_every_fault_kind_once_keeps_the_promise(tmp_path) -> None:
     )
     found = json.dumps({"summary": report.summary(), "details": report.details(), "facts": facts}, indent=1)
     assert {f["kind"] for f in facts["faults"]} >= set(order), found
-    # Every check strict, but for repeats whose step began on its host within the fence's time after a store
-    # cut of that host (their lease written just before it): issue 33 break 6, still open.
-    rest = dataclasses.replace(report, repeated=[r for r in report.repeated if "after_cut" not in r])
-    assert rest.ok, found
+    # Every check strict: a repeat whose first call arrived within CUT_UNSEEN of its host's store cut is a call
+    # in flight then (issue 33 break 6: a call is sent only within PROOF_AGE of a store round trip of its
+    # process); one arriving later is a break.
+    assert report.ok, found
     assert report.states == {"OK": report.messages}, report.states
-    if report.repeated:
-        pytest.xfail(
-            "issue 33 break 6: a step begun after its host's store cut (lease written before it) calls; "
-            f"the repair calls again: {json.dumps(report.repeated)}"
-        )

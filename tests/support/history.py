@@ -8,9 +8,11 @@ the promise:
 - a call made again (same path and key, answered OK), unless the call it repeats was in flight, from
   the very process that made it, at the moment a fault that stops that process's record hit that
   process or its host: a kill or a stall of that process (its pid in the fault's), or a cut of its
-  host from PostgreSQL. Anything else is unexplained: a repeat whose first call started after the
-  fault began, a repeat during a fault on another host, a repeat whose first call was made by a
-  process other than the stalled one, a call made again before the fault. A confirmation sent twice is
+  host from PostgreSQL (a call arriving within CUT_UNSEEN of the cut counts as in flight then: a
+  process sends a call only within PROOF_AGE of its store's last answer). Anything else is unexplained:
+  a repeat whose first call started after the fault began (later than that after a cut), a repeat
+  during a fault on another host, a repeat whose first call was made by a process other than the
+  stalled one, a call made again before the fault. A confirmation sent twice is
   never explained by a cut (its sending lease is in the store, not in the worker's heartbeat), only by
   its own process killed or stalled while sending;
 - a message not final; a step of a message that ended OK never applied (a split's children: every
@@ -39,10 +41,12 @@ EXPLAINS = {"kill", "stall", "cut_pg", "cut_both"}
 # A confirmation's sending lease lives in the store: only its sender's death or stall can send it twice.
 EXPLAINS_CONFIRMATION = {"kill", "stall"}
 SLACK = 2.0  # seconds after a call's answer in which its record may still have been under way
-# How long after its host's store cut a step may still begin, unaware, on a lease written before the cut: the
-# rig's fence (0.75 of OPENHUB_WORKER_DEAD_AFTER=3). Its repeats stay unexplained (issue 33, break 6) but are
-# marked `after_cut`, so that a test can tell them from any other.
-CUT_UNSEEN = 2.25
+# How long after its host's store cut a call may still be sent, as if it had been in flight when the cut came:
+# a worker process sends a call only within PROOF_AGE (0.5 s, openhub.store.proof) of a round trip of its own
+# to the store, which must have been sent before the cut, plus 0.25 s for the fault driver's clock reading
+# before its nft rules were in place and the call's way to the stub (issue 33, break 6). A call arriving
+# later is a call started once the store was lost: unexplained (its entry is marked `after_cut`).
+CUT_UNSEEN = 0.75
 # route -> its steps' calls: (the path after the message's prefix, the step's key)
 STEPS = {
     "test.flow": [("a", "a"), ("b", "b"), ("c", "c")],
@@ -138,14 +142,17 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
     began while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the
     process that made the call (its pid among the fault's) after the call arrived: a process stopped
     before it sent its call sends it late, which nothing explains. A cut from the store must have come
-    after the step's body began: a step cannot begin without its lease written, and nothing tells a
-    process its store is cut until a write fails, so its call may arrive just after the cut began; a step
-    begun after the cut (a call started once the store was lost, issue 33 break 6) is not explained."""
+    after the step's body began (a step cannot begin without its lease written), or the call must have
+    arrived within CUT_UNSEEN of it: nothing tells a process its store is cut until a statement goes
+    unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after
+    the cut began, as if in flight then; a call arriving later (started once the store was lost, issue 33
+    break 6) is not explained."""
     if fault.kind not in kinds or host is None or fault.host != host:
         return False
     process = fault.kind in ("kill", "stall")
-    since = call.started if process else began_of(call)
-    if not since <= fault.start <= call.ended + SLACK:
+    if process and not call.started <= fault.start <= call.ended + SLACK:
+        return False
+    if not process and not (min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= call.ended + SLACK):
         return False
     pids = getattr(fault, "pids", None)
     if process:
@@ -188,12 +195,13 @@ def _repeats(
             for f in faults
             if f.kind in ("cut_pg", "cut_both")
             and f.host == host_of(first.peer)
-            and f.start < began_of(first) <= f.start + CUT_UNSEEN
+            and f.start + CUT_UNSEEN < first.started
+            and (getattr(f, "end", None) is None or f.start < began_of(first) <= f.end)
         ),
         None,
     )
     if cut is not None:
-        entry["after_cut"] = round(began_of(first) - cut.start, 3)  # its step began this long after the cut
+        entry["after_cut"] = round(first.started - cut.start, 3)  # its first call arrived this long after the cut
     return entry, causes
 
 

@@ -299,11 +299,22 @@ MUTATIONS: list[Mutation] = [
             "        fenced(since)\n"
             "        or _store_away\n"
             "        or time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE\n"
+            "        or not proved(get_settings().database_url)\n"
             "    )\n"
         ),
-        "    return fenced(since)\n",
+        "    return fenced(since) or not proved(get_settings().database_url)\n",
         model=False,
         guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store",
+    ),
+    Mutation(
+        "call_sent_without_a_proof_of_the_store",
+        "issue 33 #6 (its root): a call sent up to half of dead-after after the store was cut, on a heartbeat not "
+        "yet overdue, not only within PROOF_AGE of a round trip of its process to the store",
+        "openhub/store/workers.py",
+        "        or not proved(get_settings().database_url)\n    )\n",
+        "    )\n",
+        model=False,
+        guard="tests/integration/test_proof.py::test_a_worker_cut_from_the_store_starts_no_call_past_the_proof_age",
     ),
     # --- issue 33: the fence re-applied (the causes of its revert, 8ca65a1) -----------------------------------
     Mutation(

@@ -78,6 +78,8 @@ def scripted(name: str):
         if script.get("holdback_once") and f"{name}:held" not in done:
             done.append(f"{name}:held")
             raise Holdback("downstream asked us to stop")
+        if script.get("pause"):  # the step computes this long between its lease and its call
+            time.sleep(script["pause"])
         call(ctx, name, began=began)
         if script.get("business_error"):
             ctx.business_error(script["business_error"], f"{name} refused part of it")

@@ -10,7 +10,9 @@ from tests.support.backends import free_port
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:`port` to `target`; `cut()` resets every connection and refuses new ones."""
+    """Forwards 127.0.0.1:`port` to `target`; `cut()` resets every connection and refuses new ones;
+    `blackhole()` forwards nothing more, either way, and fails nothing: as a network cut, where a query on an
+    open connection, or a new connection's opening, hangs instead of failing."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -19,6 +21,7 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._cut = False
+        self._holes = False
         threading.Thread(target=self._accept, daemon=True, name="tcp-proxy").start()
 
     def _accept(self) -> None:
@@ -27,6 +30,10 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:  # cut: the listener is closed
                 return
+            if self._holes:  # accepted, and nothing more: its opening never ends
+                with self._lock:
+                    self._sockets.append(client)
+                continue
             try:
                 server = socket.create_connection(self.target)
             except OSError:
@@ -41,11 +48,11 @@ class TcpProxy:
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if not self._holes:  # a blackhole: read and dropped
+                    sink.sendall(data)
         except OSError:
             pass
         for s in (source, sink):
@@ -53,6 +60,10 @@ class TcpProxy:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def blackhole(self) -> None:
+        """From now on nothing passes, and nothing fails: every byte sent either way is dropped."""
+        self._holes = True
 
     def cut(self) -> None:
         """Every connection reset, new ones refused."""
