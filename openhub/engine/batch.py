@@ -47,8 +47,10 @@ from openhub.core.policy import outage_pause
 from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.states import State
 from openhub.core.verdicts import StepReport, Verdict
+from openhub.engine.batch_writes import hand_over_all
 from openhub.engine.engine import (
     fenced_in_call,
+    handed_over,
     interrupted,
     left_to_repair,
     new_run,
@@ -61,7 +63,7 @@ from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
 from openhub.engine.lifecycle import FollowUps, Tx
 from openhub.engine.recording import record
-from openhub.store.db import is_outage
+from openhub.store.db import is_outage, is_postgres
 from openhub.store.schema import messages
 
 __all__ = ["run_batch", "summary"]
@@ -301,7 +303,38 @@ def _write_all(members: list[_Member], follow: FollowUps) -> None:
         assert verdict is not None
         if verdict.event is None and not m.run.last:
             m.run_id = m.run_id or m.new_run()  # the next step's, taken in the statement that records this one
-    _group(members, follow, _write_one)
+    _group(members, follow, _write_one, together=_hand_over_together)
+
+
+def _hand_over_together(tx: Tx, members: list[_Member]) -> list[_Member]:
+    """On PostgreSQL the members whose step succeeded, with a step after it, are handed over in ONE statement,
+    each under its own compare-and-set (openhub.engine.batch_writes); the members left (the others, and
+    those whose lease was lost) are written by `_write_one`. A failure writes the group again, carefully."""
+    handing = [m for m in members if m.run_id is not None]
+    if len(handing) < 2 or not is_postgres(tx.conn):
+        return members
+    try:
+        written = hand_over_all(tx, [_handing(m) for m in handing])
+    except Exception as exc:
+        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(handing[0].run, exc):
+            raise
+        raise _Redo(f"batch of {len(handing)}, message {handing[0].run.message_id} first: handing over") from exc
+    for m, (taken, call_taken) in zip(handing, written):
+        if taken is not None:  # else its lease was lost: `_write_one` writes it alone (its outcome discarded)
+            run, entered, verdict, next_run = _handing(m)
+            step = partial(handed_over, run=run, entered=entered, verdict=verdict, next_run=next_run)
+            m.run_id = None
+            _settle(
+                m,
+                StepReport(True, "ok"),
+                _write_part(tx, m, "handing over", partial(step, taken=taken, call_taken=call_taken), False)[0],
+            )
+    return [m for m in members if m.run_id is not None or all(m is not h for h in handing)]
+
+
+def _handing(m: _Member) -> tuple[StepRun, Entered, Verdict, str]:
+    assert isinstance(m.entered, Entered) and m.verdict is not None and m.run_id is not None
+    return m.run, m.entered, m.verdict, m.run_id
 
 
 def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
@@ -364,7 +397,12 @@ def _write_part(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], caref
 
 
 def _group(
-    members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Member, bool], None], *, raise_outage: bool = False
+    members: list[_Member],
+    follow: FollowUps,
+    each: Callable[[Tx, _Member, bool], None],
+    *,
+    raise_outage: bool = False,
+    together: Callable[[Tx, list[_Member]], list[_Member]] | None = None,
 ) -> None:
     """`each` for every member in ONE transaction, committed together (each member's part in a savepoint
     of its own only once a part failed: `_write_part`); a store outage (or Celery's soft time limit
@@ -378,7 +416,8 @@ def _group(
         try:
             with hub.transaction() as conn:
                 tx = Tx(conn, hub.clock(), group, hub)
-                for m in members:
+                # `together` writes what it can for all members at once (not once a part failed), `each` the rest
+                for m in members if careful or together is None else together(tx, members):
                     each(tx, m, careful)
             follow.merge(group)
             return
