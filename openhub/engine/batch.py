@@ -12,7 +12,8 @@ the batch's messages at once:
    time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
 3. write: ONE transaction records every outcome (again in savepoints where a part failed): a success
    hands the message over to its next step's lease in the same statement (`engine.record_and_enter`),
-   anything else is recorded (`recording.record`).
+   anything else is recorded (`recording.record`); on PostgreSQL every member's compare-and-set is in
+   ONE statement (openhub.engine.batch_writes), a member whose lease was lost written alone.
 
 Every guarantee stays per message, written by the engine's own functions: lease and fencing token,
 external-call record, retry, funnel, order, entity scope, cancel, expiry, splits, waits. A write that
@@ -47,10 +48,9 @@ from openhub.core.policy import outage_pause
 from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.states import State
 from openhub.core.verdicts import StepReport, Verdict
-from openhub.engine.batch_writes import hand_over_all
+from openhub.engine.batch_writes import write_together
 from openhub.engine.engine import (
     fenced_in_call,
-    handed_over,
     interrupted,
     left_to_repair,
     new_run,
@@ -303,37 +303,30 @@ def _write_all(members: list[_Member], follow: FollowUps) -> None:
         assert verdict is not None
         if verdict.event is None and not m.run.last:
             m.run_id = m.run_id or m.new_run()  # the next step's, taken in the statement that records this one
-    _group(members, follow, _write_one, together=_hand_over_together)
+    _group(members, follow, _write_one, together=_write_together)
 
 
-def _hand_over_together(tx: Tx, members: list[_Member]) -> list[_Member]:
-    """On PostgreSQL the members whose step succeeded, with a step after it, are handed over in ONE statement,
-    each under its own compare-and-set (openhub.engine.batch_writes); the members left (the others, and
-    those whose lease was lost) are written by `_write_one`. A failure writes the group again, carefully."""
-    handing = [m for m in members if m.run_id is not None]
-    if len(handing) < 2 or not is_postgres(tx.conn):
+def _write_together(tx: Tx, members: list[_Member]) -> list[_Member]:
+    """PostgreSQL: the members' outcomes in ONE statement, each under its own compare-and-set (openhub.engine.
+    batch_writes), then the rest of each one's write; those whose lease was lost are left to `_write_one`."""
+    if len(members) < 2 or not is_postgres(tx.conn):
         return members
     try:
-        written = hand_over_all(tx, [_handing(m) for m in handing])
+        rests = write_together(tx, [_step(m) for m in members])
     except Exception as exc:
-        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(handing[0].run, exc):
+        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(members[0].run, exc):
             raise
-        raise _Redo(f"batch of {len(handing)}, message {handing[0].run.message_id} first: handing over") from exc
-    for m, (taken, call_taken) in zip(handing, written):
-        if taken is not None:  # else its lease was lost: `_write_one` writes it alone (its outcome discarded)
-            run, entered, verdict, next_run = _handing(m)
-            step = partial(handed_over, run=run, entered=entered, verdict=verdict, next_run=next_run)
+        raise _Redo(f"batch of {len(members)}, message {members[0].run.message_id} first: writing") from exc
+    for m, rest in zip(members, rests):
+        if rest is not None and m.verdict is not None:  # as `_write_one`: handed over, or recorded
+            verdict, handing_over, (result, _) = m.verdict, m.run_id, _write_part(tx, m, "writing", rest, False)
             m.run_id = None
-            _settle(
-                m,
-                StepReport(True, "ok"),
-                _write_part(tx, m, "handing over", partial(step, taken=taken, call_taken=call_taken), False)[0],
-            )
-    return [m for m in members if m.run_id is not None or all(m is not h for h in handing)]
+            _settle(m, *((StepReport(True, "ok"), result) if handing_over else (StepReport.of(verdict, result),)))
+    return [m for m, rest in zip(members, rests) if rest is None]
 
 
-def _handing(m: _Member) -> tuple[StepRun, Entered, Verdict, str]:
-    assert isinstance(m.entered, Entered) and m.verdict is not None and m.run_id is not None
+def _step(m: _Member) -> tuple[StepRun, Entered, Verdict, str | None]:
+    assert isinstance(m.entered, Entered) and m.verdict is not None
     return m.run, m.entered, m.verdict, m.run_id
 
 

@@ -1,34 +1,38 @@
-"""A batch's steps handed over in one statement for the whole group (PostgreSQL; openhub.engine.batch).
+"""A batch's outcomes written in one statement for the whole group (PostgreSQL; openhub.engine.batch).
 
 `leases.write_outcome` writes one message's outcome in one statement: the compare-and-set of its step
-lease taking the next step's lease, its call record closed, its step_ok entry, the next step's first call
-record. `hand_over_all` writes the same for every member of a batch in ONE statement: the members'
-parameters, the very ones `write_outcome` would bind (`leases.outcome_params`), go in as arrays
-(`unnest`), and every part joins the message rows the compare-and-set wrote, so it writes only for the
-members whose lease held, as the one-message statement does. A member whose compare-and-set failed (its
-message cancelled, its lease repaired) comes back without a row: the batch writes it alone, as it writes
-every member on SQLite (`engine.record_and_enter`, which then discards the outcome as `record` does).
+lease (taking the next step's lease, or letting it go), its call record closed, its step_ok entry, the
+next step's first call record. `write_all` writes the same for every member of a batch in ONE statement
+per set of columns written (the hand-overs; the steps recorded): the members' parameters, the very ones
+`write_outcome` would bind (`leases.outcome_params`), go in as arrays (`unnest`), and every part joins
+the message rows the compare-and-set wrote, so it writes only for the members whose lease held, as the
+one-message statement does. A member whose compare-and-set failed (its message cancelled, its lease
+repaired) comes back without a row: the batch writes it alone, as it writes every member on SQLite
+(`engine.record_and_enter` or `recording.record`, which then discard the outcome).
 
-Counted on a batch of 20 messages x 3 steps: the hand-overs took 40 statements, now 2 (one per step).
+Counted on a batch of 20 messages x 3 steps (bench's `count` in issue 42's note): the outcomes took 60
+statements, now 3 (one per step).
 """
 
 from __future__ import annotations
 
-from functools import cache
+from datetime import datetime
+from functools import cache, partial
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
-from sqlalchemy import Column, Integer, column, text
+from sqlalchemy import Column, Connection, Integer, column, text
 
 from openhub.core.runs import Entered, StepRun
 from openhub.core.states import CallState, State
 from openhub.core.verdicts import Verdict
 from openhub.engine import leases
-from openhub.engine.engine import handover_values
+from openhub.engine.engine import handed_over, handover_values
 from openhub.engine.lifecycle import Tx
+from openhub.engine.recording import record_values, recorded
 from openhub.store.schema import ext_calls, messages, transitions
 
-__all__ = ["hand_over_all"]
+__all__ = ["write_all", "write_together"]
 
 M, X, T = messages.c, ext_calls.c, transitions.c
 
@@ -99,23 +103,62 @@ SELECT keep.*, new_call.id AS new_call FROM keep LEFT JOIN new_call ON new_call.
     return text(sql).columns(*messages.c, column("new_call", Integer))
 
 
-def hand_over_all(tx: Tx, steps: list[tuple[StepRun, Entered, Verdict, str]]) -> list[tuple[Any, bool]]:
-    """`engine.record_and_enter`'s compare-and-set (`leases.write_outcome(..., hand_over=True)`) for each
-    (run, entered, verdict, next step's run id) of `steps`, the steps of different messages, in one
-    statement: per step, in order, the row written and whether the next step's first call record was
-    inserted; (None, False) where the lease was lost and nothing of that step was written."""
-    conn, now = tx.conn, tx.now
-    items = [
-        (run, entered, verdict, handover_values(tx, run, entered, next_run))
-        for run, entered, verdict, next_run in steps
-    ]
-    columns = tuple(sorted(items[0][3]))
+def write_together(
+    tx: Tx, steps: list[tuple[StepRun, Entered, Verdict, str | None]]
+) -> list[Callable[[Tx], Any] | None]:
+    """The outcome of each (run, entered, verdict, next step's run id) of `steps`, the steps of different
+    messages: handed over to the next step's run as `engine.record_and_enter` does (a run id given), else
+    recorded as `recording.record` does, their compare-and-sets in one statement per set of columns; per
+    step, in order, the rest of its write (`engine.handed_over`, `recording.recorded`) or None where the
+    lease was lost and nothing of that step was written."""
+    items = []
+    for run, entered, verdict, next_run in steps:
+        if next_run is not None:
+            items.append((run, entered, verdict, handover_values(tx, run, entered, next_run), True))
+        else:
+            items.append((run, entered, verdict, record_values(tx, run, entered, verdict), False))
+    rests: list[Callable[[Tx], Any] | None] = []
+    for (run, entered, verdict, values, hand_over), (row, call_taken), step in zip(
+        items, write_all(tx.conn, items, tx.now), steps
+    ):
+        done = dict(run=run, entered=entered, verdict=verdict)
+        if row is None:
+            rests.append(None)
+        elif hand_over:
+            rests.append(partial(handed_over, **done, next_run=step[3], taken=row, call_taken=call_taken))
+        else:
+            rests.append(partial(recorded, **done, common=values, kept=row))
+    return rests
+
+
+def write_all(
+    conn: Connection, items: list[tuple[StepRun, Entered, Verdict, dict[str, Any], bool]], now: datetime
+) -> list[tuple[Any, bool]]:
+    """`leases.write_outcome(conn, run, entered, verdict, values, now, hand_over=hand_over)` for each (run,
+    entered, verdict, values, hand_over) of `items`, the steps of different messages, in one statement per
+    set of columns written: per item, in order, the row written and whether the next step's first call
+    record was inserted; (None, False) where the lease was lost and nothing of that item was written."""
+    shapes: dict[tuple[bool, tuple[str, ...]], list[int]] = {}
+    for i, (*_, values, hand_over) in enumerate(items):
+        shapes.setdefault((hand_over, tuple(sorted(values))), []).append(i)
+    written: dict[int, tuple[Any, bool]] = {}
+    for (hand_over, columns), indexes in shapes.items():
+        rows = _write_shape(conn, [items[i] for i in indexes], columns, hand_over, now)
+        written.update({i: rows.get(items[i][0].message_id, (None, False)) for i in indexes})
+    return [written[i] for i in range(len(items))]
+
+
+def _write_shape(
+    conn: Connection,
+    items: list[tuple[StepRun, Entered, Verdict, dict[str, Any], bool]],
+    columns: tuple[str, ...],
+    hand_over: bool,
+    now: datetime,
+) -> dict[int, tuple[Any, bool]]:
     targets = {**_PARAMS, **{f"m_{c}": M[c] for c in columns}}
-    arrays: dict[str, list[Any]] = {name: [] for name in targets}
-    arrays["h_noted"] = []
-    for run, entered, verdict, values in items:
-        assert tuple(sorted(values)) == columns, "one statement writes one set of columns"
-        params, noted, _ = leases.outcome_params(conn, run, entered, verdict, now, True)
+    arrays: dict[str, list[Any]] = {name: [] for name in [*targets, "h_noted"]}
+    for run, entered, verdict, values, _ in items:
+        params, noted, _ = leases.outcome_params(conn, run, entered, verdict, now, hand_over)
         params.update({f"m_{c}": v for c, v in values.items()})
         arrays["h_noted"].append(noted)
         for name in targets:
@@ -130,4 +173,4 @@ def hand_over_all(tx: Tx, steps: list[tuple[StepRun, Entered, Verdict, str]]) ->
         values = dict(row._mapping)
         inserted = values.pop("new_call") is not None
         rows[values["id"]] = (SimpleNamespace(**values), inserted)
-    return [rows.get(run.message_id, (None, False)) for run, *_ in items]
+    return rows

@@ -338,11 +338,11 @@ MUTATIONS: list[Mutation] = [
         guard="tests/integration/test_promise.py::test_a_confirmation_whose_sender_died_mid_send_is_sent_by_the_"
         "task_it_is_handed_over_to",
     ),
-    # --- issue 42, item 1: a batch's hand-overs in one set statement (PostgreSQL) ------------------------------
+    # --- issue 42, item 1: a batch's outcomes in one set statement (PostgreSQL) ------------------------------
     Mutation(
-        "batch_set_hand_over_without_cas",
-        "issue 42 (set statements): a batch's one hand-over statement writes a member whose message was cancelled "
-        "(or repaired) while its step ran: the outcome written and its next step called after the cancel",
+        "batch_set_write_without_cas",
+        "issue 42 (set statements): a batch's one statement that writes its outcomes writes a member whose message "
+        "was cancelled (or repaired) while its step ran: the outcome written, its next step called after the cancel",
         "openhub/engine/batch_writes.py",
         " AND messages.attempt_id = v.token AND messages.step_run = v.run\n"
         "        AND messages.state = '{State.PROCESSING.value}'\n",
