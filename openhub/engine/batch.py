@@ -12,7 +12,8 @@ the batch's messages at once:
    time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
 3. write: ONE transaction records every outcome (again in savepoints where a part failed): a success
    hands the message over to its next step's lease in the same statement (`engine.record_and_enter`),
-   anything else is recorded (`recording.record`).
+   anything else is recorded (`recording.record`); on PostgreSQL every member's compare-and-set is in
+   ONE statement (openhub.engine.batch_writes), a member whose lease was lost written alone.
 
 Every guarantee stays per message, written by the engine's own functions: lease and fencing token,
 external-call record, retry, funnel, order, entity scope, cancel, expiry, splits, waits. A write that
@@ -47,6 +48,7 @@ from openhub.core.policy import outage_pause
 from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.states import State
 from openhub.core.verdicts import StepReport, Verdict
+from openhub.engine.batch_writes import write_together
 from openhub.engine.engine import (
     fenced_in_call,
     interrupted,
@@ -61,7 +63,7 @@ from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
 from openhub.engine.lifecycle import FollowUps, Tx
 from openhub.engine.recording import record
-from openhub.store.db import is_outage
+from openhub.store.db import is_outage, is_postgres
 from openhub.store.schema import messages
 
 __all__ = ["run_batch", "summary"]
@@ -301,7 +303,31 @@ def _write_all(members: list[_Member], follow: FollowUps) -> None:
         assert verdict is not None
         if verdict.event is None and not m.run.last:
             m.run_id = m.run_id or m.new_run()  # the next step's, taken in the statement that records this one
-    _group(members, follow, _write_one)
+    _group(members, follow, _write_one, together=_write_together)
+
+
+def _write_together(tx: Tx, members: list[_Member]) -> list[_Member]:
+    """PostgreSQL: the members' outcomes in ONE statement, each under its own compare-and-set (openhub.engine.
+    batch_writes), then the rest of each one's write; those whose lease was lost are left to `_write_one`."""
+    if len(members) < 2 or not is_postgres(tx.conn):
+        return members
+    try:
+        rests = write_together(tx, [_step(m) for m in members])
+    except Exception as exc:
+        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(members[0].run, exc):
+            raise
+        raise _Redo(f"batch of {len(members)}, message {members[0].run.message_id} first: writing") from exc
+    for m, rest in zip(members, rests):
+        if rest is not None and m.verdict is not None:  # as `_write_one`: handed over, or recorded
+            verdict, handing_over, (result, _) = m.verdict, m.run_id, _write_part(tx, m, "writing", rest, False)
+            m.run_id = None
+            _settle(m, *((StepReport(True, "ok"), result) if handing_over else (StepReport.of(verdict, result),)))
+    return [m for m, rest in zip(members, rests) if rest is None]
+
+
+def _step(m: _Member) -> tuple[StepRun, Entered, Verdict, str | None]:
+    assert isinstance(m.entered, Entered) and m.verdict is not None
+    return m.run, m.entered, m.verdict, m.run_id
 
 
 def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
@@ -364,7 +390,12 @@ def _write_part(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], caref
 
 
 def _group(
-    members: list[_Member], follow: FollowUps, each: Callable[[Tx, _Member, bool], None], *, raise_outage: bool = False
+    members: list[_Member],
+    follow: FollowUps,
+    each: Callable[[Tx, _Member, bool], None],
+    *,
+    raise_outage: bool = False,
+    together: Callable[[Tx, list[_Member]], list[_Member]] | None = None,
 ) -> None:
     """`each` for every member in ONE transaction, committed together (each member's part in a savepoint
     of its own only once a part failed: `_write_part`); a store outage (or Celery's soft time limit
@@ -378,7 +409,8 @@ def _group(
         try:
             with hub.transaction() as conn:
                 tx = Tx(conn, hub.clock(), group, hub)
-                for m in members:
+                # `together` writes what it can for all members at once (not once a part failed), `each` the rest
+                for m in members if careful or together is None else together(tx, members):
                     each(tx, m, careful)
             follow.merge(group)
             return

@@ -18,7 +18,7 @@ import time
 import traceback
 from contextlib import ExitStack, nullcontext
 from functools import partial
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from openhub.core import codes
 from openhub.core.context import NoEffect, StepContext, WaitForResponse, error_line
@@ -337,26 +337,31 @@ def _hand_over(
 
 
 def record_and_enter(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str) -> Entered | bool:
-    row, following = entered.row, run.next()
-    errors = loads(row.business_errors, []) + entered.ctx.business_errors
     # The compare-and-set of `record`, taking the next step's lease in the same statement.
-    taken, call_taken = leases.write_outcome(
-        tx.conn,
-        run,
-        entered,
-        verdict,
-        dict(
-            leases.lease(following.item, next_run, tx.now, tx.hub.settings),
-            custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
-            business_errors=dumps(errors) if errors else None,
-        ),
-        tx.now,
-        hand_over=True,
-    )
+    values = handover_values(tx, run, entered, next_run)
+    taken, call_taken = leases.write_outcome(tx.conn, run, entered, verdict, values, tx.now, hand_over=True)
     if taken is None:  # the lease was lost: discard the outcome as `record` does
         return record(tx, run, entered, verdict)
+    return handed_over(tx, run, entered, verdict, next_run, taken, call_taken)
+
+
+def handover_values(tx: Tx, run: StepRun, entered: Entered, next_run: str) -> dict[str, Any]:
+    """The message's columns `record_and_enter` writes: the next step's lease, what the step kept."""
+    row = entered.row
+    errors = loads(row.business_errors, []) + entered.ctx.business_errors
+    return dict(
+        leases.lease(run.next().item, next_run, tx.now, tx.hub.settings),
+        custom_data=entered.custom_data if entered.custom_data is not None else row.custom_data,
+        business_errors=dumps(errors) if errors else None,
+    )
+
+
+def handed_over(
+    tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, next_run: str, taken: Any, call_taken: bool
+) -> Entered | bool:
+    """After the compare-and-set of a hand-over held (`taken`, the row written): the next step entered."""
     admission.call_ended(tx.conn, run.item, entered.run_id, verdict, tx.now, tx.hub.settings)
-    return entry.prepare(tx, following, taken, next_run, call_taken)
+    return entry.prepare(tx, run.next(), taken, next_run, call_taken)
 
 
 def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[FollowUps, bool, Verdict]:

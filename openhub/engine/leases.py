@@ -314,23 +314,33 @@ def write_outcome(
     with nothing written, where the lease was lost), all of it when handed over (else its id), and
     whether that record was. On PostgreSQL all of it is one statement."""
     keep = _HAND_OVER if hand_over else _KEEP
+    if is_postgres(conn):
+        params, noted, fold = outcome_params(conn, run, entered, verdict, now, hand_over)
+        statement = _outcome_statement(keep, tuple(sorted(values)), noted, fold)
+        params.update({f"m_{c}": v for c, v in values.items()})
+        return _with_first_call(conn.execute(statement, params).first())
     done, entry = _closing(run, entered, verdict, now)
     cas = {"mid": run.message_id, "token": run.token, "run": entered.run_id}
-    if is_postgres(conn):
-        next_item = run.route.steps[run.index + 1] if hand_over else None
-        fold = next_item is not None and _folds_call(conn, next_item)
-        params = {**cas, **{f"m_{c}": v for c, v in values.items()}, **done, **(entry or {})}
-        if fold:
-            assert next_item is not None
-            params.update(_first_call_params(run.message_id, next_item, now))
-        statement = _outcome_statement(keep, tuple(sorted(values)), entry is not None, fold)
-        return _with_first_call(conn.execute(statement, params).first())
     kept = conn.execute(keep, {**cas, **values}).first()
     if kept is not None and entry is not None:
         execute_noted(conn, _CALL_DONE, done, entry)
     elif kept is not None:
         conn.execute(_CALL_DONE, done)
     return kept, False
+
+
+def outcome_params(
+    conn: Connection, run: StepRun, entered: Entered, verdict: Verdict, now: datetime, hand: bool
+) -> tuple[dict[str, Any], bool, bool]:
+    """PostgreSQL: `write_outcome`'s parameters but the message's columns (a batch's set statement's too,
+    openhub.engine.batch_writes); whether it writes the step_ok entry, the next step's first call record."""
+    done, entry = _closing(run, entered, verdict, now)
+    params = {"mid": run.message_id, "token": run.token, "run": entered.run_id, **done, **(entry or {})}
+    next_item = run.route.steps[run.index + 1] if hand else None
+    fold = next_item is not None and _folds_call(conn, next_item)
+    if next_item is not None and fold:
+        params.update(_first_call_params(run.message_id, next_item, now))
+    return params, entry is not None, fold
 
 
 def answered(conn: Connection, entered: Entered, now: datetime) -> None:

@@ -25,7 +25,13 @@ log = logging.getLogger("openhub.engine")
 
 
 def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
-    item = run.item
+    common = record_values(tx, run, entered, verdict)
+    kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now)
+    return recorded(tx, run, entered, verdict, common, kept)
+
+
+def record_values(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> dict[str, Any]:
+    """The message's columns `record` writes under the lease's compare-and-set."""
     row = entered.row  # still accurate: the step lease kept everyone else off the message
     # A failed attempt's business errors are not kept: the retry reports them again if they still hold.
     errors = loads(row.business_errors, []) + (entered.ctx.business_errors if verdict.succeeded else [])
@@ -43,7 +49,12 @@ def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
         # The next step's task must arrive in time; this worker publishes it: named here, its death
         # re-publishes the chain at once.
         common.update(leases.between_steps(tx.now, tx.hub.settings, publisher=current_id()))
-    kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now)
+    return common
+
+
+def recorded(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict, common: dict[str, Any], kept: Any) -> bool:
+    """After `record`'s compare-and-set (`kept`: the row written, None where the lease was lost): the rest."""
+    item, row = run.item, entered.row
     if kept is None:
         log.warning(
             "message %s: step %s finished after its lease was lost; outcome discarded", run.message_id, item.key

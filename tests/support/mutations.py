@@ -349,6 +349,19 @@ MUTATIONS: list[Mutation] = [
         guard="tests/integration/test_promise.py::test_a_confirmation_whose_sender_died_mid_send_is_sent_by_the_"
         "task_it_is_handed_over_to",
     ),
+    # --- issue 42, item 1: a batch's outcomes in one set statement (PostgreSQL) ------------------------------
+    Mutation(
+        "batch_set_write_without_cas",
+        "issue 42 (set statements): a batch's one statement that writes its outcomes writes a member whose message "
+        "was cancelled (or repaired) while its step ran: the outcome written, its next step called after the cancel",
+        "openhub/engine/batch_writes.py",
+        " AND messages.attempt_id = v.token AND messages.step_run = v.run\n"
+        "        AND messages.state = '{State.PROCESSING.value}'\n",
+        "\n",
+        model=False,  # the model runs each step to its end: no cancel comes while a batch's call runs
+        guard="tests/integration/test_batch.py::test_a_message_cancelled_while_its_batch_runs_stops_and_the_others_"
+        "go_on",
+    ),
     # --- issue 37, part 2: fan-out ----------------------------------------------------------------------------
     Mutation(
         "fan_out_family_restarted",

@@ -124,6 +124,10 @@ class ProtocolReceiver(PostStub):
 class PromiseMachine(RuleBasedStateMachine):
     """The hub, the external systems' log, and what the model believes must hold."""
 
+    # The store: LocalHub's own SQLite file, unless a subclass names a migrated PostgreSQL database
+    # (tests/integration/test_promise_model.py: the batch's set statements are PostgreSQL's only).
+    store: dict[str, str] = {}
+
     def __init__(self) -> None:
         super().__init__()
         self.receiver = ProtocolReceiver()
@@ -136,6 +140,7 @@ class PromiseMachine(RuleBasedStateMachine):
             OPENHUB_CONFIRM_ENDPOINTS=json.dumps(endpoint),
             OPENHUB_CONFIRM_SECRETS=f"PROTO={PROTO_SECRET}",
             OPENHUB_CONFIRM_TIMEOUT="5",
+            **self.store,
         )
         self.hub = self._hub_cm.__enter__()
         self.ids: list[int] = []
@@ -149,8 +154,9 @@ class PromiseMachine(RuleBasedStateMachine):
         self.restarted_from: dict[int, tuple[str, set[str], int]] = {}
         self.rejected: set[int] = set()  # messages one of whose calls the model rejected (a verdict: FAILED)
         self.caller = sa.create_engine(get_settings().database_url)  # a service's own, on the hub's database
-        with self.caller.begin() as conn:
-            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS caller_orders (id VARCHAR(200) PRIMARY KEY)")
+        with self.caller.begin() as conn:  # a store that outlives the hub (PostgreSQL) has the last one's
+            conn.exec_driver_sql("DROP TABLE IF EXISTS caller_orders")
+            conn.exec_driver_sql("CREATE TABLE caller_orders (id VARCHAR(200) PRIMARY KEY)")
         self.orders: dict[str, str] = {}  # the caller's order -> how its transaction ended
         self.sync_ids: dict[int, str] = {}  # p.sync messages -> their correlation id (to send them again)
         self.priorities: dict[int, int] = {}  # message -> the priority it was submitted with
