@@ -376,15 +376,33 @@ def test_the_live_refresh_of_the_message_shown_before_does_not_take_the_detail_b
     expect(page.locator("#d-state")).to_have_text("FAILED")
 
 
-def _worker_row(host: str) -> str:
-    """A worker's main process on `host` as its heartbeat writes it (no such worker runs: nothing is held)."""
+@contextmanager
+def _worker_row(host: str) -> Iterator[str]:
+    """A worker's main process on `host` as its heartbeat writes it, beating until the block ends (no such
+    worker runs: nothing is held). Written once, a loaded box's page outlived OPENHUB_WORKER_DEAD_AFTER and
+    showed it gone, with no Finish button (stop 49's CI)."""
+    from sqlalchemy import update
+
     from openhub.store.db import store_now, transaction
     from openhub.store.schema import workers
 
     worker_id, now = str(uuid.uuid4()), store_now()
     with transaction() as conn:
         conn.execute(workers.insert().values(id=worker_id, node=f"{host}:10", up_since=now, last_seen=now, taking=True))
-    return worker_id
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.2):  # the heartbeat's pace: a fifth of the shortest dead-after the suites use
+            with transaction() as conn:
+                conn.execute(update(workers).where(workers.c.id == worker_id).values(last_seen=store_now()))
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        yield worker_id
+    finally:
+        stop.set()
+        beating.join()
 
 
 def test_an_operator_tells_a_worker_and_its_host_to_finish_and_lets_them_go(hub, ingress):
@@ -397,8 +415,7 @@ def test_an_operator_tells_a_worker_and_its_host_to_finish_and_lets_them_go(hub,
     name = f"browser-ops-{uuid.uuid4().hex[:6]}"
     secret = tokens.add(name, "operator", url=get_settings().database_url)
     host = f"node-{uuid.uuid4().hex[:6]}"
-    worker_id = _worker_row(host)
-    with logged_in(ingress, secret) as page:
+    with _worker_row(host) as worker_id, logged_in(ingress, secret) as page:
         row = page.locator(f"#ov-worker-states tbody tr[data-worker='{worker_id}']")
         expect(row).to_contain_text(f"{host}:10")
         row.locator("button.worker-finish").click()
@@ -425,11 +442,10 @@ def test_a_viewer_sees_no_control_it_may_not_use(hub, external, prefix, ingress)
 
     name = f"browser-view-{uuid.uuid4().hex[:6]}"
     secret = tokens.add(name, "viewer", url=get_settings().database_url)
-    worker_id = _worker_row(f"node-{uuid.uuid4().hex[:6]}")
     external.fail(f"{prefix}/fragile", times=3)
     failed = openhub.submit("test.fragile", {"prefix": prefix}, source_system="CRM", correlation_id=uuid.uuid4().hex)
     assert wait_final(failed.id).state == "FAILED"
-    with logged_in(ingress, secret) as page:
+    with _worker_row(f"node-{uuid.uuid4().hex[:6]}") as worker_id, logged_in(ingress, secret) as page:
         expect(page.locator("#whoami")).to_have_text(f"{name} (viewer)")
         expect(page.locator(f"#ov-worker-states tbody tr[data-worker='{worker_id}']")).to_be_visible()
         assert all(not b.is_visible() for b in page.locator("#ov-worker-states button").all())

@@ -133,12 +133,20 @@ function renderOverview(o) {
   if (!o.paused_routes.length && !o.draining) paused.appendChild(Object.assign(document.createElement("li"), { textContent: "none" }));
 }
 
+// A load started before an operator's action may answer after the load the action starts: only the latest
+// load renders, or the page would show the state from before the action until the next refresh.
+let overviewSeq = 0;
+let workersSeq = 0;
+
 async function loadOverview() {
   clearTimeout(overviewTimer);
+  const seq = ++overviewSeq;
   try {
-    renderOverview(await api("GET", "/api/v1/overview"));
+    const o = await api("GET", "/api/v1/overview");
+    if (seq !== overviewSeq) return;
+    renderOverview(o);
     showError("");
-  } catch (e) { showError(e.message); }
+  } catch (e) { if (seq === overviewSeq) showError(e.message); }
   if (!$("#tab-overview").hidden && token()) overviewTimer = setTimeout(loadOverview, OVERVIEW_EVERY_MS);
 }
 
@@ -152,14 +160,16 @@ async function resendConfirmations(path) {
 
 async function loadWorkers() {
   clearTimeout(workersTimer);
+  const seq = ++workersSeq;
   try {
     const w = await api("GET", "/api/v1/workers");
+    if (seq !== workersSeq) return;
     const el = $("#ov-workers");
     el.textContent = !w.available ? "unknown: the broker could not be asked"
       : (w.workers.length ? w.workers.join(", ") : "none answered");
     $("#ov-workers-count").textContent = w.available ? w.workers.length : "?";
     renderWorkerStates(w.states || []);
-  } catch (e) { showError(e.message); }
+  } catch (e) { if (seq === workersSeq) showError(e.message); }
   if (!$("#tab-overview").hidden && token()) workersTimer = setTimeout(loadWorkers, WORKERS_EVERY_MS);
 }
 
