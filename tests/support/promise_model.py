@@ -265,7 +265,7 @@ class PromiseMachine(RuleBasedStateMachine):
         self._check_answer(message_id, 0.0)
 
     def _check_answer(self, message_id: int, wait: float) -> None:
-        row = asyncio.run(sync.ended(message_id, wait))
+        row = asyncio.run(sync.ended(self.hub.hub, message_id, wait))
         if row is None:  # the caller's 202: nothing to check until the message ends
             return
         body, status = sync.answer({"id": message_id}, row)
