@@ -220,7 +220,8 @@ def create_app(
     app.state.auth_failures = FailureLimit(settings.auth_failures, settings.auth_window.total_seconds())
     app.state.oidc = oidc.verifier(settings)
     app.state.throttle = throttle or Throttle.from_settings(settings.throttling, settings.redis_url)
-    app.state.batcher = AcceptBatcher()
+    app.state.batcher = AcceptBatcher(hub)
+    store_metrics = metrics.StoreCollector(hub)  # the served hub's series, its counters from this app's first scrape
     _warm_up_celery()
     problems.install(app)
     _document_extra_schemas(app)
@@ -237,7 +238,7 @@ def create_app(
     )
     def prometheus_metrics() -> Response:
         """Every openhub metric in the Prometheus text format (the metrics token or the admin token)."""
-        data, content_type = metrics.render()
+        data, content_type = metrics.render(store_metrics)
         return Response(data, media_type=content_type)
 
     @app.get("/admin", include_in_schema=False)

@@ -26,27 +26,27 @@ from fastapi.concurrency import run_in_threadpool
 
 from openhub.core.context import MessageView
 from openhub.core.errors import StoreUnavailable
+from openhub.engine.hub import Hub
 from openhub.service import messages as producer
-from openhub.store.db import store_now
 
 log = logging.getLogger("openhub.api.batcher")
 
 
-def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException]:
-    """Store `items` (submit_many keyword dicts) with one outcome per item, in order."""
+def store_items(hub: Hub, items: list[dict[str, Any]]) -> list[MessageView | BaseException]:
+    """Store `items` (submit_many keyword dicts) in `hub` with one outcome per item, in order."""
     outcomes: list[MessageView | BaseException | None] = [None] * len(items)
     valid: list[int] = []
     rows: dict[int, dict[str, Any]] = {}
-    now = store_now()
+    now = hub.clock()
     for i, item in enumerate(items):
         try:
-            rows[i] = producer.prepare_item(item, now)
+            rows[i] = producer.prepare_item(item, now, hub=hub)
             valid.append(i)
         except Exception as exc:
             outcomes[i] = exc
     if valid:
         try:
-            for i, view in zip(valid, producer.store_new([rows[i] for i in valid])):
+            for i, view in zip(valid, producer.store_new([rows[i] for i in valid], hub=hub)):
                 outcomes[i] = view
         except StoreUnavailable as exc:
             for i in valid:
@@ -57,16 +57,17 @@ def store_items(items: list[dict[str, Any]]) -> list[MessageView | BaseException
             log.warning("a batch of %d submissions failed as a whole; storing them one by one", len(valid))
             for i in valid:
                 try:
-                    outcomes[i] = producer.store_new([rows[i]])[0]
+                    outcomes[i] = producer.store_new([rows[i]], hub=hub)[0]
                 except Exception as exc:
                     outcomes[i] = exc
     return outcomes  # type: ignore[return-value]
 
 
 class AcceptBatcher:
-    """Collects concurrent submissions of one ingress process into `submit_many` calls."""
+    """Collects concurrent submissions of one ingress process into `submit_many` calls to the hub it serves."""
 
-    def __init__(self, max_batch: int = 100, max_flushes: int = 2) -> None:
+    def __init__(self, hub: Hub, max_batch: int = 100, max_flushes: int = 2) -> None:
+        self.hub = hub
         self.max_batch = max_batch
         self.max_flushes = max_flushes
         self.largest_batch = 0
@@ -91,7 +92,7 @@ class AcceptBatcher:
                 batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
                 self.largest_batch = max(self.largest_batch, len(batch))
                 try:
-                    outcomes = await run_in_threadpool(store_items, [item for item, _ in batch])
+                    outcomes = await run_in_threadpool(store_items, self.hub, [item for item, _ in batch])
                 except asyncio.CancelledError:  # shutting down: the waiting requests end too
                     for _, future in batch:
                         future.cancel()

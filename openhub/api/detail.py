@@ -7,14 +7,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from openhub.core.config import get_settings
 from openhub.core.context import aware, error_line
 from openhub.core.model import route_name
-from openhub.core.registry import get_registry
 from openhub.core.secret_fields import mask_fields
 from openhub.core.tracing import trace_url
+from openhub.engine.hub import Hub
 from openhub.store.audit import message_entries
-from openhub.store.db import transaction
 from openhub.store.queries import message_view
 from openhub.store.recordings import message_exchanges
 from openhub.store.schema import confirmations, ext_calls, messages, transitions
@@ -25,16 +23,16 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def message_detail(message_id: int) -> dict[str, Any]:
-    """The message as `MessageView.as_dict()` (with `failed_error_line`, the one line shown of `failed_error`) with
-    detailed ext calls, children, confirmation, history and the HTTP exchanges its steps recorded
+def message_detail(hub: Hub, message_id: int) -> dict[str, Any]:
+    """The message of `hub`'s store as `MessageView.as_dict()` (with `failed_error_line`, the one line shown of
+    `failed_error`) with detailed ext calls, children, confirmation, history and the HTTP exchanges its steps recorded
     (`http_exchanges`, oldest first); the fields its route marks secret (`Route(secret_fields=...)`) are
     `[redacted]` in its payload."""
-    with transaction() as conn:
+    with hub.transaction() as conn:
         view = message_view(conn, message_id)
         out = view.as_dict()
         out["failed_error_line"] = error_line(out["failed_error"])
-        route = get_registry().find_route_of(view)
+        route = hub.registry.find_route_of(view)
         if route is not None and route.secret_fields:  # shown as [redacted]; the steps read the stored payload
             out["payload"] = mask_fields(out["payload"], route.secret_fields)
         X = ext_calls.c
@@ -91,7 +89,7 @@ def message_detail(message_id: int) -> dict[str, Any]:
         ]
         out["http_exchanges"] = message_exchanges(conn, message_id)
         out["operator_actions"] = message_entries(conn, message_id)  # the audit entries naming it
-    out["trace_url"] = trace_url(out["trace_id"], get_settings().trace_url)
+    out["trace_url"] = trace_url(out["trace_id"], hub.settings.trace_url)
     return out
 
 

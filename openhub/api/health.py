@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from openhub.api.problems import refusals
-from openhub.store.db import transaction
+from openhub.api.served import ServedHub
+from openhub.engine.hub import Hub
 
 log = logging.getLogger("openhub.api.health")
 router = APIRouter(tags=["health"])
@@ -25,10 +26,10 @@ def _reason(what: str, exc: Exception) -> str:
     return "unavailable"
 
 
-def check_database() -> str | None:
-    """None when `SELECT 1` succeeds, else a generic reason (the detail is logged)."""
+def check_database(hub: Hub) -> str | None:
+    """None when `SELECT 1` succeeds on `hub`'s database, else a generic reason (the detail is logged)."""
     try:
-        with transaction() as conn:
+        with hub.transaction() as conn:
             conn.execute(text("SELECT 1"))
         return None
     except Exception as exc:
@@ -36,7 +37,9 @@ def check_database() -> str | None:
 
 
 def check_broker() -> str | None:
-    """None when a broker connection can be opened (one retry), else a generic reason (the detail is logged)."""
+    """None when a broker connection can be opened (one retry), else a generic reason (the detail is logged).
+    The broker is the process's Celery application's, the one every hub of the process publishes to
+    (openhub.celery.dispatch.CeleryPublisher)."""
     from openhub.celery.dispatch import celery_app
 
     try:
@@ -58,9 +61,9 @@ def healthz() -> dict[str, str]:
     summary="Readiness: database and broker reachable",
     responses=refusals(said={503: "The database or the broker is unreachable"}),
 )
-def readyz() -> JSONResponse:
+def readyz(hub: ServedHub) -> JSONResponse:
     """200 when both the message store and the broker answer, 503 (naming which is unavailable) otherwise."""
-    checks: dict[str, Any] = {"database": check_database(), "broker": check_broker()}
+    checks: dict[str, Any] = {"database": check_database(hub), "broker": check_broker()}
     ready = all(v is None for v in checks.values())
     body = {
         "status": "ready" if ready else "unavailable",

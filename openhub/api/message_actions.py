@@ -125,7 +125,7 @@ _BULK_ERRORS = {s: ERRORS[s] for s in (400, 401, 403, 404, 503)}
 )
 def restart_matching(matching: RestartMatching, _: Operating, hub: ServedHub) -> dict[str, Any]:
     """Restart every OK, FAILED or CANCEL message matching the filters (up to `limit`, oldest first)."""
-    return operator.restart_matching(total=matching.total, hub=hub, **matching.filters()).as_dict()
+    return operator.restart_matching(total=matching.total, hub=hub, **matching.filters(hub.registry)).as_dict()
 
 
 @router.post(
@@ -136,7 +136,7 @@ def restart_matching(matching: RestartMatching, _: Operating, hub: ServedHub) ->
 )
 def cancel_matching(matching: Matching, _: Operating, hub: ServedHub) -> dict[str, Any]:
     """Cancel every message not final yet matching the filters (up to `limit`, oldest first)."""
-    return operator.cancel_matching(hub=hub, **matching.filters()).as_dict()
+    return operator.cancel_matching(hub=hub, **matching.filters(hub.registry)).as_dict()
 
 
 @router.post(

@@ -14,7 +14,7 @@ from openhub.api.auth import Caller
 from openhub.api.auth import operator as can_operate
 from openhub.api.problems import NO_CONTROL, ApiError, refusals
 from openhub.core.errors import InputError
-from openhub.core.registry import get_registry
+from openhub.core.registry import Registry
 from openhub.core.states import State
 from openhub.service import actions as operator
 
@@ -137,7 +137,7 @@ class Matching(BaseModel):
     received_to: Timestamp | None = None
     limit: int = Field(operator.BULK_LIMIT, strict=True, ge=1, le=operator.BULK_LIMIT)
 
-    def filters(self) -> dict[str, Any]:
+    def filters(self, registry: Registry) -> dict[str, Any]:
         no_nul(
             route=self.route,
             service=self.service,
@@ -152,7 +152,7 @@ class Matching(BaseModel):
         if self.route is not None:
             if service is not None or operation is not None:
                 raise InputError("give either route or service and operation")
-            service, operation = get_registry().route(self.route).name.split(".", 1)
+            service, operation = registry.route(self.route).name.split(".", 1)
         return dict(
             state=self.state.value if self.state else None,
             service=service,

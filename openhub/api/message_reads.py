@@ -12,6 +12,7 @@ from openhub.api.auth import Caller, reader
 from openhub.api.detail import message_detail, source_view
 from openhub.api.message_models import ERRORS, MAX_ID, MessageId, MessagePage, Timestamp, no_nul
 from openhub.api.problems import NO_CONTROL, ApiError
+from openhub.api.served import ServedHub
 from openhub.api.summary import message_summaries
 from openhub.core.states import State
 from openhub.service import reads
@@ -77,13 +78,14 @@ Filters = Annotated[MessageFilter, Depends(message_filters)]
 )
 def search_messages(
     filters: Filters,
+    hub: ServedHub,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
     """Summaries (no payloads) of messages matching every filter, newest first; the detail has the payload.
 
     A source system's key sees only its own messages."""
-    items = message_summaries(filters, limit, cursor)
+    items = message_summaries(hub, filters, limit, cursor)
     return {"items": items, "next_cursor": items[-1]["id"] if len(items) == limit else None}
 
 
@@ -92,9 +94,9 @@ def search_messages(
     responses={s: ERRORS[s] for s in (400, 401, 403, 503)},
     summary="How many messages match the search filters",
 )
-def count_messages(filters: Filters) -> dict[str, int]:
+def count_messages(filters: Filters, hub: ServedHub) -> dict[str, int]:
     """`{"total": n}` for the filters of `GET /api/v1/messages` (a source system's key: its own)."""
-    return {"total": reads.count(filters)}
+    return {"total": reads.count(filters, hub=hub)}
 
 
 @router.get(
@@ -102,11 +104,13 @@ def count_messages(filters: Filters) -> dict[str, int]:
     responses={s: ERRORS[s] for s in (400, 401, 404, 503)},
     summary="One message with ext calls, children, confirmation and history",
 )
-def get_message(request: Request, message_id: MessageId, caller: Annotated[Caller, Depends(reader)]) -> dict[str, Any]:
+def get_message(
+    request: Request, message_id: MessageId, caller: Annotated[Caller, Depends(reader)], hub: ServedHub
+) -> dict[str, Any]:
     """The message with its external calls, children, confirmation rows and transition history; with a source
     system's key, without recorded exchanges, tracebacks, worker names or state hooks' rows."""
     request.state.message_id = message_id
-    detail = message_detail(message_id)
+    detail = message_detail(hub, message_id)
     if not caller.admin and detail["source_system"] != caller.source_system:
         raise ApiError(404, f"no message with id {message_id}")  # do not reveal other systems' ids
     request.state.correlation_id = detail["correlation_id"]

@@ -29,8 +29,8 @@ from openhub.core.errors import InputError
 from openhub.core.model import route_name
 from openhub.core.topics import is_topic
 from openhub.engine import fanout
+from openhub.engine.hub import Hub
 from openhub.service import messages as producer
-from openhub.store.db import transaction
 
 __all__ = ["may_respond", "router"]  # may_respond: where it used to live
 
@@ -109,26 +109,27 @@ async def submit_message(
     priority = ingress.priority(request, route, x_priority, "X-Priority")
     # Throttled before the body is read: a refused caller costs no reading or parsing.
     await ingress.check(request, system, route, x_message_timestamp, x_expires_at)
-    data = await body.read_limited(request, served(request).settings.max_payload_bytes)
+    hub = served(request)
+    data = await body.read_limited(request, hub.settings.max_payload_bytes)
     payload = await run_in_threadpool(body.decode_payload, data, mime, charset)
     view = await ingress.admit(
         request, system, route, payload, x_correlation_id, x_process_id, x_message_timestamp, x_expires_at, priority
     )
     if route.sync:
-        seconds = sync.wait_seconds(prefer, served(request).settings)
-        row = await sync.ended(view.id, seconds) if seconds > 0 else None
+        seconds = sync.wait_seconds(prefer, hub.settings)
+        row = await sync.ended(hub, view.id, seconds) if seconds > 0 else None
         if row is not None:
             content, status = sync.answer(_accepted(view), row)
             return JSONResponse(content, status_code=status)
         # not ended in time: 202 below (a duplicate still answers 200), the message goes on
     content = _accepted(view)
     if is_topic(route):  # a duplicate too: the receivers written with the first
-        content["receivers"] = await run_in_threadpool(_receivers, view.id)
+        content["receivers"] = await run_in_threadpool(_receivers, hub, view.id)
     return JSONResponse(content, status_code=200 if view.duplicate else 202)
 
 
-def _receivers(family_id: int) -> list[dict[str, Any]]:
-    with transaction() as conn:
+def _receivers(hub: Hub, family_id: int) -> list[dict[str, Any]]:
+    with hub.transaction() as conn:
         return fanout.receivers_of(conn, family_id)
 
 
@@ -182,7 +183,8 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
     if not body.is_json(mime):
         raise ApiError(415, "a batch is application/json")
     throttle = request.app.state.throttle
-    registry = served(request).registry
+    hub = served(request)
+    registry = hub.registry
     operations = sorted({r.operation for r in registry.routes.values()})
     if throttle.rules:  # refused before reading when nothing in the batch could be accepted now
         verdict = await run_in_threadpool(throttle.exhausted, system, operations)
@@ -190,7 +192,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
             raise ApiError(
                 429, f"{system} is over its throttling limits; retry later", {"Retry-After": str(verdict.retry_after)}
             )
-    limit = served(request).settings.max_payload_bytes * BATCH_BODY_FACTOR
+    limit = hub.settings.max_payload_bytes * BATCH_BODY_FACTOR
     data = await body.read_limited(request, limit)
     batch = await run_in_threadpool(_parse_batch, data, charset)
     items = []
@@ -226,7 +228,7 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
 
     def accept() -> list[MessageView]:
         ingress.throttled(request, system, counts)
-        return producer.submit_many(items)
+        return producer.submit_many(items, hub=hub)
 
     views = await run_in_threadpool(accept)
     for view in views:
@@ -236,5 +238,5 @@ async def submit_batch(request: Request, system: Annotated[str, Depends(source_s
     answers = [_accepted(v) for v in views]
     families = [a for a in answers if is_topic(registry.routes.get(a["route"]))]
     for answer in families:  # each topic's message with its receivers, as a single POST answers
-        answer["receivers"] = await run_in_threadpool(_receivers, answer["id"])
+        answer["receivers"] = await run_in_threadpool(_receivers, hub, answer["id"])
     return JSONResponse({"messages": answers}, status_code=status)

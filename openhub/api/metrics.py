@@ -16,7 +16,7 @@ Two kinds of series:
     entries of the transition history (final states; `transient` step failures), read
     incrementally by id (a primary-key range per scrape, re-reading the last 1000 ids for rows
     committed out of order). The history is append-only, so no event is missed between scrapes.
-    They count from the moment this process first served /metrics, like any counter (with
+    They count from the moment this app first served /metrics, like any counter (with
     several uvicorn workers: from the first worker's first scrape, so all workers agree).
   * `openhub_step_duration_seconds{route,step}`: `duration_ms` of external-call records that
     turned OK since the previous scrape (by `updated_at`, once per call and attempt). Only
@@ -26,6 +26,8 @@ Two kinds of series:
   Every ingress process computes the database series from the same tables, so across replicas
   take `max`, not `sum`, of them. They are read at most once per OPENHUB_METRICS_CACHE seconds
   (default 5) per process: each read is several queries, whoever holds the token and however often.
+  They are read from the store of the hub the app serves, with its routes, its clock and its cache
+  period (each app its own `StoreCollector`, `openhub.api.app.create_app`).
 """
 
 from __future__ import annotations
@@ -52,11 +54,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy import and_, func, or_, select
 
-from openhub.core.config import get_settings
 from openhub.core.model import route_name
-from openhub.core.registry import get_registry
 from openhub.core.states import FINAL, NON_FINAL, CallState, ConfirmationState, Event
-from openhub.store.db import store_now, transaction
+from openhub.engine.hub import Hub
 from openhub.store.schema import confirmations, ext_calls, messages, transitions
 
 log = logging.getLogger("openhub.api.metrics")
@@ -84,11 +84,11 @@ def http_request(method: str, route: str, status: int) -> None:
 
 
 class StoreCollector:
-    """Series read from the message store at scrape time (see the module docstring)."""
+    """Series read from `hub`'s message store at scrape time (see the module docstring)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float | None = None) -> None:
+    def __init__(self, hub: Hub, clock: Callable[[], float] = time.monotonic, ttl: float | None = None) -> None:
+        self.hub = hub
         self._lock = threading.Lock()
-        self._database: str | None = None
         self._clock = clock
         self._ttl = ttl  # None: OPENHUB_METRICS_CACHE
         self._cached: tuple[float, list[Metric]] | None = None
@@ -117,22 +117,17 @@ class StoreCollector:
         scraper polling it in a loop (or several Prometheus replicas) would load the database.
         """
         with self._lock:
-            database = get_settings().database_url
-            if database != self._database:  # another store (tests switching backends): start over
-                self._database = database
-                self._reset()
-                self._cached = None
-            ttl = self._ttl if self._ttl is not None else get_settings().metrics_cache.total_seconds()
+            ttl = self._ttl if self._ttl is not None else self.hub.settings.metrics_cache.total_seconds()
             now = self._clock()
             if self._cached is None or now - self._cached[0] >= ttl:
-                self._cached = (now, self._query(database))
+                self._cached = (now, self._query(self.hub.settings.database_url))
             yield from self._cached[1]
 
     def _query(self, database: str) -> list[Metric]:
-        routes = sorted(get_registry().routes)
+        routes = sorted(self.hub.registry.routes)
         gauges: list[Metric] = []
         try:
-            with transaction() as conn:
+            with self.hub.transaction() as conn:
                 gauges = self._gauges(conn, routes)
                 if self._transition_mark is None:
                     self._start(conn, database)
@@ -145,7 +140,7 @@ class StoreCollector:
     # --- gauges: current non-final rows -------------------------------------------------------
     def _gauges(self, conn, routes: list[str]) -> list[Metric]:
         M = messages.c
-        now = store_now()
+        now = self.hub.clock()
         by_state = GaugeMetricFamily(
             "openhub_messages", "Messages in each non-final state, by route.", labels=["route", "state"]
         )
@@ -186,7 +181,7 @@ class StoreCollector:
     def _start(self, conn, database: str) -> None:
         """First scrape: the counters count from now on (or from when a sibling worker's started)."""
         mark = conn.execute(select(func.max(transitions.c.id))).scalar() or 0
-        born_transition, born_call = shared_start(database, mark, store_now())
+        born_transition, born_call = shared_start(database, mark, self.hub.clock())
         self._transition_mark = self._transition_born = born_transition
         self._call_mark = self._call_born = born_call
 
@@ -220,7 +215,7 @@ class StoreCollector:
 
     def _tail_calls(self, conn) -> None:
         X, M = ext_calls.c, messages.c
-        now = store_now()
+        now = self.hub.clock()
         assert self._call_mark is not None
         since = max(self._call_born, self._call_mark - CALL_LAG)
         query = (
@@ -295,21 +290,16 @@ def shared_start(database: str, transition: int, call: datetime) -> tuple[int, d
     return transition, call
 
 
-STORE = StoreCollector()
-_registered = False
-
-
-def render() -> tuple[bytes, str]:
-    """The exposition text of every openhub metric (added up over uvicorn workers when multiprocess)."""
-    global _registered
+def render(store: StoreCollector) -> tuple[bytes, str]:
+    """The exposition text of every openhub metric: this process's counters (added up over uvicorn workers
+    when multiprocess) and the series `store` reads from its hub's store."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        registry.register(STORE)
+        registry.register(store)
         return generate_latest(registry), CONTENT_TYPE_LATEST
-    if not _registered:
-        REGISTRY.register(STORE)
-        _registered = True
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    served = CollectorRegistry(auto_describe=False)
+    served.register(store)
+    return generate_latest(REGISTRY) + generate_latest(served), CONTENT_TYPE_LATEST

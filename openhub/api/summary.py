@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from openhub.core.context import aware, error_line
 from openhub.core.model import route_name
-from openhub.store.db import transaction
+from openhub.engine.hub import Hub
 from openhub.store.queries import MessageFilter
 from openhub.store.schema import messages
 
@@ -47,11 +47,14 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def message_summaries(matching: MessageFilter, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
-    """Summaries of the messages `matching` means, newest first (`before_id`: the page after it)."""
+def message_summaries(
+    hub: Hub, matching: MessageFilter, limit: int = 100, before_id: int | None = None
+) -> list[dict[str, Any]]:
+    """Summaries of the messages in `hub`'s store that `matching` means, newest first (`before_id`: the page
+    after it)."""
     query = matching.where(select(*COLUMNS), before_id)
     query = query.order_by(M.id.desc()).limit(max(1, min(int(limit), 1000)))
-    with transaction() as conn:
+    with hub.transaction() as conn:
         rows = conn.execute(query).all()
     return [
         {

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from openhub.core.config import Settings
 from openhub.core.context import error_line
 from openhub.core.states import FINAL, State
-from openhub.store.db import transaction
+from openhub.engine.hub import Hub
 from openhub.store.queries import loads
 from openhub.store.schema import messages
 
@@ -48,19 +48,19 @@ def wait_seconds(prefer: str | None, settings: Settings) -> float:
     return min(settings.sync_wait.total_seconds(), cap)
 
 
-def _read(message_id: int) -> Any:
-    with transaction() as conn:
+def _read(hub: Hub, message_id: int) -> Any:
+    with hub.transaction() as conn:
         return conn.execute(select(M.state, M.result, M.error_code, M.failed_error).where(M.id == message_id)).first()
 
 
-async def ended(message_id: int, seconds: float) -> Any | None:
-    """The message's row (state, result, error_code, failed_error) once it is final, or None when it is not
-    final within `seconds`."""
+async def ended(hub: Hub, message_id: int, seconds: float) -> Any | None:
+    """The message's row in `hub`'s store (state, result, error_code, failed_error) once it is final, or None
+    when it is not final within `seconds`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     pause = FIRST_PAUSE
     while True:
-        row = await run_in_threadpool(_read, message_id)
+        row = await run_in_threadpool(_read, hub, message_id)
         if row is not None and row.state in FINAL:
             return row
         left = deadline - loop.time()

@@ -54,6 +54,7 @@ def messages_list(
 ) -> None:
     """Messages matching every filter, newest first."""
     from openhub.api.summary import message_summaries
+    from openhub.engine.hub import current
 
     filters = _filter_values(
         dict(
@@ -71,7 +72,7 @@ def messages_list(
             received_to=received_to,
         )
     )
-    items = message_summaries(MessageFilter(**filters), limit, cursor)
+    items = message_summaries(current(), MessageFilter(**filters), limit, cursor)
     if as_json:
         click.echo(json.dumps(items, indent=2, ensure_ascii=False))
         return
@@ -102,8 +103,9 @@ def messages_list(
 def messages_show(message_id: int, verbose: bool, as_json: bool) -> None:
     """One message with its external calls, history, children and confirmation."""
     from openhub.api.detail import message_detail
+    from openhub.engine.hub import current
 
-    m = message_detail(message_id)
+    m = message_detail(current(), message_id)
     if as_json:
         click.echo(json.dumps(m, indent=2, ensure_ascii=False))
         return

@@ -99,14 +99,13 @@ def set_state(
     *,
     step: str | None = None,
     detail: str | None = None,
-    now: datetime | None = None,
+    now: datetime,
     hooks: Sequence[str] = (),
     **values: Any,
 ) -> None:
     """Write a message's new state (and other columns) and append the transition to its history; each
     of `hooks`, the state hooks (@on_state) of the new state, gets its notification row in the same
     transaction where the state changes."""
-    now = now or store_now()
     values.setdefault("updated_at", now)
     execute_noted(
         conn,
@@ -143,7 +142,7 @@ def record_transition(
     *,
     step: str | None = None,
     detail: str | None = None,
-    now: datetime | None = None,
+    now: datetime,
 ) -> None:
     """Append one entry to a message's history."""
     conn.execute(_HISTORY, history_entry(message_id, event, from_state, to_state, step=step, detail=detail, now=now))
@@ -157,12 +156,12 @@ def history_entry(
     *,
     step: str | None = None,
     detail: str | None = None,
-    now: datetime | None = None,
+    now: datetime,
 ) -> dict[str, Any]:
     """The parameters of one history entry (for `record_transition` and `execute_noted`)."""
     return {
         "mid": message_id,
-        "h_at": now or store_now(),
+        "h_at": now,
         "h_event": event,
         "h_from": from_state,
         "h_to": to_state,

@@ -22,6 +22,7 @@ import pytest
 
 import openhub
 from openhub.api.detail import message_detail
+from openhub.engine.hub import current
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.checks import assert_each_step_ok_once
@@ -124,7 +125,7 @@ def _assert_repaired_by_the_heartbeat(in_flight: list[int]) -> None:
     # Repaired because the poller saw the dead worker's heartbeat stop, not when the step lease (the
     # step's 30 s timeout + grace 4 s) ran out: the history says which, whatever the machine's load.
     wait_for(lambda: all(openhub.get_message(i).state == "OK" for i in in_flight), 120, "the killed messages")
-    details = [e["detail"] or "" for i in in_flight for e in message_detail(i)["history"]]
+    details = [e["detail"] or "" for i in in_flight for e in message_detail(current(), i)["history"]]
     assert any("died or its task crashed" in d for d in details), details
     assert not [d for d in details if d.startswith("lease expired")]
     # Its failures are its steps' own (a slow call past its timeout on a loaded box), none of them the

@@ -56,5 +56,5 @@ def test_celerys_in_process_worker_carries_a_route(celery_worker, route: str, pr
     # processes past 3/4 of the test backends' 2 s dead-after): then the fence let its lease go, as it must,
     # and the suite's poller handed the step to one of its own workers.
     fenced = [r.getMessage() for r in caplog.records if "heartbeat fell behind" in r.getMessage()]
-    workers = {c["worker"] for c in message_detail(view.id)["ext_calls"]}
+    workers = {c["worker"] for c in message_detail(current(), view.id)["ext_calls"]}
     assert workers == {current_node()} or fenced, workers

@@ -21,6 +21,7 @@ import pytest
 from openhub.api.detail import message_detail
 from openhub.core.errors import ConfigurationError
 from openhub.core.redact import redact_headers
+from openhub.engine.hub import current
 from openhub.outbound.http import HttpCall, retry_after
 from openhub.store.db import utcnow
 from openhub.store.recordings import prune_exchanges, truncate_body
@@ -95,7 +96,7 @@ def test_success_sends_idempotency_correlation_and_process_ids_and_records(hub, 
     sent = server.requests[0]["headers"]
     assert sent["Idempotency-Key"] == "TEST/corr-1/call_api"
     assert sent["X-Correlation-Id"] == "corr-1" and sent["X-Process-Id"] == "proc-9"
-    [x] = message_detail(view.id)["http_exchanges"]
+    [x] = message_detail(current(), view.id)["http_exchanges"]
     assert (x["step"], x["attempt"], x["method"], x["status"]) == ("call_api", 1, "POST", 200)
     assert x["url"] == f"{server.url}/ok" and x["duration_ms"] >= 0 and x["error"] is None
     assert x["request_headers"]["authorization"] == "[redacted]" and x["request_headers"]["x-api-key"] == "[redacted]"
@@ -136,7 +137,7 @@ def test_5xx_408_and_bare_429_are_transient_then_retried(hub, server, status: in
     hub.tick(seconds=61)
     view = hub.get(view.id)
     assert view.state == "OK" and len(server.requests) == 2
-    attempts = [(x["attempt"], x["status"]) for x in message_detail(view.id)["http_exchanges"]]
+    attempts = [(x["attempt"], x["status"]) for x in message_detail(current(), view.id)["http_exchanges"]]
     assert attempts == [(1, status), (2, 200)]
     assert len({r["headers"]["Idempotency-Key"] for r in server.requests}) == 1  # the same key each attempt
 
@@ -160,7 +161,7 @@ def test_timeout_and_refused_connection_are_transient_and_recorded(hub, server, 
     monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", f"http://127.0.0.1:{closed}")
     refused = run(hub, {"path": "/gone"})
     assert refused.state == "PARTLY_FAILED" and "ConnectError" in refused.failed_error
-    [x] = message_detail(refused.id)["http_exchanges"]
+    [x] = message_detail(current(), refused.id)["http_exchanges"]
     assert x["status"] is None and x["error"].startswith("ConnectError") and x["response_body"] is None
 
 
@@ -178,11 +179,11 @@ def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, se
         closed = s.getsockname()[1]
     monkeypatch.setenv("OPENHUB_TEST_HTTP_URL", f"http://127.0.0.1:{closed}")
     refused = run(hub, {"path": "/gone"})
-    lines = {m["id"]: m["failed_error"] for m in message_summaries(MessageFilter(), 10)}
+    lines = {m["id"]: m["failed_error"] for m in message_summaries(current(), MessageFilter(), 10)}
     assert lines[transient.id] == f'HTTP 503 from POST {server.url}/flaky: {{"error": "down"}}'
     assert lines[rejected.id] == f'HTTP 422 from POST {server.url}/bad: {{"error": "no such customer"}}'
     assert lines[refused.id].startswith(f"ConnectError on POST http://127.0.0.1:{closed}/gone: ")
-    detail = message_detail(transient.id)
+    detail = message_detail(current(), transient.id)
     assert detail["failed_error_line"] == lines[transient.id] and "Traceback" in detail["failed_error"]  # the whole
     [call] = detail["ext_calls"]
     assert call["last_error_line"] == lines[transient.id]
@@ -190,7 +191,7 @@ def test_each_failure_is_one_line_of_status_method_and_url_in_every_list(hub, se
 
 def test_nothing_is_recorded_unless_asked(hub, server) -> None:
     view = run(hub, {"path": "/q"}, route="http.quiet")
-    assert view.state == "OK" and message_detail(view.id)["http_exchanges"] == []
+    assert view.state == "OK" and message_detail(current(), view.id)["http_exchanges"] == []
     assert server.requests[0]["headers"]["Idempotency-Key"].endswith("/call_quietly")
 
 
@@ -199,7 +200,7 @@ def test_retention_prunes_old_exchanges_only(hub, server) -> None:
     assert hub.hub is not None
     assert prune_exchanges(hub.hub.settings, days=14) == 0
     assert prune_exchanges(hub.hub.settings, now=utcnow() + timedelta(days=15), days=14) == 1
-    assert message_detail(view.id)["http_exchanges"] == []
+    assert message_detail(current(), view.id)["http_exchanges"] == []
 
 
 def test_declaration_fails_fast_on_codes_it_cannot_map() -> None:
@@ -291,7 +292,7 @@ def test_a_urls_credentials_reach_neither_the_record_nor_the_errors(hub, server,
     server.answer("/boom?api_key=k-999&page=2", 503, body=b'{"error": "down"}')
     view = run(hub, {"path": "/boom?api_key=k-999&page=2"})
     assert view.state == "PARTLY_FAILED"
-    detail = message_detail(view.id)
+    detail = message_detail(current(), view.id)
     [x] = detail["http_exchanges"]
     assert x["url"] == f"{server.url.replace('http://', 'http://***@')}/boom?api_key=***&page=2"
     detail.pop("payload"), x.pop("request_body")  # the source system's own payload, as it sent it
@@ -318,7 +319,7 @@ def test_a_source_systems_view_has_no_exchanges_tracebacks_or_workers(hub, serve
 
     server.answer("/boom", 503, body=b'{"error": "down"}')
     view = run(hub, {"path": "/boom"})
-    shown = source_view(message_detail(view.id))
+    shown = source_view(message_detail(current(), view.id))
     assert (
         "http_exchanges" not in shown
         and shown["failed_error"] == f'HTTP 503 from POST {server.url}/boom: {{"error": "down"}}'
@@ -350,9 +351,9 @@ def test_recorded_exchanges_keep_no_secret_in_headers_or_bodies(server) -> None:
         assert {json_view.state, form_view.state, bare_view.state} == {"OK"}
         # The calls themselves went out with every secret in them: only the record is redacted.
         assert b"cs-3" in server.requests[1]["body"] and server.requests[0]["headers"]["X-Api-Key"] == "k-123"
-        [sent] = message_detail(json_view.id)["http_exchanges"]
-        [form] = message_detail(form_view.id)["http_exchanges"]
-        [bare] = message_detail(bare_view.id)["http_exchanges"]
+        [sent] = message_detail(current(), json_view.id)["http_exchanges"]
+        [form] = message_detail(current(), form_view.id)["http_exchanges"]
+        [bare] = message_detail(current(), bare_view.id)["http_exchanges"]
     stored = json.dumps([sent, form, bare])
     for secret in secrets:
         assert secret not in stored, (secret, stored)

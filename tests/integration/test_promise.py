@@ -16,7 +16,7 @@ from sqlalchemy import event, select
 import openhub
 from openhub.core.errors import StoreUnavailable
 from openhub.engine import batch, engine, entry, lifecycle, poller
-from openhub.engine.hub import Hub
+from openhub.engine.hub import Hub, current
 from openhub.store.db import get_engine, transaction, utcnow
 from openhub.store.schema import ext_calls, messages, transitions
 from openhub.store.workers import beat, current_id
@@ -636,7 +636,7 @@ def test_each_external_call_names_the_process_of_its_last_attempt(hub: LocalHub)
 
     view = hub.submit("p.flow", {})
     hub.run()
-    assert {c["worker"] for c in message_detail(view.id)["ext_calls"]} == {current_node()}
+    assert {c["worker"] for c in message_detail(current(), view.id)["ext_calls"]} == {current_node()}
 
 
 def test_a_fault_handing_one_message_of_a_batch_over_falls_back_for_it_alone(hub: LocalHub, monkeypatch) -> None:

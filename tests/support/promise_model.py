@@ -287,7 +287,7 @@ class PromiseMachine(RuleBasedStateMachine):
         self._check_answer(message_id, 0.0)
 
     def _check_answer(self, message_id: int, wait: float) -> None:
-        row = asyncio.run(sync.ended(message_id, wait))
+        row = asyncio.run(sync.ended(self.hub.hub, message_id, wait))
         if row is None:  # the caller's 202: nothing to check until the message ends
             return
         body, status = sync.answer({"id": message_id}, row)
@@ -818,8 +818,15 @@ class PromiseMachine(RuleBasedStateMachine):
 
     @rule()
     def settle(self) -> None:
-        """With no more faults and enough time (up to 32 quiet hours), every message ends (or waits for its answer)."""
+        """With no more faults and enough time (up to 32 quiet hours), every message ends (or waits for its answer).
+
+        Quiet hours under the retry settings' own values: the admin's live ones are forgotten first. Under a live
+        OPENHUB_MAX_FAILS of 600 a message whose answer never comes (p.two_waits) times out and is tried again
+        600 times, PARTLY_FAILED between a timeout and its retry: not final after 32 hours, by design."""
         routes.HOOKS.clear()
+        for name in sorted(self.live):
+            live_settings.unset_setting(name, hub=self.hub.hub)
+        self.live.clear()
         self._act("drain_undrain", 0)
         for _ in range(16):  # a poison message's runs are lost until OPENHUB_MAX_LOST_RUNS (5) ends it FAILED
             self.minutes += 120

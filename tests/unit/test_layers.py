@@ -4,6 +4,8 @@ that imports it back (README.md, "Layout"). A cycle is how plumbing starts loopi
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -181,13 +183,14 @@ def test_imports_under_type_checking_do_not_count() -> None:
     assert "openhub.core.context" not in _imports(PACKAGE / "core" / "model.py")
 
 
-# The process's globals: its settings, its routes, its hub, and a transaction on its database's URL.
+# The process's globals: its settings, its routes, its hub, and a transaction on (or the clock of) its database.
 GLOBALS = {"get_settings", "get_registry", "current"}
-GLOBAL_URL = {"transaction", "reading"}  # openhub.store.db's, called with no URL: the process's database
+GLOBAL_URL = {"transaction", "reading", "store_now"}  # openhub.store.db's, called with no URL: the process's database
 # Every module below the drivers reads settings, routes, the publisher and the database from the hub it is
 # given (a step run's, a transaction's `tx.hub`, a `hub` argument) or the settings a caller hands down, never
 # from the process's globals (issue 35). What is left, each with its reason: none may join them, and each
-# goes once it is converted. (The drivers, api/ cli/ pipeline/ dev.py testing.py and tasks/, may read them.)
+# goes once it is converted. (The drivers, api/app.py api/server.py cli/ pipeline/ dev.py testing.py and tasks/,
+# may read them; the rest of api/ serves the hub of the app answering, `openhub.api.served`.)
 GLOBALS_LEFT = {
     "core/registry.py": ({"get_settings"}, "the process's registry is built from the process's settings"),
     "core/logs.py": ({"get_settings"}, "a process logs one way: its log format is the process's"),
@@ -217,7 +220,12 @@ GLOBALS_LEFT = {
         " interval and its fence; judging others' heartbeats (`liveness`) takes the hub's dead-after",
     ),
 }
-DRIVERS = ("api", "cli", "pipeline", "dev.py", "testing.py")
+DRIVERS = ("api/app.py", "api/server.py", "cli", "pipeline", "dev.py", "testing.py")
+
+
+def _is_driver(name: str) -> bool:
+    """Whether the module at `name` (a path under openhub/) is a driver's."""
+    return name in DRIVERS or name.split("/")[0] in DRIVERS
 
 
 def _global_calls(source: str) -> set[str]:
@@ -246,13 +254,70 @@ def test_below_the_drivers_modules_read_the_hub_they_are_given_not_the_process_g
     for path in sorted(PACKAGE.rglob("*.py")):
         name = str(path.relative_to(PACKAGE))
         calls = _global_calls(path.read_text())
-        if calls and name.split("/")[0] not in DRIVERS:
+        if calls and not _is_driver(name):
             found[name] = calls
     assert found == {name: calls for name, (calls, _why) in GLOBALS_LEFT.items()}
 
 
 def test_the_globals_rule_sees_each_way_of_calling_them() -> None:
-    called = "get_settings()\nconfig.get_registry()\nhub.current()\ntransaction()\ndb.reading(first=True)"
+    called = "get_settings()\nconfig.get_registry()\nhub.current()\ntransaction()\ndb.reading(first=True)\nstore_now()"
     assert _global_calls(called) == GLOBALS | GLOBAL_URL
-    given = "transaction(url)\nreading(url=u)\nhub.transaction()\nrun.hub.reading()\ntx.hub.settings.x()"
+    given = "transaction(url)\nreading(url=u)\nhub.transaction()\nrun.hub.reading()\ntx.hub.settings.x()\nstore_now(u)"
     assert _global_calls(given) == set()
+
+
+# A function's parameter of these names left to its default (None) means the process's: its hub (`given`), its
+# settings, its routes, its database.
+HANDED_DOWN = ("hub", "settings", "registry", "url")
+
+
+def _left_to_the_process(module: object, source: str) -> list[str]:
+    """The calls in `source` (the text of `module`) of an openhub function, named bare or as a module's
+    attribute, that leave one of its HANDED_DOWN parameters to its default of None."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func, target = node.func, None
+        if isinstance(func, ast.Name):
+            target = getattr(module, func.id, None)
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = getattr(module, func.value.id, None)
+            target = getattr(owner, func.attr, None) if inspect.ismodule(owner) else None
+        if not callable(target) or not getattr(target, "__module__", "").startswith("openhub"):
+            continue
+        try:
+            params = list(inspect.signature(target).parameters.values())
+        except (TypeError, ValueError):
+            continue
+        passed = {k.arg for k in node.keywords}
+        for i, param in enumerate(params):
+            by_position = param.kind is not param.KEYWORD_ONLY and len(node.args) > i
+            if param.name in HANDED_DOWN and param.default is None and param.name not in passed and not by_position:
+                found.append(f"{ast.unparse(node)} ({param.name})")
+    return found
+
+
+def test_below_the_drivers_calls_hand_their_hub_down() -> None:
+    """The other half of the globals rule: a module below the drivers that calls a function whose `hub`,
+    `settings`, `registry` or `url` defaults to the process's passes its own (an endpoint: its served hub's).
+    The modules of GLOBALS_LEFT may read the process's, and so may leave them to it."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = str(path.relative_to(PACKAGE))
+        if _is_driver(name) or name in GLOBALS_LEFT or "migrations" in path.parts:  # alembic's env runs on import
+            continue
+        module = importlib.import_module(_module_name(path))
+        if calls := _left_to_the_process(module, path.read_text()):
+            found[name] = calls
+    assert found == {}
+
+
+def test_the_handed_down_rule_sees_a_parameter_left_to_its_default() -> None:
+    from openhub.api import batcher
+
+    left = "producer.store_new(rows)\nproducer.prepare_item(item, now)\nproducer.store_new(rows, None, hub=None)"
+    assert _left_to_the_process(batcher, left) == [
+        "producer.store_new(rows) (hub)",
+        "producer.prepare_item(item, now) (hub)",
+    ]

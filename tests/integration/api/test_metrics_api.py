@@ -81,6 +81,7 @@ def test_database_series_are_read_at_most_once_per_cache_period(api_env):
 
     from openhub.api.metrics import StoreCollector
     from openhub.core.config import get_settings
+    from openhub.engine.hub import current
     from openhub.store.db import get_engine
 
     statements: list[str] = []
@@ -90,7 +91,7 @@ def test_database_series_are_read_at_most_once_per_cache_period(api_env):
         statements.append(statement)
 
     now = [1000.0]
-    collector = StoreCollector(clock=lambda: now[0], ttl=5)
+    collector = StoreCollector(current(), clock=lambda: now[0], ttl=5)
     event.listen(engine, "before_cursor_execute", count)
     try:
         first = list(collector.collect())
