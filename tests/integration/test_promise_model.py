@@ -31,11 +31,6 @@ class _OnPostgres(PromiseMachine):
 
     store: dict[str, str] = {}  # the session's PostgreSQL database (conftest's `local_store`), set below
 
-    def confirmation_sender_dies(self, pick: int) -> None:
-        """Not a rule here: on PostgreSQL the claim it writes (on the model's clock, minutes ahead) is left
-        SENDING after 32 quiet hours (found 2026-11-27 by this variant's first run, not by the batch: to
-        be looked at on its own)."""
-
 
 @pytest.fixture(scope="class")
 def _model_database(local_store: str) -> Iterator[None]:
