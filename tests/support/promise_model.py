@@ -48,7 +48,7 @@ from openhub.core.verdicts import idempotency_key
 from openhub.service import actions as operator
 from openhub.service import settings as live_settings
 from openhub.service import worker_states
-from openhub.store.db import store_now, transaction
+from openhub.store.db import is_postgres, store_clock, store_now, transaction
 from openhub.store.schema import confirmations, ext_calls, messages, transitions
 from tests.support import promise_routes as routes
 from tests.support.stubs import PostStub
@@ -178,6 +178,7 @@ class PromiseMachine(RuleBasedStateMachine):
         self.priorities: dict[int, int] = {}  # message -> the priority it was submitted with
         self.acted: set[int] = set()  # messages an operator action named (the only ones it may change)
         self.live: set[str] = set()  # settings an admin gave a live value (forgotten at teardown)
+        self.dead_leases: dict[str, float] = {}  # PostgreSQL: a dead sender's claim -> its lease's end (model seconds)
 
     def teardown(self) -> None:
         for name in self.live:  # this process reads the store's values per database: none left for the next hub
@@ -224,11 +225,35 @@ class PromiseMachine(RuleBasedStateMachine):
                 return
             lease = confirmation_lease(get_settings())
             claimed_at = store_now() + timedelta(minutes=self.minutes)
+            claim = str(uuid.uuid4())
+            # As a sender writes its lease (openhub.outbound.confirm): on PostgreSQL on the database's clock,
+            # which the model's does not move; `_end_dead_leases` ends it once the model's time is past it.
             conn.execute(
                 update(confirmations)
                 .where(C.id == due[pick % len(due)])
-                .values(state="SENDING", claim=str(uuid.uuid4()), due_at=claimed_at + lease, updated_at=claimed_at)
+                .values(
+                    state="SENDING", claim=claim, due_at=store_clock(conn, claimed_at) + lease, updated_at=claimed_at
+                )
             )
+            if is_postgres(conn):
+                self.dead_leases[claim] = self.minutes * 60 + lease.total_seconds()
+
+    def _end_dead_leases(self, seconds: float) -> None:
+        """On PostgreSQL, a dead sender's lease ends on the database's clock (issue 22), which stays at the wall
+        clock's time however far the model's moved on: the leases over `seconds` into the model's time are
+        ended there (due now on the database's clock), as that much time passing would."""
+        over = [claim for claim, end in self.dead_leases.items() if end <= seconds]
+        if not over:
+            return
+        C = confirmations.c
+        with transaction() as conn:
+            conn.execute(
+                update(confirmations)
+                .where(C.claim.in_(over), C.state == "SENDING")
+                .values(due_at=store_clock(conn, store_now()))
+            )
+        for claim in over:
+            del self.dead_leases[claim]
 
     @rule(route=st.sampled_from(sorted(ROUTES)), ends=st.sampled_from(["commit", "rollback", "killed_after_commit"]))
     def submit_in_callers_transaction(self, route: str, ends: str) -> None:
@@ -407,6 +432,7 @@ class PromiseMachine(RuleBasedStateMachine):
     def _run(self, limit: int = 10_000) -> None:
         """Run the published chains; a worker dying in one (WorkerDied) leaves its run to the repair."""
         try:
+            self._end_dead_leases(self.minutes * 60)
             self.hub.run(limit=limit, seconds=self.minutes * 60)
         except routes.WorkerDied:
             pass
@@ -414,6 +440,7 @@ class PromiseMachine(RuleBasedStateMachine):
     def _tick(self, extra: float = 0.0) -> None:
         """A poller tick at the model's time (`extra` seconds later), and the chains it published run."""
         try:
+            self._end_dead_leases(self.minutes * 60 + extra)
             self.hub.tick(seconds=self.minutes * 60 + extra)
         except routes.WorkerDied:
             pass
