@@ -68,15 +68,7 @@ def test_a_run_that_crashed_mid_step_is_repaired_by_the_next_tick() -> None:
     from tests.support import promise_routes as routes
 
     with routes.local_hub() as hub:
-
-        def interrupt(_ctx: object) -> None:
-            del routes.HOOKS["first"]
-            raise KeyboardInterrupt
-
-        routes.HOOKS["first"] = interrupt
-        view = hub.submit("p.flow", {})
-        with pytest.raises(KeyboardInterrupt):
-            hub.run()
+        view = _interrupted_run(hub)
         assert hub.get(view.id).state == "PROCESSING"
         assert hub.tick().repaired == 1
         done = hub.get(view.id)
@@ -252,15 +244,7 @@ def test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store() -
     from tests.support import promise_routes as routes
 
     with routes.local_hub() as one, LocalHub("tests.support.routes"):
-
-        def interrupt(_ctx: object) -> None:
-            del routes.HOOKS["first"]
-            raise KeyboardInterrupt
-
-        routes.HOOKS["first"] = interrupt
-        view = one.submit("p.flow", {})
-        with pytest.raises(KeyboardInterrupt):
-            one.run()
+        view = _interrupted_run(one)
         assert one.tick().repaired == 1
         assert one.get(view.id).state == "OK"
 
@@ -307,3 +291,18 @@ def test_a_hub_s_worker_states_and_crash_notes_read_no_process_settings(monkeypa
         assert [h["host"] for h in states.held_hosts(hub=local.hub)] == ["host-x"]
         record_crash(local.hub.settings.database_url, view.id, "step task: RuntimeError('boom')")
         monkeypatch.undo()
+
+
+def _interrupted_run(hub: LocalHub):
+    """A p.flow message whose first step's run `hub` began and Ctrl-C ended (a BaseException out of the step)."""
+    from tests.support import promise_routes as routes
+
+    def interrupt(_ctx: object) -> None:
+        del routes.HOOKS["first"]
+        raise KeyboardInterrupt
+
+    routes.HOOKS["first"] = interrupt
+    view = hub.submit("p.flow", {})
+    with pytest.raises(KeyboardInterrupt):
+        hub.run()
+    return view

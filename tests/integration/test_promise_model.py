@@ -12,15 +12,21 @@ from hypothesis import HealthCheck, settings
 
 from tests.support.promise_model import PromiseMachine
 
+
+def _search(examples: int) -> settings:
+    """The CI search: a fixed seed (derandomized) and budget, 30 steps an example."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=30,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
 TestPromiseUnderInterleavings = PromiseMachine.TestCase
-TestPromiseUnderInterleavings.settings = settings(
-    max_examples=100,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+TestPromiseUnderInterleavings.settings = _search(100)
 # The whole search alone takes about a minute; on a busy machine (make test-burn) several.
 TestPromiseUnderInterleavings.pytestmark = [pytest.mark.timeout(900)]
 
@@ -39,14 +45,7 @@ def _model_database(local_store: str) -> Iterator[None]:
 
 
 TestPromiseUnderInterleavingsOnPostgres = _OnPostgres.TestCase
-TestPromiseUnderInterleavingsOnPostgres.settings = settings(
-    max_examples=30,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+TestPromiseUnderInterleavingsOnPostgres.settings = _search(30)
 TestPromiseUnderInterleavingsOnPostgres.pytestmark = [
     pytest.mark.timeout(900),
     pytest.mark.usefixtures("_model_database"),
