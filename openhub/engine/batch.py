@@ -48,6 +48,7 @@ from openhub.core.policy import outage_pause
 from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.states import State
 from openhub.core.verdicts import StepReport, Verdict
+from openhub.engine.batch_claims import claim_all
 from openhub.engine.batch_writes import write_together
 from openhub.engine.engine import (
     fenced_in_call,
@@ -58,7 +59,7 @@ from openhub.engine.engine import (
     pause_before_retry,
     record_and_enter,
 )
-from openhub.engine.entry import enter
+from openhub.engine.entry import enter, prepare
 from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
 from openhub.engine.lifecycle import FollowUps, Tx
@@ -165,7 +166,7 @@ def _enter_all(members: list[_Member], follow: FollowUps, first: bool) -> None:
     while waiting := [m for m in members if not m.done and m.entered is None]:
         for m in waiting:
             m.run_id = m.run_id or m.new_run()  # listed before its lease is taken
-        _group(waiting, follow, _enter_one, raise_outage=first)
+        _group(waiting, follow, _enter_one, raise_outage=first, together=_enter_together)
         first = False  # the members settled below may hold leases from now on
         for m in waiting:
             if not isinstance(m.entered, Entered):
@@ -173,10 +174,36 @@ def _enter_all(members: list[_Member], follow: FollowUps, first: bool) -> None:
             m.unlist()
 
 
+def _enter_together(tx: Tx, members: list[_Member]) -> list[_Member]:
+    """PostgreSQL: the members at the route's first step claimed in ONE statement, each under its own
+    compare-and-set (openhub.engine.batch_claims); the rest (a member it did not claim: a stale chain,
+    a refusal, a retry) are left to `_enter_one`."""
+    firsts = [m for m in members if m.run.index == 0]
+    claimed = {
+        id(m): got
+        for m, got in zip(firsts, _together(tx, firsts, "claiming", lambda: claim_all(tx, [_run(m) for m in firsts])))
+        if got is not None and got[0] is not None
+    }
+    for m in firsts:
+        if id(m) in claimed:
+            row, taken = claimed[id(m)]
+            write = partial(prepare, run=m.run, row=row, run_id=_run(m)[1], call_taken=taken)
+            _entered(m, _write_part(tx, m, "entering", write, False)[0])
+    return [m for m in members if id(m) not in claimed]
+
+
+def _run(m: _Member) -> tuple[StepRun, str]:
+    assert m.run_id is not None
+    return m.run, m.run_id
+
+
 def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
     run_id = m.run_id
     assert run_id is not None
-    entered, _ = _write_part(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
+    _entered(m, _write_part(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)[0])
+
+
+def _entered(m: _Member, entered: Entered | bool | None) -> None:
     if entered is None:  # nothing of it written: its message is re-driven by the lease or lost-chain repair
         m.stop()
         return
@@ -309,20 +336,27 @@ def _write_all(members: list[_Member], follow: FollowUps) -> None:
 def _write_together(tx: Tx, members: list[_Member]) -> list[_Member]:
     """PostgreSQL: the members' outcomes in ONE statement, each under its own compare-and-set (openhub.engine.
     batch_writes), then the rest of each one's write; those whose lease was lost are left to `_write_one`."""
-    if len(members) < 2 or not is_postgres(tx.conn):
-        return members
-    try:
-        rests = write_together(tx, [_step(m) for m in members])
-    except Exception as exc:
-        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(members[0].run, exc):
-            raise
-        raise _Redo(f"batch of {len(members)}, message {members[0].run.message_id} first: writing") from exc
+    rests = _together(tx, members, "writing", lambda: write_together(tx, [_step(m) for m in members]))
     for m, rest in zip(members, rests):
         if rest is not None and m.verdict is not None:  # as `_write_one`: handed over, or recorded
             verdict, handing_over, (result, _) = m.verdict, m.run_id, _write_part(tx, m, "writing", rest, False)
             m.run_id = None
             _settle(m, *((StepReport(True, "ok"), result) if handing_over else (StepReport.of(verdict, result),)))
     return [m for m, rest in zip(members, rests) if rest is None]
+
+
+def _together(tx: Tx, members: list[_Member], what: str, write: Callable[[], list[Any]]) -> list[Any]:
+    """`write`'s one statement for all `members` on PostgreSQL (a list of what it wrote, per member); on SQLite
+    (or for one member) nothing, a None per member. A failure that is not the store's rolls the group back:
+    it is written again, each member alone (`_Redo`)."""
+    if len(members) < 2 or not is_postgres(tx.conn):
+        return [None] * len(members)
+    try:
+        return write()
+    except Exception as exc:
+        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(members[0].run, exc):
+            raise
+        raise _Redo(f"batch of {len(members)}, message {members[0].run.message_id} first: {what}") from exc
 
 
 def _step(m: _Member) -> tuple[StepRun, Entered, Verdict, str | None]:
