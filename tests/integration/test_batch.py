@@ -175,6 +175,23 @@ def test_a_batch_claims_no_member_cancelled_or_of_a_stale_chain_and_the_others_g
     assert all(system.count(f"{prefixes[n]}/{name}") == 1 for n in (0, 2, 3) for name in "abc")
 
 
+def test_a_batch_of_a_paused_route_claims_none_of_its_members_until_resumed(
+    local: LocalHub, system: ExternalSystem
+) -> None:
+    """The batch's one claim statement (PostgreSQL) claims nothing while its route is paused: each member is
+    entered alone and postponed, as one message is; resumed, they run, each step once."""
+    prefixes = [_prefix() for _ in range(3)]
+    openhub.pause("batched.flow")
+    ids = [local.submit("batched.flow", {"prefix": p}).id for p in prefixes]
+    local.run()
+    assert [local.get(i).state for i in ids] == ["POSTPONED"] * 3
+    assert all(system.count(f"{p}/a") == 0 for p in prefixes)
+    openhub.resume("batched.flow")
+    local.tick(seconds=600)
+    assert [local.get(i).state for i in ids] == ["OK"] * 3
+    assert all(system.count(f"{p}/{name}") == 1 for p in prefixes for name in "abc")
+
+
 def test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call(
     local: LocalHub, system: ExternalSystem
 ) -> None:
