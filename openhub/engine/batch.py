@@ -7,7 +7,9 @@ the batch's messages at once:
    message-id order (two batches lock rows in the same order, never crosswise); where one message's
    part fails, the transaction is rolled back and written again with each part in a savepoint of its
    own, so the failure rolls back only its own part (savepoints from the start would cost two
-   statements more per message and step, for a failure that is rare);
+   statements more per message and step, for a failure that is rare); on PostgreSQL the members at the
+   route's first step are claimed in ONE statement (openhub.engine.batch_claims), a member it did not
+   claim entered alone;
 2. run: the entered steps, outside any transaction; as greenlets under gevent (each with its own step
    time limit), else one after another (SIGALRM, the prefork pool's step limit, needs the main thread);
 3. write: ONE transaction records every outcome (again in savepoints where a part failed): a success
@@ -30,13 +32,11 @@ timeout), and under prefork for the steps of the messages before it.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import traceback
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
@@ -48,17 +48,18 @@ from openhub.core.policy import outage_pause
 from openhub.core.runs import Entered, StepRun, TimeLimit
 from openhub.core.states import State
 from openhub.core.verdicts import StepReport, Verdict
+from openhub.engine.batch_claims import claim_all
+from openhub.engine.batch_members import Member, skipped_or_stopped
 from openhub.engine.batch_writes import write_together
 from openhub.engine.engine import (
     fenced_in_call,
     interrupted,
     left_to_repair,
-    new_run,
     outcome,
     pause_before_retry,
     record_and_enter,
 )
-from openhub.engine.entry import enter
+from openhub.engine.entry import enter, prepare
 from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
 from openhub.engine.lifecycle import FollowUps, Tx
@@ -70,45 +71,6 @@ __all__ = ["run_batch", "summary"]
 
 M = messages.c
 log = logging.getLogger("openhub.batch")
-
-
-@dataclass
-class _Member:
-    """One message of the batch: the step it is at, and how far that step has come."""
-
-    run: StepRun
-    entered: Entered | bool | None = None  # None: its step is to be entered
-    run_id: str | None = None  # the run id of the step to be entered (or handed over to)
-    verdict: Verdict | None = None  # how its step ended; None: it did not run
-    report: StepReport = field(default_factory=lambda: StepReport(True, "skipped"))
-    done: bool = False
-    listed: dict[str, ExitStack] = field(default_factory=dict)  # its runs listed in the heartbeat, by run id
-
-    def new_run(self) -> str:
-        """A new run id, listed in this process's heartbeat (before its lease is taken) until `unlist`."""
-        stack = ExitStack()
-        run_id = new_run(stack)
-        self.listed[run_id] = stack
-        return run_id
-
-    def stop(self) -> None:
-        """Its chain stops here (its message left to the lease repair, or to the lost-chain repair)."""
-        self.done, self.report = True, _skipped_or_stopped(False)
-
-    def unlist(self, everything: bool = False) -> None:
-        """End the listing of every run the member no longer holds a lease with (all, once it is done, or
-        `everything` as the batch ends): called after a commit, never inside a transaction that may still
-        roll back."""
-        held: set[str | None] = set()
-        if not (self.done or everything):
-            held = {self.run_id, self.entered.run_id if isinstance(self.entered, Entered) else None}
-        for run_id in [r for r in self.listed if r not in held]:
-            self.listed.pop(run_id).close()
-
-    def restore(self, saved: _Member) -> None:
-        """Back to the state `saved` (a copy), as a rolled-back transaction left it."""
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(saved, f.name))
 
 
 def run_batch(
@@ -132,7 +94,7 @@ def run_batch(
     route = hub.registry.route(route_name)
     options = {} if translate is None else {"translate": translate}
     members = [
-        _Member(StepRun(route, start, message_id, token, hub, redelivered, limit, **options))
+        Member(StepRun(route, start, message_id, token, hub, redelivered, limit, **options))
         for message_id, token in sorted(pairs)
     ]
     follow = FollowUps()
@@ -159,31 +121,57 @@ def run_batch(
 # --- entering ------------------------------------------------------------------------------------------------
 
 
-def _enter_all(members: list[_Member], follow: FollowUps, first: bool) -> None:
+def _enter_all(members: list[Member], follow: FollowUps, first: bool) -> None:
     """Enter the step of every member that has to, in one transaction per round; a member whose step
     was done before (or that stops) is settled and, where it goes on, enters its next step next round."""
     while waiting := [m for m in members if not m.done and m.entered is None]:
         for m in waiting:
             m.run_id = m.run_id or m.new_run()  # listed before its lease is taken
-        _group(waiting, follow, _enter_one, raise_outage=first)
+        _group(waiting, follow, _enter_one, raise_outage=first, together=_enter_together)
         first = False  # the members settled below may hold leases from now on
         for m in waiting:
             if not isinstance(m.entered, Entered):
-                _settle(m, _skipped_or_stopped(bool(m.entered)))
+                _settle(m, skipped_or_stopped(bool(m.entered)))
             m.unlist()
 
 
-def _enter_one(tx: Tx, m: _Member, careful: bool) -> None:
+def _enter_together(tx: Tx, members: list[Member]) -> list[Member]:
+    """PostgreSQL: the members at the route's first step claimed in ONE statement, each under its own
+    compare-and-set (openhub.engine.batch_claims); the rest (a member it did not claim: a stale chain,
+    a refusal, a retry) are left to `_enter_one`."""
+    firsts = [m for m in members if m.run.index == 0]
+    claimed = {
+        id(m): got
+        for m, got in zip(firsts, _together(tx, firsts, "claiming", lambda: claim_all(tx, [_run(m) for m in firsts])))
+        if got is not None and got[0] is not None
+    }
+    for m in firsts:
+        if id(m) in claimed:
+            row, taken = claimed[id(m)]
+            write = partial(prepare, run=m.run, row=row, run_id=_run(m)[1], call_taken=taken)
+            _entered(m, _write_part(tx, m, "entering", write, False)[0])
+    return [m for m in members if id(m) not in claimed]
+
+
+def _run(m: Member) -> tuple[StepRun, str]:
+    assert m.run_id is not None
+    return m.run, m.run_id
+
+
+def _enter_one(tx: Tx, m: Member, careful: bool) -> None:
     run_id = m.run_id
     assert run_id is not None
-    entered, _ = _write_part(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)
+    _entered(m, _write_part(tx, m, "entering", partial(enter, run=m.run, run_id=run_id), careful)[0])
+
+
+def _entered(m: Member, entered: Entered | bool | None) -> None:
     if entered is None:  # nothing of it written: its message is re-driven by the lease or lost-chain repair
         m.stop()
         return
     m.entered, m.run_id = entered, None
 
 
-def _settle(m: _Member, report: StepReport, handed: Entered | bool | None = None) -> None:
+def _settle(m: Member, report: StepReport, handed: Entered | bool | None = None) -> None:
     """A member's step came to `report`: it ends here, or goes on to its next step (entered already
     when `handed` over to it; where the hand-over found that step done before, or stopped there, as
     `enter` would have, it is settled in turn, as engine's `_carry_through` does)."""
@@ -193,20 +181,15 @@ def _settle(m: _Member, report: StepReport, handed: Entered | bool | None = None
         return
     m.run, m.entered = m.run.next(), None
     if isinstance(handed, bool):
-        _settle(m, _skipped_or_stopped(handed))
+        _settle(m, skipped_or_stopped(handed))
     else:
         m.entered = handed
-
-
-def _skipped_or_stopped(entered: bool) -> StepReport:
-    """The report of a step `enter` did not run: done before (True), or the chain stops there (False)."""
-    return StepReport(entered, "skipped" if entered else "stopped")
 
 
 # --- running -------------------------------------------------------------------------------------------------
 
 
-def _run_all(members: list[_Member]) -> None:
+def _run_all(members: list[Member]) -> None:
     """Run the entered steps: concurrently as greenlets under gevent, else one after another.
 
     The greenlets end with this call, also where it is stopped (Celery's hard limit under gevent is a
@@ -225,7 +208,7 @@ def _run_all(members: list[_Member]) -> None:
             _run_one(m, still_held=i > 0)
 
 
-def _run_one(m: _Member, still_held: bool = False) -> None:
+def _run_one(m: Member, still_held: bool = False) -> None:
     """Run the member's step; `still_held`: its lease is read first, as earlier members' calls ran since it
     was taken (a member cancelled meanwhile, or whose lease was taken over, makes no call)."""
     assert isinstance(m.entered, Entered)
@@ -258,7 +241,7 @@ def _run_one(m: _Member, still_held: bool = False) -> None:
         m.stop()
 
 
-def _still_held(m: _Member) -> bool:
+def _still_held(m: Member) -> bool:
     """Whether the member's message is still PROCESSING under its lease (not cancelled, not taken over by a
     repair): read just before its call, in a transaction that only reads (no commit: the group's step
     still commits once). A store that is away is waited for, as the group's writes wait (a call made now
@@ -297,7 +280,7 @@ def _still_held(m: _Member) -> bool:
 # --- writing -------------------------------------------------------------------------------------------------
 
 
-def _write_all(members: list[_Member], follow: FollowUps) -> None:
+def _write_all(members: list[Member], follow: FollowUps) -> None:
     for m in members:
         verdict = m.verdict
         assert verdict is not None
@@ -306,17 +289,10 @@ def _write_all(members: list[_Member], follow: FollowUps) -> None:
     _group(members, follow, _write_one, together=_write_together)
 
 
-def _write_together(tx: Tx, members: list[_Member]) -> list[_Member]:
+def _write_together(tx: Tx, members: list[Member]) -> list[Member]:
     """PostgreSQL: the members' outcomes in ONE statement, each under its own compare-and-set (openhub.engine.
     batch_writes), then the rest of each one's write; those whose lease was lost are left to `_write_one`."""
-    if len(members) < 2 or not is_postgres(tx.conn):
-        return members
-    try:
-        rests = write_together(tx, [_step(m) for m in members])
-    except Exception as exc:
-        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(members[0].run, exc):
-            raise
-        raise _Redo(f"batch of {len(members)}, message {members[0].run.message_id} first: writing") from exc
+    rests = _together(tx, members, "writing", lambda: write_together(tx, [_step(m) for m in members]))
     for m, rest in zip(members, rests):
         if rest is not None and m.verdict is not None:  # as `_write_one`: handed over, or recorded
             verdict, handing_over, (result, _) = m.verdict, m.run_id, _write_part(tx, m, "writing", rest, False)
@@ -325,12 +301,26 @@ def _write_together(tx: Tx, members: list[_Member]) -> list[_Member]:
     return [m for m, rest in zip(members, rests) if rest is None]
 
 
-def _step(m: _Member) -> tuple[StepRun, Entered, Verdict, str | None]:
+def _together(tx: Tx, members: list[Member], what: str, write: Callable[[], list[Any]]) -> list[Any]:
+    """`write`'s one statement for all `members` on PostgreSQL (a list of what it wrote, per member); on SQLite
+    (or for one member) nothing, a None per member. A failure that is not the store's rolls the group back:
+    it is written again, each member alone (`_Redo`)."""
+    if len(members) < 2 or not is_postgres(tx.conn):
+        return [None] * len(members)
+    try:
+        return write()
+    except Exception as exc:
+        if is_outage(exc) or isinstance(exc, StoreUnavailable) or interrupted(members[0].run, exc):
+            raise
+        raise _Redo(f"batch of {len(members)}, message {members[0].run.message_id} first: {what}") from exc
+
+
+def _step(m: Member) -> tuple[StepRun, Entered, Verdict, str | None]:
     assert isinstance(m.entered, Entered) and m.verdict is not None
     return m.run, m.entered, m.verdict, m.run_id
 
 
-def _write_one(tx: Tx, m: _Member, careful: bool) -> None:
+def _write_one(tx: Tx, m: Member, careful: bool) -> None:
     """Record the member's step as its own part of the group's transaction, falling back as `engine` does:
     a success that could not be handed over is recorded alone, a record that failed is replaced by a
     transient failure "UNRECORDED", and where that fails too the lease repair takes over."""
@@ -366,7 +356,7 @@ class _Redo(Exception):
     """A message's write failed outside a savepoint: the group's transaction is written again, carefully."""
 
 
-def _write_part(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], careful: bool) -> tuple[Any, str]:
+def _write_part(tx: Tx, m: Member, what: str, write: Callable[[Tx], Any], careful: bool) -> tuple[Any, str]:
     """`write`, one message's part of the group's transaction, and what it returned; (None, the traceback)
     when it failed for this message alone. What it asks for after commit joins the group's on success.
 
@@ -390,12 +380,12 @@ def _write_part(tx: Tx, m: _Member, what: str, write: Callable[[Tx], Any], caref
 
 
 def _group(
-    members: list[_Member],
+    members: list[Member],
     follow: FollowUps,
-    each: Callable[[Tx, _Member, bool], None],
+    each: Callable[[Tx, Member, bool], None],
     *,
     raise_outage: bool = False,
-    together: Callable[[Tx, list[_Member]], list[_Member]] | None = None,
+    together: Callable[[Tx, list[Member]], list[Member]] | None = None,
 ) -> None:
     """`each` for every member in ONE transaction, committed together (each member's part in a savepoint
     of its own only once a part failed: `_write_part`); a store outage (or Celery's soft time limit

@@ -117,7 +117,7 @@ def _first_call(source: Any) -> Any:
 _LEASE_AND_CALL = _first_call(_LEASE.cte("lease"))
 
 
-def _folds_call(conn: Connection, item: RouteStep) -> bool:
+def folds_call(conn: Connection, item: RouteStep) -> bool:
     """Whether the statement that takes the step's lease also inserts its first call record: on
     PostgreSQL, for a step with message scope and no system (whose circuit breaker and limits are
     consulted before a record is made)."""
@@ -153,7 +153,7 @@ def take(conn: Connection, run: StepRun, columns: dict[str, Any], now: datetime)
         "holder": columns["worker"],
         "lease_until": columns["due_at"],
     }
-    if not _folds_call(conn, run.item):
+    if not folds_call(conn, run.item):
         return conn.execute(_LEASE, params).first(), False
     return _with_first_call(
         conn.execute(_LEASE_AND_CALL, {**params, **_first_call_params(run.message_id, run.item, now)}).first()
@@ -337,7 +337,7 @@ def outcome_params(
     done, entry = _closing(run, entered, verdict, now)
     params = {"mid": run.message_id, "token": run.token, "run": entered.run_id, **done, **(entry or {})}
     next_item = run.route.steps[run.index + 1] if hand else None
-    fold = next_item is not None and _folds_call(conn, next_item)
+    fold = next_item is not None and folds_call(conn, next_item)
     if next_item is not None and fold:
         params.update(_first_call_params(run.message_id, next_item, now))
     return params, entry is not None, fold

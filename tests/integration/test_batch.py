@@ -152,6 +152,46 @@ def test_a_message_cancelled_while_its_batch_runs_stops_and_the_others_go_on(
     assert history[history.index("cancelled") :] == ["cancelled"]  # nothing written after it
 
 
+def test_a_batch_claims_no_member_cancelled_or_of_a_stale_chain_and_the_others_go_on(
+    local: LocalHub, system: ExternalSystem
+) -> None:
+    """Issue 42: on PostgreSQL the batch claims its members at the first step in one statement, each under
+    its own compare-and-set (openhub.engine.batch_claims): a member cancelled before its batch task ran, and
+    one whose task carries an old token (its chain was published again since), are not claimed by it and
+    make no call (entered alone, they stop there); the others go on, and the stale one's own chain does."""
+    prefixes = [_prefix() for _ in range(4)]
+    ids = [local.submit("batched.flow", {"prefix": p}).id for p in prefixes]
+    chains = {message_id: token for _route, message_id, token, _start, _trace, _priority in local.publisher.chains}
+    local.publisher.chains.clear()
+    openhub.cancel(ids[1])
+    pairs = [(i, "an-old-token" if n == 2 else chains[i]) for n, i in enumerate(ids)]
+    assert local.hub is not None
+    run_batch("batched.flow", 0, pairs, hub=local.hub)
+    assert [local.get(i).state for i in ids] == ["OK", "CANCEL", "NEW", "OK"]
+    assert [system.count(f"{prefixes[n]}/a") for n in range(4)] == [1, 0, 0, 1]
+    assert _history(ids[1])[-1] == "cancelled" and "claimed" not in _history(ids[2])
+    run_batch("batched.flow", 0, [(ids[2], chains[ids[2]])], hub=local.hub)  # its own chain
+    assert local.get(ids[2]).state == "OK"
+    assert all(system.count(f"{prefixes[n]}/{name}") == 1 for n in (0, 2, 3) for name in "abc")
+
+
+def test_a_batch_of_a_paused_route_claims_none_of_its_members_until_resumed(
+    local: LocalHub, system: ExternalSystem
+) -> None:
+    """The batch's one claim statement (PostgreSQL) claims nothing while its route is paused: each member is
+    entered alone and postponed, as one message is; resumed, they run, each step once."""
+    prefixes = [_prefix() for _ in range(3)]
+    openhub.pause("batched.flow")
+    ids = [local.submit("batched.flow", {"prefix": p}).id for p in prefixes]
+    local.run()
+    assert [local.get(i).state for i in ids] == ["POSTPONED"] * 3
+    assert all(system.count(f"{p}/a") == 0 for p in prefixes)
+    openhub.resume("batched.flow")
+    local.tick(seconds=600)
+    assert [local.get(i).state for i in ids] == ["OK"] * 3
+    assert all(system.count(f"{p}/{name}") == 1 for p in prefixes for name in "abc")
+
+
 def test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call(
     local: LocalHub, system: ExternalSystem
 ) -> None:

@@ -362,6 +362,18 @@ MUTATIONS: list[Mutation] = [
         guard="tests/integration/test_batch.py::test_a_message_cancelled_while_its_batch_runs_stops_and_the_others_"
         "go_on",
     ),
+    Mutation(
+        "batch_set_claim_without_cas",
+        "issue 42 (set statements): a batch's one statement that claims its members at the first step claims a "
+        "message cancelled before the batch ran, or one whose chain was published again since (an old token)",
+        "openhub/engine/batch_claims.py",
+        "        AND messages.attempt_id = v.token AND messages.state IN "
+        "('{State.NEW.value}', '{State.IN_QUEUE.value}')\n",
+        "",
+        model=False,  # the model's batches carry their messages' current tokens, and no cancel comes between
+        guard="tests/integration/test_batch.py::test_a_batch_claims_no_member_cancelled_or_of_a_stale_chain_and_"
+        "the_others_go_on",
+    ),
     # --- issue 37, part 2: fan-out ----------------------------------------------------------------------------
     Mutation(
         "fan_out_family_restarted",
