@@ -14,7 +14,7 @@ import openhub
 from openhub.api.app import create_app
 from openhub.cli import main
 from openhub.core.errors import NotFound, StateConflict
-from openhub.outbound.confirm import resend, resend_parked
+from openhub.service.confirmations import resend, resend_parked
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
