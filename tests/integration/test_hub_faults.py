@@ -129,7 +129,7 @@ def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str]
     with routes.local_hub(
         OPENHUB_WORKER_DEAD_AFTER="2", OPENHUB_MAX_FAILS="0", OPENHUB_LEASE_GRACE="30", **local_store_env
     ) as hub:
-        workers.start_heartbeat()
+        workers.start_heartbeat(hub.hub.settings)
         try:
             routes.HOOKS["first"] = fall_behind
             view = hub.submit("p.fused", {})  # the second step's lease is taken in the first's commit

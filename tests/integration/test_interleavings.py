@@ -255,7 +255,7 @@ def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(
     with routes.local_hub(
         OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30", **local_store_env
     ) as hub:
-        workers.start_heartbeat()
+        workers.start_heartbeat(hub.hub.settings)
         try:
             routes.HOOKS["first"] = fall_behind
             view = hub.submit("p.fused", {})
