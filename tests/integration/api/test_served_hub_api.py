@@ -1,4 +1,4 @@
-"""Issue 35: an app built for a hub other than the process's (`create_app(settings=...)`) serves that hub in
+"""Issue 35: an app built for a hub other than the process's (`create_app(hub=...)`, `create_app(settings=...)`) serves that hub in
 every endpoint: its settings, its routes, its store and its clock, never the process's."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> Non
             conn.execute(traced.values(traceparent=f"00-{TRACE}-b7ad6b7169203331-01"))
         with (
             LocalHub(routes.__name__, OPENHUB_TRACE_URL="https://traces.process/{trace_id}") as process,
-            TestClient(create_app(settings=hub.settings, credentials=CREDENTIALS)) as client,
+            TestClient(create_app(hub=hub, credentials=CREDENTIALS)) as client,
         ):
             assert process.hub is not None
             monkeypatch.setattr(db, "get_settings", _process_settings)  # transaction(), store_now() with no URL
@@ -93,3 +93,33 @@ def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> Non
             assert cancelled.status_code == 200 and len(cancelled.json()["done"]) == 3, cancelled.text
             monkeypatch.undo()
             assert reads.count(MessageFilter(), hub=process.hub) == 0  # nothing reached the process's store
+
+
+def test_an_app_built_from_settings_serves_the_hub_they_describe_not_the_process_s(monkeypatch) -> None:
+    """`create_app(settings=X)` built its hub as the process's with X's settings: its database was X's, but its
+    routes and its publisher stayed the process's. It builds the hub X describes (`Hub.build`): X's routes, X's
+    store, a publisher of X's, while the process's hub (a LocalHub of other routes, opened after) points
+    elsewhere."""
+    from openhub.celery.dispatch import CeleryPublisher
+
+    with routes.local_hub() as served:
+        assert served.hub is not None
+        settings = served.hub.settings
+        waiting = served.submit("p.flow", {}, correlation_id="flow-x")
+        with (
+            LocalHub("tests.support.routes") as process,
+            TestClient(create_app(settings=settings, credentials=CREDENTIALS)) as client,
+        ):
+            assert process.hub is not None
+            hub = client.app.state.hub  # type: ignore[attr-defined]
+            assert hub is not process.hub and hub.settings is settings
+            assert "p.flow" in hub.registry.routes and "test.flow" not in hub.registry.routes  # X's routes
+            assert isinstance(hub.publisher, CeleryPublisher) and hub.publisher.settings is settings
+            monkeypatch.setattr(db, "get_settings", _process_settings, raising=False)  # no URL-less store call
+
+            detail = client.get(f"/api/v1/messages/{waiting.id}", headers=ADMIN)
+            assert detail.status_code == 200 and detail.json()["correlation_id"] == "flow-x", detail.text
+            listed = client.get("/api/v1/routes", headers=ADMIN)
+            assert listed.status_code == 200 and "p.flow" in listed.text and "test.flow" not in listed.text
+            monkeypatch.undo()
+            assert reads.count(MessageFilter(), hub=process.hub) == 0  # the process's store: none of X's
