@@ -151,11 +151,11 @@ def start_heartbeat(settings: Settings, *, keep_trying: bool = False, consumer: 
     """Make sure this process heartbeats (once per process) in the store of `settings`, its driver's hub's, by
     their dead-after limit; returns its worker id.
 
-    Called by the Celery adapter (tasks/, with its hub's settings) before a task runs. Processes that never call it have no heartbeat
-    thread (a web app submitting; `openhub.testing.LocalHub` writes one row when it opens): a run they
-    left without its outcome is repaired by the poller by the lease's expiry when they have no row,
-    and is never repaired while their row lists it as in flight (a LocalHub whose run crashed writes
-    its row again, leaving the run out: the next tick repairs it).
+    Called by the Celery adapter (tasks/, with its hub's settings) before a task runs. Processes that never call it have
+    no heartbeat thread (a web app submitting; `openhub.testing.LocalHub` writes one row when it opens): a run they
+    left without its outcome is repaired by the poller by the lease's expiry when they have no row, and is never
+    repaired while their row lists it as in flight (a LocalHub whose run crashed writes its row again, leaving the
+    run out: the next tick repairs it).
     `keep_trying` (a worker's main process, which takes no step): a first heartbeat that fails is
     not raised; the thread goes on trying, and the store counts as away (`store_reachable`) meanwhile.
     `consumer` (that main process): each heartbeat also reads whether an operator holds it (`held`).
@@ -197,7 +197,7 @@ def start_heartbeat(settings: Settings, *, keep_trying: bool = False, consumer: 
 def beat(
     worker_id: str,
     node: str,
-    url: str | None = None,
+    url: str | None,
     *,
     broken: bool = False,
     now: datetime | None = None,
@@ -207,11 +207,18 @@ def beat(
 
     Its time is the database server's on PostgreSQL (`now` given: that one), so every heartbeat
     is written by one clock; SQLite is embedded, and its clock is this host's. `own`: the heartbeat
-    thread's connection (no pool the steps share, no gate); else the process's, ahead of the steps' greenlets.
+    thread's connection (no pool the steps share, no gate); else one of the pool of the store at `url`, ahead
+    of the steps' greenlets.
     """
     global _renewed, _gap_ended, _held
     held = None
-    with own.begin() if own is not None else transaction(url, first=True) as conn:
+    if own is not None:
+        opened = own.begin()
+    elif url is not None:
+        opened = transaction(url, first=True)
+    else:
+        raise TypeError("beat needs the store's `url` or the heartbeat thread's own connection")
+    with opened as conn:
         # The fence counts from here, with the connection in hand, just before the heartbeat's time is read:
         # still no later than the time others see, but not charged with opening the connection, which in a
         # fresh process on a busy machine took most of the fence and fenced its first step at once.
@@ -416,7 +423,7 @@ def _heartbeat(worker_id: str, node: str, own: _OwnConnection, stop: Any, broken
     try:
         while not stop.acquire(timeout=interval):  # released: stop
             try:
-                beat(worker_id, node, broken=broken, own=own)
+                beat(worker_id, node, None, broken=broken, own=own)
                 broken = False
             except Exception as exc:
                 if not broken:

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import select
 
 from openhub.store import workers
-from openhub.store.db import transaction
 from openhub.store.schema import transitions
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_for
 
 

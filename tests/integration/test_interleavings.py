@@ -17,10 +17,11 @@ from sqlalchemy import select
 import openhub
 from openhub.core.config import get_settings
 from openhub.service import actions as operator
-from openhub.store.db import transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import ext_calls
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_for
 
 

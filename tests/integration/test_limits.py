@@ -11,11 +11,12 @@ import pytest
 
 from openhub.core.config import get_settings, reset_settings
 from openhub.core.errors import ConfigurationError
-from openhub.store.db import transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import ext_calls, system_slots
 from openhub.store.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 
 
 @pytest.fixture

@@ -17,12 +17,13 @@ import openhub
 from openhub.core.errors import StoreUnavailable
 from openhub.engine import batch, engine, entry, lifecycle, poller
 from openhub.engine.hub import Hub, current
-from openhub.store.db import get_engine, transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import ext_calls, messages, transitions
 from openhub.store.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 from tests.support.backends import postgres_database
+from tests.support.process_store import get_engine, transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""Issue 35: an app built for a hub other than the process's (`create_app(hub=...)`, `create_app(settings=...)`) serves that hub in
-every endpoint: its settings, its routes, its store and its clock, never the process's."""
+"""Issue 35: an app built for a hub other than the process's (`create_app(hub=...)`, `create_app(settings=...)`)
+serves that hub in every endpoint: its settings, its routes, its store and its clock, never the process's."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from sqlalchemy import update
 from openhub.api.app import create_app
 from openhub.api.auth import Credentials
 from openhub.service import reads
-from openhub.store import db
 from openhub.store.queries import MessageFilter
 from openhub.store.schema import messages
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import forbid_process_settings
 
 KEY = "served-key-" + "k" * 32
 ADMIN_TOKEN = "served-admin-" + "a" * 32
@@ -29,10 +29,6 @@ def _sample(text: str, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def _process_settings() -> None:
-    raise AssertionError("the process's settings were read to serve another hub")
 
 
 def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> None:
@@ -54,7 +50,7 @@ def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> Non
             TestClient(create_app(hub=hub, credentials=CREDENTIALS)) as client,
         ):
             assert process.hub is not None
-            monkeypatch.setattr(db, "get_settings", _process_settings)  # transaction(), store_now() with no URL
+            forbid_process_settings(monkeypatch)
 
             one = client.post("/api/v1/messages/p/flow", json={}, headers={**SOURCE, "X-Correlation-Id": "api-1"})
             assert one.status_code == 202, one.text
@@ -115,7 +111,7 @@ def test_an_app_built_from_settings_serves_the_hub_they_describe_not_the_process
             assert hub is not process.hub and hub.settings is settings
             assert "p.flow" in hub.registry.routes and "test.flow" not in hub.registry.routes  # X's routes
             assert isinstance(hub.publisher, CeleryPublisher) and hub.publisher.settings is settings
-            monkeypatch.setattr(db, "get_settings", _process_settings, raising=False)  # no URL-less store call
+            forbid_process_settings(monkeypatch)
 
             detail = client.get(f"/api/v1/messages/{waiting.id}", headers=ADMIN)
             assert detail.status_code == 200 and detail.json()["correlation_id"] == "flow-x", detail.text
