@@ -224,9 +224,9 @@ def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: 
     with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_WORKER_DEAD_AFTER="0.5"):
 
         def both_beat(broken: bool = False) -> None:
-            workers.beat("on-time", "host-a:1", broken=broken)
+            workers.beat("on-time", "host-a:1", local_store, broken=broken)
             monkeypatch.setattr(workers, "utcnow", lambda: real() + timedelta(seconds=20))  # host b's clock
-            workers.beat("ahead", "host-b:1", broken=broken)
+            workers.beat("ahead", "host-b:1", local_store, broken=broken)
             monkeypatch.setattr(workers, "utcnow", real)
 
         both_beat(broken=True)

@@ -400,7 +400,7 @@ MUTATIONS: list[Mutation] = [
         "installed last), so its own row still vouches for the run and no tick repairs it",
         "openhub/testing.py",
         'beat(current_id(), "LocalHub", self.hub.settings.database_url)',
-        'beat(current_id(), "LocalHub")',
+        'beat(current_id(), "LocalHub", __import__("openhub.engine.hub").engine.hub.current().settings.database_url)',
         model=False,
         guard="tests/integration/test_local_hub.py::test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store",
     ),
