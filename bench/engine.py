@@ -46,7 +46,7 @@ def one_run(route: str, n: int, http_port: int) -> dict[str, float]:
         LocalHub("bench.flows", OPENHUB_DATABASE_URL=url, BENCH_HTTP_URL=f"http://127.0.0.1:{http_port}/") as hub,
     ):
         import openhub
-        from openhub.store.db import get_engine
+        from tests.support.process_store import get_engine
 
         def carry(k: int, tag: str) -> None:
             openhub.submit_many(

@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import text
 
 from openhub.core.config import reset_settings
-from openhub.store.db import get_engine, utcnow
+from openhub.store.db import utcnow
 from openhub.store.migrate import upgrade
 from tests.integration.pipeline_stores import postgres_database
+from tests.support.process_store import get_engine
 
 MESSAGES = """
 WITH g AS (
@@ -100,7 +101,7 @@ def main() -> None:
             figures = overview(utcnow())
             times.append((time.perf_counter() - t) * 1000)
         from openhub.service import overview as parts
-        from openhub.store.db import transaction
+        from tests.support.process_store import transaction
 
         split = {}
         for name in ("route_states", "finished_series", "confirmation_states", "paused_routes"):

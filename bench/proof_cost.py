@@ -43,7 +43,7 @@ def main() -> None:
         upgrade(url)
         os.environ["OPENHUB_DATABASE_URL"] = url
         with LocalHub("tests.support.routes", OPENHUB_DATABASE_URL=url) as local:
-            workers.start_heartbeat(url)  # as a worker's process: its calls are fenced, and proven
+            workers.start_heartbeat(local.hub.settings)  # as a worker's process: its calls are fenced, and proven
             statements = [0]
 
             def counted(*_args: object) -> None:

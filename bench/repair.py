@@ -43,8 +43,8 @@ def in_flight_of(victim: Worker) -> list[int]:
     """Messages PROCESSING on one of the victim's pool processes (workers.node is host:pid)."""
     from sqlalchemy import select
 
-    from openhub.store.db import transaction
     from openhub.store.schema import messages, workers
+    from tests.support.process_store import transaction
 
     pids = {str(p) for p in victim.child_pids()} | {str(victim.process.pid)}
     with transaction() as conn:

@@ -72,7 +72,7 @@ def quiet(fn, *a, **kw):
 
 
 def rows(sql: str, *params):
-    from openhub.store.db import transaction
+    from tests.support.process_store import transaction
 
     with transaction() as conn:
         return conn.exec_driver_sql(sql, params).all() if params else conn.exec_driver_sql(sql).all()

@@ -79,8 +79,8 @@ def run_openhub(n: int) -> float:
     from sqlalchemy import func, select
 
     import openhub
-    from openhub.store.db import transaction
     from openhub.store.schema import messages
+    from tests.support.process_store import transaction
 
     started = time.perf_counter()
     first_id = None

@@ -30,7 +30,7 @@ from openhub.core.topics import Topic
 # What needs the store (SQLAlchemy) is imported on first use, so that a route module, or anything
 # importing only the routing model, loads no database library.
 _LAZY = {
-    "list_confirmations": "outbound.confirm",
+    "list_confirmations": "service.confirmations",
     "cancel": "service.actions",
     "pause": "service.pauses",
     "paused": "service.pauses",

@@ -165,7 +165,10 @@ def _start_ingress(host: str, port: int, announce: Any) -> Any:
         create_app(dev=True, announce=announce), host=host, port=port, log_level="info", **uvicorn_options()
     )
     # Its lines redacted and about their message as `openhub serve`'s are (openhub.core.logs; the worker's own).
-    logs.install([h for name in ("uvicorn", "uvicorn.access") for h in logging.getLogger(name).handlers])
+    from openhub.core.config import get_settings
+
+    handlers = [h for name in ("uvicorn", "uvicorn.access") for h in logging.getLogger(name).handlers]
+    logs.install(handlers, get_settings().log_format)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     threading.Thread(target=server.run, name="ingress", daemon=True).start()

@@ -26,7 +26,9 @@ def _touch(**_: object) -> None:
 def _ready(**_: object) -> None:
     _touch()
     # A store away at start: no task is taken until it is back; each beat reads whether an operator holds it.
-    workers.start_heartbeat(keep_trying=True, consumer=True)
+    from . import HUB  # the worker's hub, built when the app was (tasks/__init__.py)
+
+    workers.start_heartbeat(HUB.settings, keep_trying=True, consumer=True)
 
 
 worker_ready.connect(_ready, weak=False)

@@ -56,8 +56,8 @@ for _name, _keep_first in (
 @app.task(name=POLL_TASK, send_events=False)
 def poll() -> dict:
     """One poller tick: re-drive due messages, repair expired leases, retry confirmations."""
-    workers.start_heartbeat()  # a poller's process is a witness of the others' heartbeats
     hub = current()
+    workers.start_heartbeat(hub.settings)  # a poller's process is a witness of the others' heartbeats
     report = poller.tick(hub, confirm_deadline=confirmer_deadline())
     try:
         # What dead workers had taken and not started: back on the queue now, not after the visibility

@@ -76,7 +76,7 @@ def step_limit(steps: int) -> Callable[[float], ContextManager[None]] | None:
     return step_alarm if steps > 1 else None
 
 
-def _carried(task: Task, work: Callable[[bool], T]) -> T:
+def _carried(task: Task, hub: Hub, work: Callable[[bool], T]) -> T:
     """Run a step task's `work` (told whether the broker delivered the task again) with this process's
     heartbeat going: the leases it takes name this process, and its heartbeat says it lives.
 
@@ -84,7 +84,7 @@ def _carried(task: Task, work: Callable[[bool], T]) -> T:
     same tokens (steps it already carried through are found OK and skipped).
     """
     redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-    workers.start_heartbeat()
+    workers.start_heartbeat(hub.settings)
     try:
         return work(redelivered)
     except StoreUnavailable as exc:
@@ -98,6 +98,7 @@ def _step_task(app: Celery, hub: Hub, route: Route, index: int) -> Task:
         limit = step_limit(end - index)  # chosen when the task runs: the pool is known by then
         step, report = _carried(
             self,
+            hub,
             lambda redelivered: engine.run_steps(
                 route.name, index, end, message_id, token, redelivered, hub, limit, translate=translate
             ),
@@ -126,6 +127,7 @@ def _batch_task(app: Celery, hub: Hub, route: Route) -> Task:
         limit = step_limit(len(pairs) * (len(route.steps) - start))
         reports = _carried(
             self,
+            hub,
             lambda redelivered: batch.run_batch(
                 route.name, start, [(m, t) for m, t in pairs], redelivered, hub, limit, translate=translate
             ),

@@ -46,7 +46,7 @@ from openhub.core import tracing
 from openhub.core.config import Settings, get_settings
 from openhub.core.errors import ConfigurationError, InputError
 from openhub.core.live import set_log_level
-from openhub.engine.hub import current, serve_as
+from openhub.engine.hub import Hub, current, serve_as
 from openhub.engine.intake import identifier
 
 log = logging.getLogger("openhub.api")
@@ -164,14 +164,20 @@ def create_app(
     credentials: Credentials | None = None,
     throttle: Throttle | None = None,
     announce: Any = print,
+    hub: Hub | None = None,
 ) -> FastAPI:
-    """The ingress app serving the process's hub (with `settings` in place of its own, when given). In
-    `dev` mode without OPENHUB_API_KEYS a key and an admin token are generated and printed.
+    """The ingress app serving `hub`; else the hub `settings` describe, built for it (`Hub.build`: their
+    routes, their database, publishing to Celery), never the process's hub with other settings; else the
+    process's hub (`current()`). In `dev` mode without OPENHUB_API_KEYS a key and an admin token are
+    generated and printed.
 
     Outside `dev`, secrets read from the environment are checked (`auth.weaknesses`): placeholders,
     short or shared secrets stop the start with ConfigurationError.
     """
-    hub = current() if settings is None else dataclasses.replace(current(), settings=settings)
+    if hub is None:
+        hub = current() if settings is None else Hub.build(settings)
+    elif settings is not None:
+        raise TypeError("create_app takes a hub or the settings to build one, not both")
     serve_as("api")  # its settings in force are kept for `openhub config` (openhub.engine.hub.Hub.refresh)
     settings = hub.settings
     set_log_level(settings.log_level)

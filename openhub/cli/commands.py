@@ -93,7 +93,7 @@ def dev(host: str, port: int, concurrency: int, failure_rate: float, example_por
     from openhub.dev import run_dev
     from openhub.store.migrate import upgrade
 
-    upgrade()
+    upgrade(get_settings().database_url)
     sys.exit(
         run_dev(host=host, port=port, concurrency=concurrency, failure_rate=failure_rate, example_port=example_port)
     )

@@ -31,7 +31,7 @@ def confirmations_list(
 ) -> None:
     """Confirmations, newest first."""
     from openhub.core.context import aware, error_line
-    from openhub.outbound.confirm import list_confirmations
+    from openhub.service.confirmations import list_confirmations
 
     rows = [
         {
@@ -74,7 +74,7 @@ def confirmations_list(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def confirmations_resend(confirmation_id: int | None, parked: bool, source_system: str | None, as_json: bool) -> None:
     """Send a parked confirmation again now, or (--parked) make every parked one due again."""
-    from openhub.outbound.confirm import resend, resend_parked
+    from openhub.service.confirmations import resend, resend_parked
 
     if (confirmation_id is None) == (not parked):
         raise click.UsageError("give either one CONFIRMATION_ID or --parked")

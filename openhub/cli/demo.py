@@ -112,8 +112,8 @@ def demo(count: int, timeout: float, as_json: bool) -> None:
 def _states(ids: list[int]) -> dict[int, str]:
     from sqlalchemy import select
 
-    from openhub.store.db import transaction
+    from openhub.engine.hub import current
     from openhub.store.schema import messages as table
 
-    with transaction() as conn:
+    with current().transaction() as conn:
         return dict(conn.execute(select(table.c.id, table.c.state).where(table.c.id.in_(ids))).all())

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Mapping
 
+from openhub.core import secret_shapes
 from openhub.core.endpoints import ConfirmEndpoint, parse_endpoints
 from openhub.core.errors import ConfigurationError
 from openhub.core.signing import secret_keys
@@ -360,6 +361,7 @@ def get_settings() -> Settings:
         return _served
     if _settings is None:
         _settings = Settings.from_env()
+        _redact_as(_settings)
     return _settings
 
 
@@ -368,6 +370,7 @@ def serve_settings(settings: Settings | None) -> None:
     `openhub.engine.hub.install` calls it."""
     global _served
     _served = settings
+    _redact_as(settings if settings is not None else _settings)
 
 
 def swap_settings(old: Settings, new: Settings) -> None:
@@ -378,6 +381,15 @@ def swap_settings(old: Settings, new: Settings) -> None:
         _served = new
     if _settings is old:
         _settings = new
+    if new is (_served if _served is not None else _settings):
+        _redact_as(new)
+
+
+def _redact_as(settings: Settings | None) -> None:
+    """The process's log lines and records are redacted by the names of the process's settings (whichever
+    they are now: read from the environment, the installed hub's, changed live): handed to
+    openhub.core.secret_shapes here, where they change, so that no module below reads them from here."""
+    secret_shapes.configure(settings.redact_names if settings is not None else frozenset())
 
 
 def reset_settings() -> None:

@@ -190,7 +190,7 @@ class Outcome:
     # The state hook this notification is for; None: the confirmation to the message's source system.
     hook: str | None = None
     # The settings in force of the hub sending it: the stock webhook and confirmer sign it with that hub's
-    # secrets and give it that hub's OPENHUB_CONFIRM_TIMEOUT (None, an Outcome built elsewhere: the process's).
+    # secrets and give it that hub's OPENHUB_CONFIRM_TIMEOUT (None: an Outcome built elsewhere, which they refuse).
     settings: Settings | None = field(default=None, repr=False, compare=False)
 
     @property

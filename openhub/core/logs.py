@@ -135,13 +135,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
-def install(handlers: list[logging.Handler] | None = None, log_format: str | None = None) -> None:
-    """Make `handlers` (default: the root logger's) give records the ids of the message they are about
-    and format them as OPENHUB_LOG_FORMAT says."""
-    if log_format is None:
-        from openhub.core.config import get_settings
-
-        log_format = get_settings().log_format
+def install(handlers: list[logging.Handler] | None, log_format: str) -> None:
+    """Make `handlers` (None: the root logger's) give records the ids of the message they are about and
+    format them as `log_format` says: the driver's settings' OPENHUB_LOG_FORMAT, which it hands in."""
     for handler in logging.getLogger().handlers if handlers is None else handlers:
         if isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
             continue

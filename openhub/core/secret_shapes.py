@@ -11,8 +11,6 @@ from collections import Counter
 from collections.abc import Iterable
 from functools import lru_cache
 
-from openhub.core.config import get_settings
-
 REDACTED = "[redacted]"
 
 _SECRET_PARTS = re.compile(
@@ -44,12 +42,20 @@ def _is_secret_name(name: str, lower: str, configured: frozenset[str]) -> bool:
     return bool(words) and (words[-1] == "key" or any(w in _SECRET_WORDS for w in words))
 
 
+_configured: frozenset[str] = frozenset()  # the process's settings' names (`configure`)
+
+
+def configure(names: frozenset[str]) -> None:
+    """Recognise `names` (lower case) as secret from now on: the process's OPENHUB_REDACT_NAMES and
+    OPENHUB_REDACT_HEADERS, handed down by openhub.core.config wherever the process's settings are set (read
+    from the environment, a hub installed by a driver, changed live)."""
+    global _configured
+    _configured = frozenset(names)
+
+
 def configured_names() -> frozenset[str]:
-    """OPENHUB_REDACT_NAMES and OPENHUB_REDACT_HEADERS (lower case); none when the settings cannot be read."""
-    try:
-        return get_settings().redact_names
-    except Exception:
-        return frozenset()
+    """The names `configure` was last given (lower case): OPENHUB_REDACT_NAMES and OPENHUB_REDACT_HEADERS."""
+    return _configured
 
 
 # Header values that are a credential whatever the header is called: an HTTP auth scheme and its

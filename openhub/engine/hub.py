@@ -7,9 +7,8 @@ variables. Building a hub (`Hub.build`) writes no process global: only a driver'
 a hub the process's, and hubs installed side by side (two LocalHubs) may close in any order. The hub owns
 its database (`Hub.transaction`, on its settings' URL) and travels with every transaction that writes
 message state (`lifecycle.Tx.hub`): the engine and the service read the hub they are given, never the
-process's globals (tests/unit/test_layers.py, whose GLOBALS_LEFT lists the few modules below the drivers
-that still read the installed hub's parts through `config.get_settings()` and `registry.get_registry()`,
-each with its reason).
+process's globals (tests/unit/test_layers.py, whose DEFINED_AT names the only places below the drivers that
+call them: `current()` and `given()` here, `registry.get_registry()`, where they are defined).
 
 `settings` is the one part of a hub that changes while it serves: `Hub.refresh()` applies the values an admin
 set at run time (openhub.core.live, kept by openhub.store.live) on top of the settings its driver built, at
@@ -42,6 +41,11 @@ from openhub.store.db import reading, store_now, transaction
 log = logging.getLogger("openhub.config")
 
 
+def _its_stores() -> datetime:
+    """A hub's default clock: its store's, set when it is built (`Hub.__post_init__`)."""
+    raise AssertionError("a hub's default clock is replaced by its store's when it is built")
+
+
 @dataclass(frozen=True)
 class Hub:
     """What travels together from a driver into the library: settings, registry, publisher, clock."""
@@ -49,11 +53,11 @@ class Hub:
     settings: Settings
     registry: Registry
     publisher: Publisher
-    clock: Callable[[], datetime] = field(default=store_now)  # the database's on PostgreSQL (openhub.store.db)
+    clock: Callable[[], datetime] = field(default=_its_stores)  # the database's on PostgreSQL (openhub.store.db)
 
     def __post_init__(self) -> None:
         # The clock of this hub's database (also after `dataclasses.replace` gave it other settings).
-        if self.clock is store_now or (isinstance(self.clock, partial) and self.clock.func is store_now):
+        if self.clock is _its_stores or (isinstance(self.clock, partial) and self.clock.func is store_now):
             object.__setattr__(self, "clock", partial(store_now, self.settings.database_url))
 
     @classmethod

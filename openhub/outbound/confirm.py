@@ -35,12 +35,12 @@ from typing import Any, Callable
 
 from sqlalchemy import Connection, and_, insert, or_, select, update
 
-from openhub.core.config import Settings, get_settings
+from openhub.core.config import Settings
 from openhub.core.context import Outcome, error_line
 from openhub.core.errors import InputError, NotFound, StateConflict, StoreUnavailable
 from openhub.core.policy import confirmation_lease, confirmation_renewal, confirmation_retry, outage_pause
 from openhub.core.redact import redact_text
-from openhub.core.registry import Confirmer, Registry, get_registry
+from openhub.core.registry import Confirmer, Registry
 from openhub.core.runs import TimeLimit
 from openhub.core.states import ConfirmationState as CS
 from openhub.core.tracing import failed, message_span
@@ -347,12 +347,11 @@ def list_confirmations(
     source_system: str | None = None,
     limit: int = 100,
     *,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> list[dict[str, Any]]:
     """Confirmations with their message's source system and correlation id, newest first;
     `state="FAILED_END"` lists the parked ones for operators. In the store of the hub whose `settings` are
-    given (the API's served hub); without them, the process's (`openhub.list_confirmations`, the CLI)."""
-    settings = settings if settings is not None else get_settings()
+    given (the API's served hub; openhub.service.confirmations gives the caller's, else the process's)."""
     if state is not None and state not in CS.__members__:
         raise InputError(f"unknown confirmation state {state!r}: one of {', '.join(CS)}")
     refuse_control(source_system=source_system)
@@ -373,13 +372,9 @@ def list_confirmations(
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def resend(
-    confirmation_id: int, *, settings: Settings | None = None, registry: Registry | None = None
-) -> dict[str, Any]:
+def resend(confirmation_id: int, *, settings: Settings, registry: Registry) -> dict[str, Any]:
     """Send a parked (FAILED_END) confirmation again now, with a fresh round of attempts; the row after.
-    By the hub whose `settings` and `registry` are given (the API's served hub); else the process's."""
-    settings = settings if settings is not None else get_settings()
-    registry = registry if registry is not None else get_registry()
+    By the hub whose `settings` and `registry` are given (the API's served hub, openhub.service.confirmations')."""
     with transaction(settings.database_url) as conn:
         row = conn.execute(select(C.state, C.message_id).where(C.id == confirmation_id)).first()
         if row is None:
@@ -402,10 +397,9 @@ def resend(
     return next(c for c in listed if c["id"] == confirmation_id)
 
 
-def resend_parked(source_system: str | None = None, *, settings: Settings | None = None) -> list[int]:
+def resend_parked(source_system: str | None = None, *, settings: Settings) -> list[int]:
     """Make every parked confirmation (of one source system) due again; the poller sends them. Their ids.
-    In the store of the hub whose `settings` are given (the API's served hub); else the process's."""
-    settings = settings if settings is not None else get_settings()
+    In the store of the hub whose `settings` are given (the API's served hub, openhub.service.confirmations')."""
     refuse_control(source_system=source_system)
     where = C.state == CS.FAILED_END
     if source_system is not None:

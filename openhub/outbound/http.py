@@ -51,7 +51,7 @@ from openhub.core.errors import ConfigurationError, Postpone, Reject, TransientE
 from openhub.core.failures import RETRYABLE_4XX, error_code
 from openhub.core.redact import redact_text, redact_url, remember, url_secrets
 from openhub.core.secret_shapes import SECRET_VALUE, configured_names, is_secret_name
-from openhub.store.db import store_now
+from openhub.store.db import store_now, utcnow
 from openhub.store.recordings import Exchange, record_exchange
 
 log = logging.getLogger("openhub.http")
@@ -195,7 +195,9 @@ class HttpCall:
         req = client.build_request(method, url, headers=headers, **kwargs)
         _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
         ctx.check_fence()  # right before the call: not sent by a process others may judge dead
-        at, started = store_now(ctx.settings.database_url if ctx.settings else None), time.perf_counter()
+        # The hub's time, in its store's records; a context outside a hub's run records nothing (`_record`).
+        at = store_now(ctx.settings.database_url) if ctx.settings is not None else utcnow()
+        started = time.perf_counter()
         try:
             response = client.send(req)
             response.read()

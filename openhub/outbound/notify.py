@@ -24,7 +24,7 @@ from typing import Any, Callable
 import httpcore
 import httpx
 
-from openhub.core.config import Settings, get_settings
+from openhub.core.config import Settings
 from openhub.core.context import Outcome
 from openhub.core.errors import ConfigurationError
 from openhub.core.redact import redact_url
@@ -119,13 +119,27 @@ def post_within(url: str, seconds: float, **kwargs: Any) -> httpx.Response:
         return response.raise_for_status()
 
 
-def post_json(url: str, seconds: float, payload: Any, webhook_id: str, secret: str | None = None) -> httpx.Response:
+def post_json(
+    url: str,
+    seconds: float,
+    payload: Any,
+    webhook_id: str,
+    secret: str | None = None,
+    *,
+    settings: Settings | None = None,
+) -> httpx.Response:
     """POST `payload` as JSON to `url` within `seconds` (as `post_within`), with `webhook_id` as its
     Idempotency-Key and the Standard Webhooks headers signing the exact bytes sent with `secret`
-    (space-separated secrets, "" for none) or, without it, OPENHUB_WEBHOOK_SECRET: the operators' hooks'
-    secret. A confirmation goes with `send_outcome`, signed with its source system's own. Give one id per
+    (space-separated secrets, "" for none) or, without it, the OPENHUB_WEBHOOK_SECRET of the hub whose
+    `settings` are given (a confirmer's `outcome.settings`): the operators' hooks' secret. One of the two is
+    needed. A confirmation goes with `send_outcome`, signed with its source system's own. Give one id per
     event, the same on every retry of it (`outcome.webhook_id` is one)."""
-    keys = get_settings().webhook_secrets if secret is None else secret_keys(secret, strong=True)
+    if secret is not None:
+        keys = secret_keys(secret, strong=True)
+    elif settings is not None:
+        keys = settings.webhook_secrets
+    else:
+        raise TypeError("post_json needs a `secret` or the sending hub's `settings` (a confirmer's outcome.settings)")
     return post_signed(url, seconds, payload, webhook_id, keys)
 
 
@@ -150,8 +164,13 @@ def post_signed(
 
 def settings_of(outcome: Outcome) -> Settings:
     """The settings a notification is sent by: those of the hub sending it (`outcome.settings`, which the
-    sender, openhub.outbound.confirm, gives it), else the process's (an Outcome built outside a sender)."""
-    return outcome.settings if outcome.settings is not None else get_settings()
+    sender, openhub.outbound.confirm, gives it; an Outcome built elsewhere is given them by its builder)."""
+    if outcome.settings is None:
+        raise ConfigurationError(
+            "this Outcome carries no settings: the stock webhook and confirmer sign and time a notification by"
+            " the sending hub's (build it with Outcome(..., settings=hub.settings))"
+        )
+    return outcome.settings
 
 
 def signing_keys(outcome: Outcome) -> tuple[bytes, ...]:

@@ -23,7 +23,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from openhub.core.concurrency import SQLITE_GATE, green, store_gate
-from openhub.core.config import get_settings
 from openhub.core.errors import StoreUnavailable
 
 _engines: dict[tuple[int, str], Engine] = {}
@@ -48,7 +47,7 @@ def utcnow() -> datetime:
 # --- the hub's clock -----------------------------------------------------------------------------------
 #
 # Every time the hub stores and later compares (due times, leases, blocked_since, expires_at, rate buckets,
-# slots, breakers, confirmations, history) is `store_now()`: on PostgreSQL the database server's clock, the
+# slots, breakers, confirmations, history) is `store_now(url)`: on PostgreSQL the database server's clock, the
 # one clock every host shares (issue 33); on SQLite (embedded: one host) this host's. The database's clock
 # is read without a round trip of its own: each process reads it now and then at the start of a
 # transaction it opens anyway (`transaction`), and counts on from that reading with this host's boot clock,
@@ -65,11 +64,11 @@ def _boot_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
 
 
-def store_now(url: str | None = None) -> datetime:
-    """The hub's time, naive UTC: the database server's clock on PostgreSQL, this host's on SQLite.
+def store_now(url: str) -> datetime:
+    """The hub's time, naive UTC: the database server's clock on PostgreSQL, this host's on SQLite, for the
+    store at `url` (the hub's: `Hub.clock`).
 
     No round trip but a process's first (`transaction` reads the database's clock on its way in)."""
-    url = url or get_settings().database_url
     if url.startswith("sqlite"):
         return utcnow()
     reading = _readings.get(url)
@@ -147,13 +146,12 @@ def sqlite_engine(url: str, **options: Any) -> Engine:
     return engine
 
 
-def get_engine(url: str | None = None) -> Engine:
-    """The engine for `url` (default: OPENHUB_DATABASE_URL), one per process.
+def get_engine(url: str) -> Engine:
+    """The engine for `url` (a hub's OPENHUB_DATABASE_URL), one per process.
 
     Every commit waits for its WAL flush: a commit lost in a crash after the step it guarded
     called an external system would make the repair call it again.
     """
-    url = url or get_settings().database_url
     key = (os.getpid(), url)
     engine = _engines.get(key)
     if engine is None:
@@ -205,12 +203,11 @@ def insert_or_ignore(table: Table, pg: bool, **conflict: Any) -> Insert:
 
 
 @contextmanager
-def transaction(url: str | None = None, *, first: bool = False, read_only: bool = False) -> Iterator[Connection]:
-    """One database transaction; a lost or refused connection, a deadlock, or no free connection in the
-    pool in time becomes StoreUnavailable (the transaction had no effect and may be tried again). Under
-    gevent, `first` goes ahead of the greenlets waiting at the store's gate (a heartbeat). `read_only`:
-    rolled back at its end, never committed (`reading`)."""
-    url = url or get_settings().database_url
+def transaction(url: str, *, first: bool = False, read_only: bool = False) -> Iterator[Connection]:
+    """One database transaction on the store at `url` (the caller's hub's: `Hub.transaction`); a lost or refused
+    connection, a deadlock, or no free connection in the pool in time becomes StoreUnavailable (the transaction had
+    no effect and may be tried again). Under gevent, `first` goes ahead of the greenlets waiting at the store's gate
+    (a heartbeat). `read_only`: rolled back at its end, never committed (`reading`)."""
     try:
         # Prefork and threads pass straight on: the gate is for greenlets only.
         gate = (
@@ -232,7 +229,7 @@ def transaction(url: str | None = None, *, first: bool = False, read_only: bool 
         raise StoreUnavailable(f"message store: no free connection in this process's pool: {exc}") from exc
 
 
-def reading(url: str | None = None) -> AbstractContextManager[Connection]:
+def reading(url: str) -> AbstractContextManager[Connection]:
     """A transaction that only reads what is committed now: rolled back, never committed (no commit of
     its own, no WAL flush), with `transaction`'s StoreUnavailable where the store cannot be reached."""
     return transaction(url, read_only=True)

@@ -8,26 +8,24 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
-from openhub.core.config import get_settings
 
-
-def alembic_config(url: str | None = None) -> Config:
-    """An Alembic configuration for the store at `url` (default: OPENHUB_DATABASE_URL)."""
+def alembic_config(url: str) -> Config:
+    """An Alembic configuration for the store at `url` (`openhub db upgrade` gives OPENHUB_DATABASE_URL's)."""
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-    cfg.set_main_option("sqlalchemy.url", url or get_settings().database_url)
+    cfg.set_main_option("sqlalchemy.url", url)
     return cfg
 
 
-def current_revision(url: str | None = None) -> str | None:
+def current_revision(url: str) -> str | None:
     """The schema revision the store is at (None: no openhub schema yet)."""
     from openhub.store.db import get_engine
 
-    with get_engine(url or get_settings().database_url).connect() as conn:
+    with get_engine(url).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> tuple[str | None, str | None]:
+def upgrade(url: str, revision: str = "head") -> tuple[str | None, str | None]:
     """Bring the store's schema up to `revision`; the revisions (before, after)."""
     before = current_revision(url)
     command.upgrade(alembic_config(url), revision)

@@ -51,7 +51,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, delete, insert, select, update
 from sqlalchemy.pool import NullPool
 
-from openhub.core.config import get_settings
+from openhub.core.config import Settings
 from openhub.core.errors import Fenced
 from openhub.store.db import database_now, is_postgres, record_proofs, sqlite_engine, transaction, utcnow
 from openhub.store.holds import hold_on
@@ -89,6 +89,9 @@ _store_away = False  # this process's last heartbeat failed: the store could not
 CALL_FENCE = 0.5  # of OPENHUB_WORKER_DEAD_AFTER: a heartbeat this old refuses an external call (module doc)
 _consumer = False  # this process is a worker's main process: it takes the broker's tasks (start_heartbeat)
 _held: str | None = None  # why an operator holds it (openhub.store.holds), as its last heartbeat read
+# The settings its driver started this process's heartbeat with (`start_heartbeat`): its store, its dead-after
+# limit (a restart's, not live), so its fence and interval; None: it does not heartbeat.
+_settings: Settings | None = None
 # The step run in hand: [when its lease was taken, whether a call of it was refused]
 _lease_since: ContextVar[list[Any] | None] = ContextVar("openhub_lease_since", default=None)
 
@@ -144,19 +147,20 @@ def current_node() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:255]
 
 
-def start_heartbeat(url: str | None = None, *, keep_trying: bool = False, consumer: bool = False) -> str:
-    """Make sure this process heartbeats (once per process); returns its worker id.
+def start_heartbeat(settings: Settings, *, keep_trying: bool = False, consumer: bool = False) -> str:
+    """Make sure this process heartbeats (once per process) in the store of `settings`, its driver's hub's, by
+    their dead-after limit; returns its worker id.
 
-    Called by the Celery adapter before a task runs. Processes that never call it have no heartbeat
-    thread (a web app submitting; `openhub.testing.LocalHub` writes one row when it opens): a run they
-    left without its outcome is repaired by the poller by the lease's expiry when they have no row,
-    and is never repaired while their row lists it as in flight (a LocalHub whose run crashed writes
-    its row again, leaving the run out: the next tick repairs it).
+    Called by the Celery adapter (tasks/, with its hub's settings) before a task runs. Processes that never call it have
+    no heartbeat thread (a web app submitting; `openhub.testing.LocalHub` writes one row when it opens): a run they
+    left without its outcome is repaired by the poller by the lease's expiry when they have no row, and is never
+    repaired while their row lists it as in flight (a LocalHub whose run crashed writes its row again, leaving the
+    run out: the next tick repairs it).
     `keep_trying` (a worker's main process, which takes no step): a first heartbeat that fails is
     not raised; the thread goes on trying, and the store counts as away (`store_reachable`) meanwhile.
     `consumer` (that main process): each heartbeat also reads whether an operator holds it (`held`).
     """
-    global _beating, _heart, _store_away, _consumer
+    global _beating, _heart, _store_away, _consumer, _settings
     worker_id = current_id()
     _consumer = _consumer or consumer
     pid = os.getpid()
@@ -165,7 +169,8 @@ def start_heartbeat(url: str | None = None, *, keep_trying: bool = False, consum
             if _beating != pid or not _heart_alive():
                 if _beating == pid:
                     log.error("worker %s: its heartbeat thread ended; starting it again", worker_id)
-                url = url or get_settings().database_url
+                _settings = settings
+                url = settings.database_url
                 node = current_node()
                 # The thread's own connection is opened here, by the first beat, before any step of this
                 # process takes a lease: opened by the thread at its first beat, a loaded machine's
@@ -192,7 +197,7 @@ def start_heartbeat(url: str | None = None, *, keep_trying: bool = False, consum
 def beat(
     worker_id: str,
     node: str,
-    url: str | None = None,
+    url: str | None,
     *,
     broken: bool = False,
     now: datetime | None = None,
@@ -202,11 +207,18 @@ def beat(
 
     Its time is the database server's on PostgreSQL (`now` given: that one), so every heartbeat
     is written by one clock; SQLite is embedded, and its clock is this host's. `own`: the heartbeat
-    thread's connection (no pool the steps share, no gate); else the process's, ahead of the steps' greenlets.
+    thread's connection (no pool the steps share, no gate); else one of the pool of the store at `url`, ahead
+    of the steps' greenlets.
     """
     global _renewed, _gap_ended, _held
     held = None
-    with own.begin() if own is not None else transaction(url, first=True) as conn:
+    if own is not None:
+        opened = own.begin()
+    elif url is not None:
+        opened = transaction(url, first=True)
+    else:
+        raise TypeError("beat needs the store's `url` or the heartbeat thread's own connection")
+    with opened as conn:
         # The fence counts from here, with the connection in hand, just before the heartbeat's time is read:
         # still no later than the time others see, but not charged with opening the connection, which in a
         # fresh process on a busy machine took most of the fence and fenced its first step at once.
@@ -233,7 +245,8 @@ def beat(
 
 
 def _fence_after() -> float:
-    return get_settings().worker_dead_after.total_seconds() * FENCE
+    # No heartbeat started (a beat written by hand): nothing to fence by.
+    return float("inf") if _settings is None else _settings.worker_dead_after.total_seconds() * FENCE
 
 
 def call_fenced(since: float) -> bool:
@@ -241,13 +254,13 @@ def call_fenced(since: float) -> bool:
     `fenced`, or the heartbeat's last try failed, or its last success is older than `CALL_FENCE`, or the
     store answered none of this process's statements in the last `PROOF_AGE` and does not answer a ping
     now (openhub.store.proof: a store cut meanwhile)."""
-    if _beating != os.getpid() or _renewed is None:
+    if _beating != os.getpid() or _renewed is None or _settings is None:
         return False
     return (
         fenced(since)
         or _store_away
-        or time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE
-        or not proved(get_settings().database_url)
+        or time.monotonic() - _renewed > _settings.worker_dead_after.total_seconds() * CALL_FENCE
+        or not proved(_settings.database_url)
     )
 
 
@@ -302,8 +315,8 @@ def store_reachable() -> bool:
     """
     if _beating != os.getpid():
         return True
-    if not _heart_alive():
-        start_heartbeat(keep_trying=True)  # a store away meanwhile: the new thread goes on trying
+    if not _heart_alive() and _settings is not None:
+        start_heartbeat(_settings, keep_trying=True)  # a store away meanwhile: the new thread goes on trying
     return not _store_away and _renewed is not None and time.monotonic() - _renewed <= _fence_after()
 
 
@@ -315,11 +328,11 @@ def held() -> str | None:
 
 def stop_heartbeat() -> None:
     """Stop this process's heartbeat (an in-process test worker that is done); a later step starts it anew."""
-    global _beating, _heart
+    global _beating, _heart, _settings
     with _lock:
         if _heart is not None and _beating == os.getpid():
             _heart.stop(timeout=10)
-        _beating, _heart = None, None
+        _beating, _heart, _settings = None, None, None
 
 
 class _Heart:
@@ -405,11 +418,12 @@ def _heartbeat(worker_id: str, node: str, own: _OwnConnection, stop: Any, broken
     """Beat every fifth of the dead-after limit over `own` (opened by the first beat, kept between beats,
     opened anew after a failure) until `stop` is released; `own` is disposed of at the end."""
     global _store_away
-    interval = max(get_settings().worker_dead_after.total_seconds() / 5, 0.05)
+    assert _settings is not None  # set by start_heartbeat before it starts this thread
+    interval = max(_settings.worker_dead_after.total_seconds() / 5, 0.05)
     try:
         while not stop.acquire(timeout=interval):  # released: stop
             try:
-                beat(worker_id, node, broken=broken, own=own)
+                beat(worker_id, node, None, broken=broken, own=own)
                 broken = False
             except Exception as exc:
                 if not broken:

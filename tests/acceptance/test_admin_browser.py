@@ -384,8 +384,8 @@ def _worker_row(host: str) -> Iterator[str]:
     showed it gone, with no Finish button (stop 49's CI)."""
     from sqlalchemy import update
 
-    from openhub.store.db import store_now, transaction
     from openhub.store.schema import workers
+    from tests.support.process_store import store_now, transaction
 
     worker_id, now = str(uuid.uuid4()), store_now()
     with transaction() as conn:

@@ -68,8 +68,8 @@ def _published_again(ids: list[int]) -> int:
     """How many chains of these messages were published again (lost, or thought lost)."""
     from sqlalchemy import func, select
 
-    from openhub.store.db import transaction
     from openhub.store.schema import transitions
+    from tests.support.process_store import transaction
 
     t = transitions.c
     with transaction() as conn:

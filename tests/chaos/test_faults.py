@@ -137,8 +137,8 @@ def _assert_repaired_by_the_heartbeat(in_flight: list[int]) -> None:
 def _events(message_id: int, event: str) -> int:
     from sqlalchemy import func, select
 
-    from openhub.store.db import transaction
     from openhub.store.schema import transitions
+    from tests.support.process_store import transaction
 
     with transaction() as conn:
         return conn.execute(
@@ -266,8 +266,8 @@ def test_two_beats_never_dispatch_twice(svc, pool, chaos, tmp_path) -> None:
     _assert_all_done_once(ids, prefix, ["a", "b", "c"], external)
     from sqlalchemy import select
 
-    from openhub.store.db import transaction
     from openhub.store.schema import transitions
+    from tests.support.process_store import transaction
 
     with transaction() as conn:
         rows = conn.execute(
@@ -293,7 +293,7 @@ def test_a_task_a_killed_worker_had_taken_but_not_started_runs_elsewhere_in_seco
     from openhub.core.config import get_settings
     from openhub.core.registry import get_registry
     from openhub.engine.intake import insert_new, prepare
-    from openhub.store.db import transaction
+    from tests.support.process_store import transaction
 
     with _hub(tmp_path, OPENHUB_LEASE_GRACE="300") as (backend, external, _pg):
         first = Worker(backend.env, tmp_path / "w1", beat=False, **POOL_OPTIONS[pool]).start()
@@ -321,8 +321,8 @@ def _held_unstarted(redis: Any, victim: Worker) -> int:
     messages with no step run under way (taken, not started); read right after its SIGKILL."""
     from sqlalchemy import select
 
-    from openhub.store.db import transaction
     from openhub.store.schema import messages, workers
+    from tests.support.process_store import transaction
 
     assert victim.process is not None
     with transaction() as conn:
@@ -392,8 +392,9 @@ def test_a_worker_whose_store_is_away_takes_no_task(when, tmp_path) -> None:
     from openhub.core.registry import get_registry
     from openhub.engine.hub import current
     from openhub.engine.intake import insert_new, prepare
-    from openhub.store.db import dispose_engines, transaction
+    from openhub.store.db import dispose_engines
     from openhub.store.schema import workers
+    from tests.support.process_store import transaction
 
     metrics = f"127.0.0.1:{backends.free_port()}"
     with _hub(tmp_path / "hub", own_postgres=True, OPENHUB_WORKER_METRICS=metrics) as (backend, external, pg):

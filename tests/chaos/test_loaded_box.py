@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import select
 
 import openhub
-from openhub.store.db import transaction
 from openhub.store.schema import transitions
 from openhub.testing import ExternalSystem
 from tests.support import backends
 from tests.support.burner import spin
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final
 from tests.support.workers import Beat, Worker
 

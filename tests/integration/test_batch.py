@@ -20,10 +20,10 @@ from sqlalchemy import select
 import openhub
 from openhub.core.errors import StepFailed
 from openhub.engine.batch import run_batch, summary
-from openhub.store.db import transaction
 from openhub.store.schema import Base, transitions
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support.checks import assert_each_step_ok_once
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import PROJECT
 

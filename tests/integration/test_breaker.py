@@ -12,10 +12,10 @@ import openhub
 from openhub.core.config import get_settings
 from openhub.outbound.http import HttpCall
 from openhub.service.overview import overview
-from openhub.store.db import transaction
 from openhub.store.schema import breakers
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 
 
 @pytest.fixture

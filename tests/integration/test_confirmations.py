@@ -14,7 +14,7 @@ import openhub
 from openhub.api.app import create_app
 from openhub.cli import main
 from openhub.core.errors import NotFound, StateConflict
-from openhub.outbound.confirm import resend, resend_parked
+from openhub.service.confirmations import resend, resend_parked
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 
@@ -79,7 +79,7 @@ def test_confirmations_over_http(hub: LocalHub) -> None:
 
 
 def test_the_api_lists_and_resends_the_confirmations_of_the_hub_it_serves(hub: LocalHub) -> None:
-    """Issue 35: an app serving a hub other than the process's (`create_app(settings=...)`; here the process's
+    """Issue 35: an app serving a hub other than the process's (`create_app(hub=...)`; here the process's
     is a second LocalHub, opened after) listed and resent the confirmations of the process's store, looked its
     named operator tokens up there, and read its audit trail there."""
     from openhub.store import audit, tokens
@@ -91,7 +91,7 @@ def test_the_api_lists_and_resends_the_confirmations_of_the_hub_it_serves(hub: L
     admin = {"Authorization": f"Bearer {ADMIN}"}
     with (
         LocalHub(routes.__name__, source_system="CONFIRMED") as other,
-        TestClient(create_app(settings=hub.hub.settings)) as client,
+        TestClient(create_app(hub=hub.hub)) as client,
     ):
         assert other.hub is not None and openhub.list_confirmations() == []  # the process's: the other's store
         listed = client.get("/api/v1/confirmations", params={"state": "FAILED_END"}, headers=auth).json()

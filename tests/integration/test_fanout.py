@@ -12,10 +12,10 @@ from sqlalchemy import select
 
 import openhub
 from openhub.core.errors import StateConflict
-from openhub.store.db import transaction
 from openhub.store.schema import confirmations, transitions
 from tests.support import backends
 from tests.support.caller import ORDERS, orders_engine
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for, wait_state
 
 pytestmark = pytest.mark.usefixtures("hub")

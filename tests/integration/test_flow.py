@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import func, select
 
 import openhub
-from openhub.store.db import transaction
 from openhub.store.schema import messages, transitions
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for, wait_state
 
 pytestmark = pytest.mark.usefixtures("hub")

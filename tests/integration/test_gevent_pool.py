@@ -21,10 +21,11 @@ import sqlalchemy
 from sqlalchemy import select
 
 import openhub
-from openhub.store.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines, transaction
+from openhub.store.db import PG_MAX_OVERFLOW, PG_POOL_SIZE, dispose_engines
 from openhub.store.schema import workers
 from openhub.testing import ExternalSystem
 from tests.support import backends
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import PROJECT, Beat, Worker
 

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import select
 
 from openhub.store import workers
-from openhub.store.db import transaction
 from openhub.store.schema import transitions
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_for
 
 
@@ -129,7 +129,7 @@ def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str]
     with routes.local_hub(
         OPENHUB_WORKER_DEAD_AFTER="2", OPENHUB_MAX_FAILS="0", OPENHUB_LEASE_GRACE="30", **local_store_env
     ) as hub:
-        workers.start_heartbeat()
+        workers.start_heartbeat(hub.hub.settings)
         try:
             routes.HOOKS["first"] = fall_behind
             view = hub.submit("p.fused", {})  # the second step's lease is taken in the first's commit

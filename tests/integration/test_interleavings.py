@@ -17,10 +17,11 @@ from sqlalchemy import select
 import openhub
 from openhub.core.config import get_settings
 from openhub.service import actions as operator
-from openhub.store.db import transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import ext_calls
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_for
 
 
@@ -223,9 +224,9 @@ def test_a_host_whose_clock_is_ahead_witnesses_no_live_worker_dead(local_store: 
     with routes.local_hub(OPENHUB_DATABASE_URL=local_store, OPENHUB_WORKER_DEAD_AFTER="0.5"):
 
         def both_beat(broken: bool = False) -> None:
-            workers.beat("on-time", "host-a:1", broken=broken)
+            workers.beat("on-time", "host-a:1", local_store, broken=broken)
             monkeypatch.setattr(workers, "utcnow", lambda: real() + timedelta(seconds=20))  # host b's clock
-            workers.beat("ahead", "host-b:1", broken=broken)
+            workers.beat("ahead", "host-b:1", local_store, broken=broken)
             monkeypatch.setattr(workers, "utcnow", real)
 
         both_beat(broken=True)
@@ -255,7 +256,7 @@ def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(
     with routes.local_hub(
         OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30", **local_store_env
     ) as hub:
-        workers.start_heartbeat()
+        workers.start_heartbeat(hub.hub.settings)
         try:
             routes.HOOKS["first"] = fall_behind
             view = hub.submit("p.fused", {})

@@ -11,11 +11,12 @@ import pytest
 
 from openhub.core.config import get_settings, reset_settings
 from openhub.core.errors import ConfigurationError
-from openhub.store.db import transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import ext_calls, system_slots
 from openhub.store.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import process_url, transaction
 
 
 @pytest.fixture
@@ -89,9 +90,9 @@ def test_a_dead_workers_slot_is_free_as_soon_as_its_death_is_seen(hub: LocalHub)
     with pytest.raises(KeyboardInterrupt):
         hub.run()
     now = utcnow()
-    beat(current_id(), "victim", now=now - timedelta(minutes=1))  # silent for a minute...
-    beat("witness", "other", broken=True, now=now - timedelta(minutes=2))
-    beat("witness", "other", now=now)  # ...while another worker went on beating
+    beat(current_id(), "victim", process_url(), now=now - timedelta(minutes=1))  # silent for a minute...
+    beat("witness", "other", process_url(), broken=True, now=now - timedelta(minutes=2))
+    beat("witness", "other", process_url(), now=now)  # ...while another worker went on beating
     hub.tick()  # repaired at once, and re-run: the slot must not wait for its 10-minute lease
     assert hub.get(view.id).state == "OK", hub.get(view.id)
     assert routes.calls("post") == 1

@@ -21,11 +21,11 @@ from openhub.cli import main
 from openhub.core.config import get_settings
 from openhub.service import settings as live_settings
 from openhub.store import audit
-from openhub.store.db import store_now, transaction
 from openhub.store.schema import messages
 from openhub.testing import LocalHub
 from tests.integration.api.conftest import ADMIN, make_client
 from tests.support import backends
+from tests.support.process_store import store_now, transaction
 from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import Worker
 

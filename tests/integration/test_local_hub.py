@@ -273,19 +273,16 @@ def test_each_of_two_hubs_judges_heartbeats_by_its_own_worker_dead_after() -> No
 
 def test_a_hub_s_worker_states_and_crash_notes_read_no_process_settings(monkeypatch) -> None:
     """Issue 35: the worker-states service and the chain-failed task's note took their time from the process's
-    database clock (`store_now()` with no URL: the installed hub's store, on PostgreSQL another server's clock)
-    while writing to the hub's store. Here the process's settings cannot be read at all."""
+    database clock (`store_now()` with no URL, when there was one: the installed hub's store, on PostgreSQL
+    another server's clock) while writing to the hub's store. Here the process's settings cannot be read at all."""
     from openhub.service import worker_states as states
-    from openhub.store import db
     from openhub.store.queries import record_crash
-
-    def process_settings() -> None:
-        raise AssertionError("the process's settings were read on a hub's path")
+    from tests.support.process_store import forbid_process_settings
 
     with LocalHub("tests.support.routes") as local:
         assert local.hub is not None
         view = local.submit("test.flow", {"prefix": "/states"})
-        monkeypatch.setattr(db, "get_settings", process_settings)
+        forbid_process_settings(monkeypatch)
         assert states.worker_states(hub=local.hub) == []  # no worker's main process: LocalHub's row is none
         states.finish_host("host-x", "a test", hub=local.hub)
         assert [h["host"] for h in states.held_hosts(hub=local.hub)] == ["host-x"]

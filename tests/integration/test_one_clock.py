@@ -30,11 +30,11 @@ import pytest
 from sqlalchemy import select
 
 import openhub
-from openhub.store.db import transaction
 from openhub.store.schema import breakers, transitions
 from openhub.testing import Call, ExternalSystem
 from tests.support import backends
 from tests.support.clock_routes import AHEAD, SECONDS
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_for, wait_state
 from tests.support.workers import PROJECT, Worker
 

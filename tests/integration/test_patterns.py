@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import func, select
 
 import openhub
-from openhub.store.db import transaction
 from openhub.store.schema import messages, transitions
 from tests.support.checks import assert_each_step_ok_once
 from tests.support.history import began_of
 from tests.support.pools import ON_EVERY_POOL, POOL_OPTIONS
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for, wait_state
 from tests.support.workers import Worker
 

@@ -25,11 +25,11 @@ import pytest
 from sqlalchemy import inspect as db_inspect
 from sqlalchemy import select
 
-from openhub.store.db import transaction
 from openhub.store.schema import Base
 from tests.support import backends
 from tests.support.otlp import Receiver as TraceReceiver
 from tests.support.planted import EchoSystem, Receiver, leaks, masked_payload, plant, read_back, submit_all
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for
 from tests.support.workers import PROJECT, Worker
 

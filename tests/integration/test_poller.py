@@ -15,8 +15,9 @@ from openhub.engine.due import _due_query
 from openhub.engine.hub import current
 from openhub.engine.intake import insert_new_many, prepare
 from openhub.engine.poller import tick
-from openhub.store.db import transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import messages, transitions
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for
 
 

@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import func, select
 
 import openhub
-from openhub.store.db import transaction
 from openhub.store.schema import messages
 from openhub.testing import LocalHub
 from tests.support import backends
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final
 from tests.support.workers import Worker
 

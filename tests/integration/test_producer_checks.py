@@ -17,8 +17,8 @@ import openhub
 from openhub.api.app import with_settings
 from openhub.core.errors import InputError
 from openhub.engine.intake import insert_new_many, nesting_depth, prepare
-from openhub.store.db import transaction
 from tests.support import promise_routes
+from tests.support.process_store import transaction
 
 
 @pytest.fixture

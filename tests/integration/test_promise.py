@@ -17,12 +17,13 @@ import openhub
 from openhub.core.errors import StoreUnavailable
 from openhub.engine import batch, engine, entry, lifecycle, poller
 from openhub.engine.hub import Hub, current
-from openhub.store.db import get_engine, transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import ext_calls, messages, transitions
 from openhub.store.workers import beat, current_id
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
 from tests.support.backends import postgres_database
+from tests.support.process_store import get_engine, process_url, transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -382,9 +383,9 @@ def test_a_chain_handed_over_by_a_worker_that_died_is_published_again_at_once(hu
         row = conn.execute(select(messages.c.worker, messages.c.step_run).where(messages.c.id == view.id)).one()
     assert row.worker == current_id() and row.step_run is None  # named as the one to send the next step
     now = utcnow()
-    beat(current_id(), "victim", now=now - timedelta(minutes=1))  # silent for a minute...
-    beat("witness", "other", broken=True, now=now - timedelta(minutes=2))
-    beat("witness", "other", now=now)  # ...while another worker went on beating
+    beat(current_id(), "victim", process_url(), now=now - timedelta(minutes=1))  # silent for a minute...
+    beat("witness", "other", process_url(), broken=True, now=now - timedelta(minutes=2))
+    beat("witness", "other", process_url(), now=now)  # ...while another worker went on beating
     hub.tick()  # now: long before the 300 s lease grace would let the chain-lost check see it
     assert (hub.get(view.id).state, hub.get(view.id).failed_count) == ("OK", 0), _history(view.id)
     assert routes.calls("first") == 1 and routes.calls("second") == 1

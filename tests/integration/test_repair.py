@@ -22,11 +22,12 @@ from openhub.engine import engine
 from openhub.engine.due import BATCH
 from openhub.engine.intake import insert_new_many, prepare
 from openhub.engine.poller import repair_lost_runs, tick
-from openhub.store.db import transaction, utcnow
+from openhub.store.db import utcnow
 from openhub.store.schema import messages, transitions
 from openhub.store.workers import beat
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import process_url, transaction
 
 M = messages.c
 DEAD_RUNS = BATCH + 40
@@ -64,9 +65,9 @@ def _dead_worker_runs(now: datetime, n: int) -> list[int]:
                 for i in ids
             ],
         )
-    beat("victim", "victim-node", now=now - timedelta(minutes=1))  # silent for a minute...
-    beat("witness", "witness-node", broken=True, now=now - timedelta(minutes=2))
-    beat("witness", "witness-node", now=now)  # ...while another worker went on beating
+    beat("victim", "victim-node", process_url(), now=now - timedelta(minutes=1))  # silent for a minute...
+    beat("witness", "witness-node", process_url(), broken=True, now=now - timedelta(minutes=2))
+    beat("witness", "witness-node", process_url(), now=now)  # ...while another worker went on beating
     return sorted(ids, key=leased.__getitem__)
 
 

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select
 
 import openhub
-from openhub.store.db import transaction
 from openhub.store.schema import transitions
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final
 
 pytestmark = pytest.mark.usefixtures("hub")

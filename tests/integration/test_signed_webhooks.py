@@ -175,6 +175,18 @@ def test_the_secret_is_in_no_stored_error_or_log_when_the_receiver_fails(
         assert secret not in caplog.text
 
 
+def test_post_json_without_a_secret_signs_with_the_given_hubs_operator_secret(receiver: Receiver) -> None:
+    """`post_json` reads no process settings: without `secret` it signs with the OPENHUB_WEBHOOK_SECRET of the
+    settings its caller hands it (a confirmer's `outcome.settings`), and with neither it refuses to guess."""
+    from openhub.core.config import Settings
+
+    post_json(receiver.url, 5.0, {"id": 1}, "evt-3", settings=Settings.from_env({"OPENHUB_WEBHOOK_SECRET": SECRET}))
+    verify_signature(SECRET, receiver.posts[0].headers, receiver.posts[0].body)
+    with pytest.raises(TypeError, match="secret"):
+        post_json(receiver.url, 5.0, {"id": 1}, "evt-4")
+    assert len(receiver.posts) == 1
+
+
 def test_a_hooks_own_secret_overrides_the_setting_and_an_empty_one_sends_unsigned(receiver: Receiver) -> None:
     post_json(receiver.url, 5.0, {"id": 1, "state": "OK"}, "evt-1", secret=PLAIN)  # a confirmer's own POST
     post_json(receiver.url, 5.0, {"id": 1, "state": "OK"}, "evt-2", secret="")

@@ -39,9 +39,10 @@ def test_a_confirmation_sent_by_a_sender_whose_clock_is_behind_is_not_sent_again
     from openhub.core.config import get_settings
     from openhub.core.registry import get_registry
     from openhub.outbound.confirm import queue_confirmation, send_confirmations
-    from openhub.store.db import transaction, utcnow
+    from openhub.store.db import utcnow
     from openhub.testing import ExternalSystem
     from tests.support import backends
+    from tests.support.process_store import transaction
     from tests.support.waiting import wait_for
 
     external = ExternalSystem().start()
@@ -129,8 +130,9 @@ def test_a_poller_whose_clock_is_behind_sends_again_a_confirmation_whose_sending
     from sqlalchemy import update
 
     from openhub.outbound.confirm import queue_confirmation, send_confirmations
-    from openhub.store.db import database_now, transaction, utcnow
+    from openhub.store.db import database_now, utcnow
     from openhub.store.schema import confirmations
+    from tests.support.process_store import transaction
 
     with routes.local_hub(OPENHUB_DATABASE_URL=local_store) as hub:
         view = hub.submit("p.flow", {})

@@ -129,8 +129,8 @@ def test_a_slow_confirmer_does_not_hold_the_step_workers(
     Issue 34 M5: the queue was the default one unless configured, and the poller sent retries inline,
     so slow receivers held the step workers for OPENHUB_CONFIRM_TIMEOUT each."""
     from openhub.outbound.confirm import HANDED_OVER
-    from openhub.store.db import transaction
     from openhub.store.schema import confirmations
+    from tests.support.process_store import transaction
     from tests.support.waiting import wait_final, wait_for
     from tests.support.workers import Worker
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from openhub.store.db import get_engine
 from openhub.testing import LocalHub
+from tests.support.process_store import get_engine
 
 
 def test_sqlite_store_syncs_every_commit() -> None:

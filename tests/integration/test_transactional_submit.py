@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 
 import openhub
 from openhub.core.errors import InputError
-from openhub.store.db import transaction
 from openhub.store.schema import messages, transitions
 from tests.support import backends
 from tests.support.caller import ORDERS, orders_engine, psycopg_connection
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for
 
 pytestmark = pytest.mark.usefixtures("hub")

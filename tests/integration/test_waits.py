@@ -17,10 +17,10 @@ from sqlalchemy import select
 
 import openhub
 from openhub.core.errors import OpenHubError, ResponseTokenNeeded, StaleResponse, StateConflict
-from openhub.store.db import transaction
 from openhub.store.schema import transitions, waits
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import transaction
 
 TWO_WAITS = ["p.two_waits", "p.batch_waits"]  # wait_reply, second, wait_again, use_answer
 HOUR = 3600  # the test routes' response timeout

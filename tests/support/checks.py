@@ -6,8 +6,8 @@ from collections import Counter
 
 from sqlalchemy import select
 
-from openhub.store.db import transaction
 from openhub.store.schema import transitions
+from tests.support.process_store import transaction
 
 
 def step_ok_counts(message_ids: list[int]) -> Counter:

@@ -551,8 +551,8 @@ class Traffic:
 def _states(ids: list[int]) -> dict[int, str]:
     from sqlalchemy import select
 
-    from openhub.store.db import transaction
     from openhub.store.schema import messages
+    from tests.support.process_store import transaction
 
     with transaction() as conn:
         return {
@@ -568,8 +568,8 @@ def _unsettled(
     source system received, and the hosts' log lines about it (why a run did not settle)."""
     from sqlalchemy import select
 
-    from openhub.store.db import store_now, transaction
     from openhub.store.schema import confirmations, messages
+    from tests.support.process_store import store_now, transaction
 
     M, C = messages.c, confirmations.c
     out = []
@@ -610,7 +610,7 @@ def _busy_sessions() -> list[list[str]]:
     sender waiting on one renews nothing): pid, state, age of the transaction, what it waits on, its client."""
     from sqlalchemy import text
 
-    from openhub.store.db import transaction
+    from tests.support.process_store import transaction
 
     with transaction() as conn:
         rows = conn.execute(

@@ -298,11 +298,11 @@ MUTATIONS: list[Mutation] = [
             "    return (\n"
             "        fenced(since)\n"
             "        or _store_away\n"
-            "        or time.monotonic() - _renewed > get_settings().worker_dead_after.total_seconds() * CALL_FENCE\n"
-            "        or not proved(get_settings().database_url)\n"
+            "        or time.monotonic() - _renewed > _settings.worker_dead_after.total_seconds() * CALL_FENCE\n"
+            "        or not proved(_settings.database_url)\n"
             "    )\n"
         ),
-        "    return fenced(since) or not proved(get_settings().database_url)\n",
+        "    return fenced(since) or not proved(_settings.database_url)\n",
         model=False,
         guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store",
     ),
@@ -311,7 +311,7 @@ MUTATIONS: list[Mutation] = [
         "issue 33 #6 (its root): a call sent up to half of dead-after after the store was cut, on a heartbeat not "
         "yet overdue, not only within PROOF_AGE of a round trip of its process to the store",
         "openhub/store/workers.py",
-        "        or not proved(get_settings().database_url)\n    )\n",
+        "        or not proved(_settings.database_url)\n    )\n",
         "    )\n",
         model=False,
         guard="tests/integration/test_proof.py::test_a_worker_cut_from_the_store_starts_no_call_past_the_proof_age",
@@ -401,7 +401,8 @@ MUTATIONS: list[Mutation] = [
         "(the installed hub's), so a process silent past the hub's own limit is alive to it",
         "openhub/store/workers.py",
         "    dead = dead_among(rows, dead_after)\n",
-        "    dead = dead_among(rows, get_settings().worker_dead_after)  # reverted: the process's\n",
+        "    from openhub.core.config import get_settings  # reverted: the process's\n"
+        "    dead = dead_among(rows, get_settings().worker_dead_after)\n",
         model=False,
         guard="tests/integration/test_local_hub.py::test_each_of_two_hubs_judges_heartbeats_by_its_own_worker_dead_after",
     ),
@@ -411,7 +412,7 @@ MUTATIONS: list[Mutation] = [
         "installed last), so its own row still vouches for the run and no tick repairs it",
         "openhub/testing.py",
         'beat(current_id(), "LocalHub", self.hub.settings.database_url)',
-        'beat(current_id(), "LocalHub")',
+        'beat(current_id(), "LocalHub", __import__("openhub.engine.hub").engine.hub.current().settings.database_url)',
         model=False,
         guard="tests/integration/test_local_hub.py::test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store",
     ),

@@ -48,9 +48,10 @@ from openhub.core.verdicts import idempotency_key
 from openhub.service import actions as operator
 from openhub.service import settings as live_settings
 from openhub.service import worker_states
-from openhub.store.db import is_postgres, store_clock, store_now, transaction
+from openhub.store.db import is_postgres, store_clock
 from openhub.store.schema import confirmations, ext_calls, messages, transitions
 from tests.support import promise_routes as routes
+from tests.support.process_store import store_now, transaction
 from tests.support.stubs import PostStub
 
 # route -> the payloads it is given (splits make children of p.leaf)

@@ -188,37 +188,19 @@ GLOBALS = {"get_settings", "get_registry", "current"}
 GLOBAL_URL = {"transaction", "reading", "store_now"}  # openhub.store.db's, called with no URL: the process's database
 # Every module below the drivers reads settings, routes, the publisher and the database from the hub it is
 # given (a step run's, a transaction's `tx.hub`, a `hub` argument) or the settings a caller hands down, never
-# from the process's globals (issue 35). What is left, each with its reason: none may join them, and each
-# goes once it is converted. (The drivers, api/app.py api/server.py cli/ pipeline/ dev.py testing.py and tasks/,
-# may read them; the rest of api/ serves the hub of the app answering, `openhub.api.served`.)
-GLOBALS_LEFT = {
-    "core/registry.py": ({"get_settings"}, "the process's registry is built from the process's settings"),
-    "core/logs.py": ({"get_settings"}, "a process logs one way: its log format is the process's"),
-    "core/secret_shapes.py": (
-        {"get_settings"},
-        "log lines are redacted by the process's names, wherever they come from",
-    ),
-    "engine/hub.py": (
-        {"current", "get_settings", "get_registry"},
-        "the process's hub is built here, and is the default of the entry points (`given`) for a caller without one",
-    ),
-    "outbound/confirm.py": (
-        {"get_settings", "get_registry"},
-        "the operator calls of the Python API with no hub at hand (`openhub.list_confirmations`, `resend`,"
-        " `resend_parked`; the API passes its served hub's); every send is given its hub's settings and routes",
-    ),
-    "outbound/notify.py": (
-        {"get_settings"},
-        "`post_json`, a route's own confirmer's POST with no outcome at hand, and an Outcome built outside a"
-        " sender (`settings_of`): the process's secrets; a sent one carries its hub's (`Outcome.settings`)",
-    ),
-    "store/db.py": ({"get_settings"}, "the database URL of a caller that gives none (the drivers')"),
-    "store/migrate.py": ({"get_settings"}, "`openhub migrate` (a driver) migrates the process's database"),
-    "store/workers.py": (
-        {"get_settings"},
-        "this process's own heartbeat (one thread a process, started by tasks/ with no hub): its store, its"
-        " interval and its fence; judging others' heartbeats (`liveness`) takes the hub's dead-after",
-    ),
+# from the process's globals (issue 35). The drivers, api/app.py api/server.py cli/ pipeline/ dev.py testing.py
+# and tasks/, may read them; the rest of api/ serves the hub of the app answering, `openhub.api.served`.
+# The one exception is where the globals are defined, and only inside their definitions: each function below
+# may call the globals listed with it, and nothing else in its module calls any. (openhub.core.config defines
+# `get_settings` and calls none: it hands the process's redaction names down to openhub.core.secret_shapes.)
+DEFINED_AT = {
+    "core/registry.py": {
+        "get_registry": {"get_settings"},  # the process's own routes are loaded from the process's settings
+    },
+    "engine/hub.py": {
+        "current": {"get_settings", "get_registry"},  # the process's hub, when no driver installed one
+        "given": {"current"},  # the default of the entry points (`hub=None`): the process's hub
+    },
 }
 DRIVERS = ("api/app.py", "api/server.py", "cli", "pipeline", "dev.py", "testing.py")
 
@@ -228,11 +210,11 @@ def _is_driver(name: str) -> bool:
     return name in DRIVERS or name.split("/")[0] in DRIVERS
 
 
-def _global_calls(source: str) -> set[str]:
-    """The process's globals a module's `source` calls: GLOBALS (bare or as `config.`, `registry.`, `hub.`
-    attributes), and `transaction()`/`reading()` (bare or `db.`) with no URL."""
+def _global_calls(source: str | ast.AST) -> set[str]:
+    """The process's globals a module's `source` (or a tree of it) calls: GLOBALS (bare or as `config.`,
+    `registry.`, `hub.` attributes), and `transaction()`/`reading()`/`store_now()` (bare or `db.`) with no URL."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(source) if isinstance(source, str) else source):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -249,14 +231,39 @@ def _is_name(node: ast.expr, *names: str) -> bool:
     return isinstance(node, ast.Name) and node.id in names
 
 
+def _global_calls_by_place(name: str, source: str) -> dict[str, set[str]]:
+    """The process's globals the module at `name` calls, by place: `name` for its body, `name:function` for a
+    function of DEFINED_AT's (the module's own definitions of the globals)."""
+    tree = ast.parse(source)
+    defined = DEFINED_AT.get(name, {})
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in defined and (calls := _global_calls(node)):
+            found[f"{name}:{node.name}"] = calls
+    rest = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in defined)]
+    if calls := _global_calls(ast.Module(body=rest, type_ignores=[])):
+        found[name] = calls
+    return found
+
+
 def test_below_the_drivers_modules_read_the_hub_they_are_given_not_the_process_globals() -> None:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = str(path.relative_to(PACKAGE))
-        calls = _global_calls(path.read_text())
-        if calls and not _is_driver(name):
-            found[name] = calls
-    assert found == {name: calls for name, (calls, _why) in GLOBALS_LEFT.items()}
+        if not _is_driver(name):
+            found.update(_global_calls_by_place(name, path.read_text()))
+    assert found == {
+        f"{name}:{function}": calls for name, defined in DEFINED_AT.items() for function, calls in defined.items()
+    }
+
+
+def test_where_the_globals_are_defined_only_their_definitions_call_them() -> None:
+    source = "def current():\n    return get_settings()\n\ndef other():\n    return get_registry()\n"
+    assert _global_calls_by_place("engine/hub.py", source) == {
+        "engine/hub.py:current": {"get_settings"},
+        "engine/hub.py": {"get_registry"},
+    }
+    assert _global_calls_by_place("engine/engine.py", source) == {"engine/engine.py": {"get_settings", "get_registry"}}
 
 
 def test_the_globals_rule_sees_each_way_of_calling_them() -> None:
@@ -300,12 +307,12 @@ def _left_to_the_process(module: object, source: str) -> list[str]:
 
 def test_below_the_drivers_calls_hand_their_hub_down() -> None:
     """The other half of the globals rule: a module below the drivers that calls a function whose `hub`,
-    `settings`, `registry` or `url` defaults to the process's passes its own (an endpoint: its served hub's).
-    The modules of GLOBALS_LEFT may read the process's, and so may leave them to it."""
+    `settings`, `registry` or `url` defaults to the process's passes its own (an endpoint: its served hub's),
+    also where the globals are defined (DEFINED_AT)."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = str(path.relative_to(PACKAGE))
-        if _is_driver(name) or name in GLOBALS_LEFT or "migrations" in path.parts:  # alembic's env runs on import
+        if _is_driver(name) or "migrations" in path.parts:  # alembic's env runs on import
             continue
         module = importlib.import_module(_module_name(path))
         if calls := _left_to_the_process(module, path.read_text()):

@@ -288,13 +288,14 @@ def test_the_values_a_step_sent_as_secrets_are_redacted_whatever_their_shape() -
 
 
 def test_configured_names_add_to_the_built_in_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    from openhub.core.config import reset_settings
+    from openhub.core.config import get_settings, reset_settings
     from openhub.core.redact import is_secret_name
 
     assert not is_secret_name("X-Vendor-Ref")
     monkeypatch.setenv("OPENHUB_REDACT_NAMES", "X-Vendor-Ref, tenant_code")
     reset_settings()
     try:
+        get_settings()  # a driver reads the process's settings: their names are handed to the redaction
         assert is_secret_name("x-vendor-ref") and is_secret_name("TENANT_CODE") and is_secret_name("password")
         assert (
             redact_text("X-Vendor-Ref: v-1 and tenant_code=t-2")
@@ -303,6 +304,32 @@ def test_configured_names_add_to_the_built_in_ones(monkeypatch: pytest.MonkeyPat
     finally:
         monkeypatch.delenv("OPENHUB_REDACT_NAMES")
         reset_settings()
+        get_settings()
+    assert not is_secret_name("x-vendor-ref")
+
+
+def test_the_process_redacts_by_the_names_of_the_settings_it_serves() -> None:
+    """No module below the drivers reads the process's settings for its names (tests/unit/test_layers.py):
+    openhub.core.config hands them to the redaction wherever the process's settings change, a hub
+    installed (`serve_settings`), its settings changed live (`swap_settings`), the hub closed."""
+    import dataclasses
+
+    from openhub.core.config import Settings, serve_settings, swap_settings
+    from openhub.core.redact import is_secret_name
+
+    installed = Settings.from_env({"OPENHUB_REDACT_NAMES": "x-tenant"})
+    assert not is_secret_name("X-Tenant")
+    serve_settings(installed)
+    try:
+        assert is_secret_name("X-Tenant") and redact_text("X-Tenant: t-1") == "X-Tenant: [redacted]"
+        changed = dataclasses.replace(installed, redact_names=frozenset({"x-other"}))
+        swap_settings(installed, changed)
+        assert is_secret_name("X-Other") and not is_secret_name("X-Tenant")
+        swap_settings(Settings.from_env({}), Settings.from_env({"OPENHUB_REDACT_NAMES": "x-third"}))  # not served
+        assert not is_secret_name("X-Third")
+    finally:
+        serve_settings(None)
+    assert not is_secret_name("X-Other")
 
 
 def test_a_route_marks_payload_fields_secret() -> None:

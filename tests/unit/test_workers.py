@@ -6,6 +6,7 @@ import os
 import threading
 from datetime import datetime, timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -99,26 +100,29 @@ def test_a_child_forked_while_the_heartbeat_holds_the_runs_lock_can_start_a_run(
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def _settings(url: str) -> Any:
+    """The settings a driver starts this process's heartbeat with: its store, dead-after 1 s (the fence at
+    0.75 s, a call refused at 0.5 s of silence, a beat every 0.2 s)."""
+    from openhub.core.config import Settings
+
+    return Settings.from_env({"OPENHUB_DATABASE_URL": url, "OPENHUB_WORKER_DEAD_AFTER": "1"})
+
+
 @pytest.fixture
 def heartbeating(tmp_path, monkeypatch):
     """This process heartbeats (as a worker's main process does) on a SQLite store, every 0.2 s, its
     fence at 0.75 s; the store's path is yielded."""
-    from openhub.core.config import reset_settings
     from openhub.store import workers
     from openhub.store.db import dispose_engines
     from openhub.store.migrate import upgrade
 
     path = tmp_path / "store.db"
-    monkeypatch.setenv("OPENHUB_DATABASE_URL", f"sqlite:///{path}")
-    monkeypatch.setenv("OPENHUB_WORKER_DEAD_AFTER", "1")
-    reset_settings()
-    upgrade()
-    workers.start_heartbeat(keep_trying=True)
+    settings = _settings(f"sqlite:///{path}")
+    upgrade(settings.database_url)
+    workers.start_heartbeat(settings, keep_trying=True)
     yield path
     workers.stop_heartbeat()
     dispose_engines()
-    monkeypatch.undo()
-    reset_settings()
 
 
 def test_a_heartbeat_that_hangs_counts_as_a_store_away(heartbeating) -> None:
@@ -167,31 +171,29 @@ def test_a_first_heartbeat_slow_to_connect_does_not_fence_the_step_after_it(tmp_
 
     from sqlalchemy import event
 
-    from openhub.core.config import reset_settings
     from openhub.store import workers
     from openhub.store.db import dispose_engines, get_engine
     from openhub.store.migrate import upgrade
 
-    monkeypatch.setenv("OPENHUB_DATABASE_URL", f"sqlite:///{tmp_path / 'store.db'}")
-    monkeypatch.setenv("OPENHUB_WORKER_DEAD_AFTER", "1")  # the fence at 0.75 s
-    reset_settings()
+    settings = _settings(f"sqlite:///{tmp_path / 'store.db'}")  # the fence at 0.75 s
     try:
-        upgrade()
+        upgrade(settings.database_url)
         dispose_engines()  # the beat opens its own connection, as in a fresh process
 
-        @event.listens_for(get_engine(), "connect")
+        @event.listens_for(get_engine(settings.database_url), "connect")
         def slow_to_connect(*_: object) -> None:
             time.sleep(1.0)  # the fault: a connection that takes a busy machine's second
 
-        monkeypatch.setattr(workers, "_beating", os.getpid())  # as start_heartbeat sets it, without its thread
+        # As start_heartbeat sets them, without its thread.
+        monkeypatch.setattr(workers, "_beating", os.getpid())
+        monkeypatch.setattr(workers, "_settings", settings)
         monkeypatch.setattr(workers, "_renewed", None)
         monkeypatch.setattr(workers, "_gap_ended", float("-inf"))
-        workers.beat(workers.current_id(), "test", broken=True)
+        workers.beat(workers.current_id(), "test", settings.database_url, broken=True)
         assert not workers.fenced(time.monotonic())  # the heartbeat was just written
     finally:
         dispose_engines()
         monkeypatch.undo()
-        reset_settings()
 
 
 def test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store(heartbeating) -> None:
@@ -235,14 +237,11 @@ def test_the_heartbeat_threads_connection_slow_to_open_fences_no_call(tmp_path, 
 
     from sqlalchemy import event
 
-    from openhub.core.config import reset_settings
     from openhub.store import workers
     from openhub.store.db import dispose_engines
     from openhub.store.migrate import upgrade
 
-    monkeypatch.setenv("OPENHUB_DATABASE_URL", f"sqlite:///{tmp_path / 'store.db'}")
-    monkeypatch.setenv("OPENHUB_WORKER_DEAD_AFTER", "1")  # a call refused at 0.5 s of silence
-    reset_settings()
+    settings = _settings(f"sqlite:///{tmp_path / 'store.db'}")  # a call refused at 0.5 s of silence
     real = workers.sqlite_engine
     opened: list[float] = []
 
@@ -259,8 +258,8 @@ def test_the_heartbeat_threads_connection_slow_to_open_fences_no_call(tmp_path, 
 
     monkeypatch.setattr(workers, "sqlite_engine", slow_to_open)
     try:
-        upgrade()
-        workers.start_heartbeat()
+        upgrade(settings.database_url)
+        workers.start_heartbeat(settings)
         leased = time.monotonic()  # the first step's lease, taken once the heartbeat started
         refused = []
         while time.monotonic() - leased < 1.5:  # several beats, past the first of the thread
@@ -272,7 +271,6 @@ def test_the_heartbeat_threads_connection_slow_to_open_fences_no_call(tmp_path, 
         workers.stop_heartbeat()
         dispose_engines()
         monkeypatch.undo()
-        reset_settings()
 
 
 def test_a_workers_state_is_read_from_its_heartbeat_its_hold_and_its_runs() -> None:

@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from openhub.core.config import get_settings
 from openhub.store import audit, tokens
-from openhub.store.db import transaction
 from openhub.store.schema import live_settings
+from tests.support.process_store import transaction
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import update
 
 from openhub.core import codes
-from openhub.store.db import transaction
 from openhub.store.schema import messages
 from tests.integration.api.conftest import ADMIN, CRM
+from tests.support.process_store import transaction
 
 
 def _carry(message_id: int, code: str) -> None:

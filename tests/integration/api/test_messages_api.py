@@ -13,11 +13,11 @@ from sqlalchemy import func, select
 import openhub
 from openhub.api.problems import STATUS_BY_ERROR, status_for
 from openhub.core import errors
-from openhub.store.db import transaction
 from openhub.store.schema import messages
 from tests.integration.api.conftest import ADMIN, CRM, SHOP, bearer, make_client
 from tests.integration.api.extra_routes import OPERATOR_NAMED
 from tests.support import backends
+from tests.support.process_store import transaction
 
 
 def stored(correlation_id: str, source_system: str | None = None) -> int:

@@ -15,9 +15,9 @@ from sqlalchemy import update
 import openhub
 from openhub.core.config import get_settings
 from openhub.store import tokens
-from openhub.store.db import transaction
 from openhub.store.schema import messages
 from tests.integration.api.conftest import bearer
+from tests.support.process_store import transaction
 from tests.support.waiting import wait_final, wait_for, wait_state
 
 

@@ -17,10 +17,10 @@ from sqlalchemy import func, select, update
 
 from openhub.core.config import get_settings
 from openhub.store import audit, tokens
-from openhub.store.db import store_now, transaction
 from openhub.store.schema import audit as audit_table
 from openhub.store.schema import confirmations, messages, route_pauses, workers
 from tests.integration.api.conftest import ADMIN, CRM, bearer
+from tests.support.process_store import store_now, transaction
 
 MUTATING = {"post", "put", "delete", "patch"}
 # The ingresses a source system's key may use (the SOAP one answers a source key with its own faults).

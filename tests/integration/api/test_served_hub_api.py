@@ -1,5 +1,5 @@
-"""Issue 35: an app built for a hub other than the process's (`create_app(settings=...)`) serves that hub in
-every endpoint: its settings, its routes, its store and its clock, never the process's."""
+"""Issue 35: an app built for a hub other than the process's (`create_app(hub=...)`, `create_app(settings=...)`)
+serves that hub in every endpoint: its settings, its routes, its store and its clock, never the process's."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from sqlalchemy import update
 from openhub.api.app import create_app
 from openhub.api.auth import Credentials
 from openhub.service import reads
-from openhub.store import db
 from openhub.store.queries import MessageFilter
 from openhub.store.schema import messages
 from openhub.testing import LocalHub
 from tests.support import promise_routes as routes
+from tests.support.process_store import forbid_process_settings
 
 KEY = "served-key-" + "k" * 32
 ADMIN_TOKEN = "served-admin-" + "a" * 32
@@ -29,10 +29,6 @@ def _sample(text: str, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def _process_settings() -> None:
-    raise AssertionError("the process's settings were read to serve another hub")
 
 
 def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> None:
@@ -51,10 +47,10 @@ def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> Non
             conn.execute(traced.values(traceparent=f"00-{TRACE}-b7ad6b7169203331-01"))
         with (
             LocalHub(routes.__name__, OPENHUB_TRACE_URL="https://traces.process/{trace_id}") as process,
-            TestClient(create_app(settings=hub.settings, credentials=CREDENTIALS)) as client,
+            TestClient(create_app(hub=hub, credentials=CREDENTIALS)) as client,
         ):
             assert process.hub is not None
-            monkeypatch.setattr(db, "get_settings", _process_settings)  # transaction(), store_now() with no URL
+            forbid_process_settings(monkeypatch)
 
             one = client.post("/api/v1/messages/p/flow", json={}, headers={**SOURCE, "X-Correlation-Id": "api-1"})
             assert one.status_code == 202, one.text
@@ -93,3 +89,33 @@ def test_every_endpoint_serves_the_hub_the_app_was_built_for(monkeypatch) -> Non
             assert cancelled.status_code == 200 and len(cancelled.json()["done"]) == 3, cancelled.text
             monkeypatch.undo()
             assert reads.count(MessageFilter(), hub=process.hub) == 0  # nothing reached the process's store
+
+
+def test_an_app_built_from_settings_serves_the_hub_they_describe_not_the_process_s(monkeypatch) -> None:
+    """`create_app(settings=X)` built its hub as the process's with X's settings: its database was X's, but its
+    routes and its publisher stayed the process's. It builds the hub X describes (`Hub.build`): X's routes, X's
+    store, a publisher of X's, while the process's hub (a LocalHub of other routes, opened after) points
+    elsewhere."""
+    from openhub.celery.dispatch import CeleryPublisher
+
+    with routes.local_hub() as served:
+        assert served.hub is not None
+        settings = served.hub.settings
+        waiting = served.submit("p.flow", {}, correlation_id="flow-x")
+        with (
+            LocalHub("tests.support.routes") as process,
+            TestClient(create_app(settings=settings, credentials=CREDENTIALS)) as client,
+        ):
+            assert process.hub is not None
+            hub = client.app.state.hub  # type: ignore[attr-defined]
+            assert hub is not process.hub and hub.settings is settings
+            assert "p.flow" in hub.registry.routes and "test.flow" not in hub.registry.routes  # X's routes
+            assert isinstance(hub.publisher, CeleryPublisher) and hub.publisher.settings is settings
+            forbid_process_settings(monkeypatch)
+
+            detail = client.get(f"/api/v1/messages/{waiting.id}", headers=ADMIN)
+            assert detail.status_code == 200 and detail.json()["correlation_id"] == "flow-x", detail.text
+            listed = client.get("/api/v1/routes", headers=ADMIN)
+            assert listed.status_code == 200 and "p.flow" in listed.text and "test.flow" not in listed.text
+            monkeypatch.undo()
+            assert reads.count(MessageFilter(), hub=process.hub) == 0  # the process's store: none of X's

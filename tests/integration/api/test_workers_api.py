@@ -11,9 +11,9 @@ import uuid
 from sqlalchemy import select
 
 from openhub.core.config import get_settings
-from openhub.store.db import store_now, transaction
 from openhub.store.schema import worker_holds, workers
 from tests.integration.api.conftest import ADMIN
+from tests.support.process_store import store_now, transaction
 
 
 def _worker(host: str, *, taking: bool | None = True, runs: str | None = None) -> str:
