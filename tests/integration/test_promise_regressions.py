@@ -18,10 +18,10 @@ from tests.support.promise_model import PromiseMachine
 INVARIANTS = [name for name in dir(PromiseMachine) if hasattr(getattr(PromiseMachine, name), INVARIANT_MARKER)]
 
 
-def play(*rules: tuple[str, dict[str, Any]]) -> None:
+def play(*rules: tuple[str, dict[str, Any]], store: dict[str, str] | None = None) -> None:
     """Run the model's rules in this order on a fresh hub, checking every invariant after each; then let
-    it settle (every message ends) and check them once more."""
-    machine = PromiseMachine()
+    it settle (every message ends) and check them once more. `store`: the hub's on that PostgreSQL database."""
+    machine = type("OnPostgres", (PromiseMachine,), {"store": store})() if store else PromiseMachine()
     try:
         for name, args in [*rules, ("settle", {})]:
             getattr(machine, name)(**args)
@@ -96,6 +96,21 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
     # issue 33: a confirmation whose sender died mid-send, handed over to its task (test_hosts' "never confirmed")
+    # issue 33 #3: a batch member cancelled while an earlier member's call runs (prefork: one after another)
+    "batch_member_called_after_cancel": [
+        submit("p.batch"),
+        submit("p.batch"),
+        submit("p.batch"),
+        arm("first", "cancel", "newest"),
+        RUN,
+    ],
+    # issue 33: a worker's runs lost together, more of them than the repair reads a transaction
+    "repair_first_page_only": [
+        interrupt("p.flow", "crash"),
+        interrupt("p.flow", "crash"),
+        interrupt("p.flow", "crash"),
+        ("tick_repairs_every_lost_run", {"page": 2}),
+    ],
     "handed_over_sending_row_left_alone": [
         ("confirmations_sent_by", {"tasks": True}),
         ("protocol_receiver_fails", {"times": 1}),
@@ -106,6 +121,26 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
+# PostgreSQL's own paths (a batch's outcomes written by one set statement, openhub.engine.batch_writes)
+ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    # issue 42: a member cancelled while its own call runs; only the group write's compare-and-set stops its
+    # next step (the first member reads nothing before its next call)
+    "batch_set_write_without_cas": [
+        submit("p.batch"),
+        submit("p.batch"),
+        submit("p.batch"),
+        arm("first", "cancel", "self"),
+        RUN,
+    ],
+    "batch_member_called_after_cancel": SCENARIOS["batch_member_called_after_cancel"],
+}
+
+
 @pytest.mark.parametrize("mutation", sorted(SCENARIOS))
 def test_the_promise_holds_where_it_once_broke(mutation: str) -> None:
     play(*SCENARIOS[mutation])
+
+
+@pytest.mark.parametrize("mutation", sorted(ON_POSTGRES))
+def test_the_promise_holds_where_it_once_broke_on_postgres(mutation: str, local_store: str) -> None:
+    play(*ON_POSTGRES[mutation], store={"OPENHUB_DATABASE_URL": local_store})

@@ -179,6 +179,8 @@ class PromiseMachine(RuleBasedStateMachine):
         self.acted: set[int] = set()  # messages an operator action named (the only ones it may change)
         self.live: set[str] = set()  # settings an admin gave a live value (forgotten at teardown)
         self.dead_leases: dict[str, float] = {}  # PostgreSQL: a dead sender's claim -> its lease's end (model seconds)
+        # message cancelled (acknowledged, and not restarted since) -> how many calls had begun then (routes.STARTS)
+        self.cancelled: dict[int, int] = {}
 
     def teardown(self) -> None:
         for name in self.live:  # this process reads the store's values per database: none left for the next hub
@@ -544,6 +546,8 @@ class PromiseMachine(RuleBasedStateMachine):
             return int(ctx.message.parent_id)
         if target == "oldest" and self.ids:
             return self.ids[0]
+        if target == "newest" and self.ids:  # (regression examples only: a batch's later member)
+            return self.ids[-1]
         return int(ctx.message.id)
 
     def _act(self, action: str, target: int) -> None:
@@ -552,13 +556,17 @@ class PromiseMachine(RuleBasedStateMachine):
         try:
             if action in ("cancel", "cancel_restart"):
                 operator.cancel(target)
+                self._note_cancelled(target)
             if action in ("restart", "cancel_restart"):
                 operator.restart(target)
+                self._forget_cancelled(target)
             elif action == "total_restart":
                 operator.restart(target, total=True)
+                self._forget_cancelled(target)
                 self.restarted_from.pop(target, None)  # every call is made again: by design
             elif action == "restart_from":
                 self._restart_from(target)
+                self._forget_cancelled(target)
             elif action == "retry_now":
                 # A message waiting out its back-off (the one picked, or else the first there is): refused otherwise.
                 waiting = [v.id for v in openhub.list_messages(limit=1000) if v.state in ("PARTLY_FAILED", "POSTPONED")]
@@ -566,6 +574,7 @@ class PromiseMachine(RuleBasedStateMachine):
                 self.acted.add(target)
                 before = openhub.get_message(target).failed_count
                 after = operator.retry_now(target).failed_count
+                self._forget_cancelled(target)
                 if after != before:
                     self.wrong.append(f"message {target}: retry now changed its failure count {before} -> {after}")
             elif action in ("respond", "respond_twice"):
@@ -602,6 +611,31 @@ class PromiseMachine(RuleBasedStateMachine):
                 operator.undrain()
         except OpenHubError:  # refused for the state it is in (409): nothing happened
             pass
+
+    def _family(self, target: int) -> dict[int, str]:
+        """The message and its descendants, with their states."""
+        found: dict[int, str] = {}
+        frontier = [target]
+        with transaction() as conn:
+            found.update(conn.execute(select(messages.c.id, messages.c.state).where(messages.c.id == target)).all())
+            while frontier:
+                rows = conn.execute(
+                    select(messages.c.id, messages.c.state).where(messages.c.parent_id.in_(frontier))
+                ).all()
+                frontier = [r.id for r in rows if r.id not in found]
+                found.update((r.id, r.state) for r in rows)
+        return found
+
+    def _note_cancelled(self, target: int) -> None:
+        """A cancel acknowledged: from now on no call of the message (nor of a descendant it cancelled) may
+        begin, until an operator restarts it (`no_call_begun_after_its_cancel`)."""
+        for message, state in self._family(target).items():
+            if state == "CANCEL":
+                self.cancelled.setdefault(message, len(routes.STARTS))
+
+    def _forget_cancelled(self, target: int) -> None:
+        for message in self._family(target):
+            self.cancelled.pop(message, None)
 
     def _restart_from(self, target: int) -> None:
         """Restart the message from its route's last step (the second of a two-step route): the model notes
@@ -645,6 +679,18 @@ class PromiseMachine(RuleBasedStateMachine):
         assert len({r.correlation_id for r in rows}) == len(rows)  # none stored twice under two ids
         stored = {r.id: r.priority for r in rows}
         assert {m: stored[m] for m in self.priorities} == self.priorities
+
+    @invariant()
+    def no_call_begun_after_its_cancel(self) -> None:
+        """Once a cancel was acknowledged to the operator, no call of that message begins (a call in flight
+        then may end): not a later batch member's (issue 33 #3), not the next step of a member whose outcome
+        the batch's group write would have written though it was cancelled (issue 42)."""
+        late = [
+            (message, step)
+            for n, (message, step) in enumerate(routes.STARTS)
+            if message in self.cancelled and n >= self.cancelled[message]
+        ]
+        assert not late, f"calls begun after their message's cancel was acknowledged: {late}"
 
     @invariant()
     def no_successful_call_made_twice(self) -> None:
@@ -842,6 +888,29 @@ class PromiseMachine(RuleBasedStateMachine):
         assert touched <= self.acted - set(families), (
             f"messages cancelled or restarted by no action: {touched - self.acted}"
         )
+
+    def tick_repairs_every_lost_run(self, page: int) -> None:
+        """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's
+        BATCH, 500, lowered so that a few lost runs fill more than one page): every run lost before it is
+        repaired by that one tick and run on, none left leased to a dead worker."""
+        from openhub.engine import poller
+
+        saved = poller.BATCH
+        poller.BATCH = page
+        try:
+            self._end_dead_leases(self.minutes * 60)
+            self.hub.tick(seconds=self.minutes * 60)
+        finally:
+            poller.BATCH = saved
+        with transaction() as conn:
+            leased = (
+                conn.execute(
+                    select(messages.c.id).where(messages.c.worker.is_not(None), messages.c.step_run.is_not(None))
+                )
+                .scalars()
+                .all()
+            )
+        assert not leased, f"runs left leased after a tick repaired the lost ones: {leased}"
 
     @rule()
     def settle(self) -> None:

@@ -26,6 +26,7 @@ FAMILY_MOST: dict[int, int] = {}  # split parent -> most of its children's calls
 ASKS: list[tuple[int, str, str]] = []  # (message, asking step, its wait token) of each question asked
 POISON: set[int] = set()  # messages whose every call takes its worker down (WorkerDied), until forgotten
 STALE_TAKEN: list[tuple[int, str, Any]] = []  # (message, step, response): a step given an answer meant for no open wait
+STARTS: list[tuple[int, str]] = []  # (message, step) of every call begun, in the order they began
 
 
 class WorkerDied(BaseException):
@@ -51,6 +52,7 @@ def reset() -> None:
         POISON,
         STALE_TAKEN,
         DELIVERIES,
+        STARTS,
     ):
         registry.clear()
 
@@ -92,6 +94,7 @@ def external(name: str) -> Callable[[StepContext], None]:
     """A step whose call runs the test's hook in flight, then succeeds (unless the hook raised)."""
 
     def run(ctx: StepContext) -> None:
+        STARTS.append((int(ctx.message.id), name))
         ACTIVE[name] = ACTIVE.get(name, 0) + 1
         MOST[name] = max(MOST.get(name, 0), ACTIVE[name])
         key = ctx.idempotency_key
