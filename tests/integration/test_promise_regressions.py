@@ -133,7 +133,17 @@ ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
         RUN,
     ],
     "batch_member_called_after_cancel": SCENARIOS["batch_member_called_after_cancel"],
+    # issue 33 #4 and issue 26 #3: this host's clock 150 s ahead of the database's; the hub's stored times
+    # (a message's, its history's, this process's heartbeat) are the database's
+    "store_now_process_clock": [
+        ("skew_this_hosts_clock", {"seconds": 150}),
+        submit("p.flow"),
+        arm("first", "fail"),
+        RUN,
+        ("stored_times_on_the_databases_clock", {}),
+    ],
 }
+ON_POSTGRES["heartbeat_on_host_clock"] = ON_POSTGRES["store_now_process_clock"]
 
 
 @pytest.mark.parametrize("mutation", sorted(SCENARIOS))

@@ -49,7 +49,7 @@ from openhub.service import actions as operator
 from openhub.service import settings as live_settings
 from openhub.service import worker_states
 from openhub.store.db import is_postgres, store_clock, store_now, transaction
-from openhub.store.schema import confirmations, ext_calls, messages, transitions
+from openhub.store.schema import confirmations, ext_calls, messages, transitions, workers
 from tests.support import promise_routes as routes
 from tests.support.stubs import PostStub
 
@@ -181,8 +181,11 @@ class PromiseMachine(RuleBasedStateMachine):
         self.dead_leases: dict[str, float] = {}  # PostgreSQL: a dead sender's claim -> its lease's end (model seconds)
         # message cancelled (acknowledged, and not restarted since) -> how many calls had begun then (routes.STARTS)
         self.cancelled: dict[int, int] = {}
+        self.unskew: list[Any] = []  # what puts this host's clock right again (`skew_this_hosts_clock`)
 
     def teardown(self) -> None:
+        for undo in self.unskew:
+            undo()
         for name in self.live:  # this process reads the store's values per database: none left for the next hub
             live_settings.unset_setting(name, hub=self.hub.hub)
         self.caller.dispose()
@@ -888,6 +891,43 @@ class PromiseMachine(RuleBasedStateMachine):
         assert touched <= self.acted - set(families), (
             f"messages cancelled or restarted by no action: {touched - self.acted}"
         )
+
+    def skew_this_hosts_clock(self, seconds: float) -> None:
+        """(Regression examples, PostgreSQL.) This host's wall clock is `seconds` off, the database's right (issue
+        33 #4): what the hub reads of its host's clock (`openhub.store.db.utcnow`) from now on; this process's
+        heartbeat is written again, as its next beat would be."""
+        from openhub.store import db
+        from openhub.store.workers import beat, current_id
+
+        real = db.datetime
+
+        class Skewed(real):  # type: ignore[valid-type,misc]
+            @classmethod
+            def now(cls, tz: Any = None) -> Any:
+                return real.now(tz) + timedelta(seconds=seconds)
+
+        db.datetime = Skewed  # type: ignore[misc]
+        self.unskew.append(lambda: setattr(db, "datetime", real))
+        beat(current_id(), "LocalHub", get_settings().database_url)
+
+    def stored_times_on_the_databases_clock(self) -> None:
+        """(Regression examples.) On PostgreSQL every time the hub stored (messages, history, heartbeats) is the
+        database's clock's (plus the model's time ahead), whatever this host's clock says (issue 33 #4, #3)."""
+        with transaction() as conn:
+            if not is_postgres(conn):
+                return
+            now = conn.execute(sa.text("SELECT timezone('UTC', clock_timestamp())")).scalar_one()
+            latest = {
+                "messages.updated_at": conn.execute(select(sa.func.max(messages.c.updated_at))).scalar_one(),
+                "transitions.at": conn.execute(select(sa.func.max(transitions.c.at))).scalar_one(),
+                "workers.last_seen": conn.execute(select(sa.func.max(workers.c.last_seen))).scalar_one(),
+            }
+        ahead = {
+            name: (at - now).total_seconds() - self.minutes * 60
+            for name, at in latest.items()
+            if at is not None and (at - now).total_seconds() - self.minutes * 60 > 5
+        }
+        assert not ahead, f"times stored ahead of the database's clock (seconds): {ahead}"
 
     def tick_repairs_every_lost_run(self, page: int) -> None:
         """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's
