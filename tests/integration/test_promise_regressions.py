@@ -18,10 +18,13 @@ from tests.support.promise_model import PromiseMachine
 INVARIANTS = [name for name in dir(PromiseMachine) if hasattr(getattr(PromiseMachine, name), INVARIANT_MARKER)]
 
 
-def play(*rules: tuple[str, dict[str, Any]], store: dict[str, str] | None = None) -> None:
+def play(
+    *rules: tuple[str, dict[str, Any]], store: dict[str, str] | None = None, tuned: dict[str, str] | None = None
+) -> None:
     """Run the model's rules in this order on a fresh hub, checking every invariant after each; then let
-    it settle (every message ends) and check them once more. `store`: the hub's on that PostgreSQL database."""
-    machine = type("OnPostgres", (PromiseMachine,), {"store": store})() if store else PromiseMachine()
+    it settle (every message ends) and check them once more. `store`: the hub's on that PostgreSQL database;
+    `tuned`: settings of the example's own, over the model's."""
+    machine = type("Example", (PromiseMachine,), {"store": store or {}, "tuned": tuned or {}})()
     try:
         for name, args in [*rules, ("settle", {})]:
             getattr(machine, name)(**args)
@@ -111,6 +114,12 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         interrupt("p.flow", "crash"),
         ("tick_repairs_every_lost_run", {"page": 2}),
     ],
+    # issue 33 #7: a confirmer that blocks three times its sending lease while ticks go on (real time: `TUNED`)
+    "confirm_lease_not_renewed": [
+        ("confirmer_outlasts_its_lease", {"leases": 3}),
+        submit("p.flow"),
+        RUN,
+    ],
     "handed_over_sending_row_left_alone": [
         ("confirmations_sent_by", {"tasks": True}),
         ("protocol_receiver_fails", {"times": 1}),
@@ -120,6 +129,15 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     ],
 }
 
+
+# settings of an example's own: a sending lease of 2 s (max(confirm interval, step timeout, 2 x confirm timeout))
+TUNED = {
+    "confirm_lease_not_renewed": {
+        "OPENHUB_CONFIRM_TIMEOUT": "1",
+        "OPENHUB_STEP_TIMEOUT": "2",
+        "OPENHUB_CONFIRM_INTERVAL": "2",
+    }
+}
 
 # PostgreSQL's own paths (a batch's outcomes written by one set statement, openhub.engine.batch_writes)
 ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
@@ -148,9 +166,9 @@ ON_POSTGRES["heartbeat_on_host_clock"] = ON_POSTGRES["store_now_process_clock"]
 
 @pytest.mark.parametrize("mutation", sorted(SCENARIOS))
 def test_the_promise_holds_where_it_once_broke(mutation: str) -> None:
-    play(*SCENARIOS[mutation])
+    play(*SCENARIOS[mutation], tuned=TUNED.get(mutation))
 
 
 @pytest.mark.parametrize("mutation", sorted(ON_POSTGRES))
 def test_the_promise_holds_where_it_once_broke_on_postgres(mutation: str, local_store: str) -> None:
-    play(*ON_POSTGRES[mutation], store={"OPENHUB_DATABASE_URL": local_store})
+    play(*ON_POSTGRES[mutation], store={"OPENHUB_DATABASE_URL": local_store}, tuned=TUNED.get(mutation))

@@ -23,6 +23,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -141,6 +142,8 @@ class PromiseMachine(RuleBasedStateMachine):
     # The store: LocalHub's own SQLite file, unless a subclass names a migrated PostgreSQL database
     # (tests/integration/test_promise_model.py: the batch's set statements are PostgreSQL's only).
     store: dict[str, str] = {}
+    # Settings of a regression example's own (tests/integration/test_promise_regressions.py), over the model's.
+    tuned: dict[str, str] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,16 +151,16 @@ class PromiseMachine(RuleBasedStateMachine):
             _empty(self.store["OPENHUB_DATABASE_URL"])
         self.receiver = ProtocolReceiver()
         endpoint = {"PROTO": {"url": f"{self.receiver.url}/confirm", "max_fails": "forever", "interval": 30}}
-        self._hub_cm = routes.local_hub(
-            OPENHUB_RETRY_INTERVAL="60",
-            OPENHUB_LEASE_GRACE="300",
-            OPENHUB_MAX_FAILS="3",
-            OPENHUB_POSTPONE_INTERVAL="5",
-            OPENHUB_CONFIRM_ENDPOINTS=json.dumps(endpoint),
-            OPENHUB_CONFIRM_SECRETS=f"PROTO={PROTO_SECRET}",
-            OPENHUB_CONFIRM_TIMEOUT="5",
-            **self.store,
-        )
+        given = {
+            "OPENHUB_RETRY_INTERVAL": "60",
+            "OPENHUB_LEASE_GRACE": "300",
+            "OPENHUB_MAX_FAILS": "3",
+            "OPENHUB_POSTPONE_INTERVAL": "5",
+            "OPENHUB_CONFIRM_ENDPOINTS": json.dumps(endpoint),
+            "OPENHUB_CONFIRM_SECRETS": f"PROTO={PROTO_SECRET}",
+            "OPENHUB_CONFIRM_TIMEOUT": "5",
+        }
+        self._hub_cm = routes.local_hub(**{**given, **self.tuned, **self.store})
         self.hub = self._hub_cm.__enter__()
         self.ids: list[int] = []
         self.count = 0
@@ -732,6 +735,13 @@ class PromiseMachine(RuleBasedStateMachine):
         assert not shared, f"transitions confirmed under one webhook id: {shared}"
 
     @invariant()
+    def each_transition_confirmed_once(self) -> None:
+        """The confirmer (`routes.confirm`) ended successfully once per webhook id: no sender took over a
+        confirmation another still sent (issue 33 #7: a confirmer outlasting its sending lease)."""
+        twice = {wid: n for wid, n in Counter(routes.CONFIRM_CALLS).items() if n > 1}
+        assert not twice, f"confirmations made twice: {twice}"
+
+    @invariant()
     def the_protocol_confirms_each_transition_once_signed(self) -> None:
         """PROTO's endpoint accepted each confirmation once, signed with its secret, one transition per webhook id."""
         with self.receiver.lock:
@@ -928,6 +938,27 @@ class PromiseMachine(RuleBasedStateMachine):
             if at is not None and (at - now).total_seconds() - self.minutes * 60 > 5
         }
         assert not ahead, f"times stored ahead of the database's clock (seconds): {ahead}"
+
+    def confirmer_outlasts_its_lease(self, leases: int) -> None:
+        """(Regression examples, with a short sending lease: `tuned`.) The next confirmation's confirmer runs
+        `leases` times the sending lease (real time: the lease is renewed by a thread while it runs), while
+        poller ticks go on beside it, at the model's time: none takes the confirmation over."""
+        from tests.support.waiting import wait_for
+
+        lease = confirmation_lease(get_settings()).total_seconds()
+
+        def hook(outcome: Any) -> None:
+            routes.HOOKS.pop("confirm", None)
+            until, ticks = time.monotonic() + leases * lease, []
+
+            def ticked_past_the_lease() -> bool:
+                self._tick()
+                ticks.append(1)
+                return time.monotonic() >= until and len(ticks) >= 3
+
+            wait_for(ticked_past_the_lease, leases * lease + 30, "ticks beside the confirmer past its lease")
+
+        routes.HOOKS["confirm"] = hook
 
     def tick_repairs_every_lost_run(self, page: int) -> None:
         """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's

@@ -26,6 +26,7 @@ FAMILY_MOST: dict[int, int] = {}  # split parent -> most of its children's calls
 ASKS: list[tuple[int, str, str]] = []  # (message, asking step, its wait token) of each question asked
 POISON: set[int] = set()  # messages whose every call takes its worker down (WorkerDied), until forgotten
 STALE_TAKEN: list[tuple[int, str, Any]] = []  # (message, step, response): a step given an answer meant for no open wait
+CONFIRM_CALLS: list[str] = []  # the webhook id of each confirmation the confirmer made (ended successfully)
 STARTS: list[tuple[int, str]] = []  # (message, step) of every call begun, in the order they began
 
 
@@ -53,6 +54,7 @@ def reset() -> None:
         STALE_TAKEN,
         DELIVERIES,
         STARTS,
+        CONFIRM_CALLS,
     ):
         registry.clear()
 
@@ -283,6 +285,7 @@ def confirm(outcome: Outcome) -> None:
     if hook is not None:
         hook(outcome)
     CONFIRMED.append((outcome.message.id, outcome.state))
+    CONFIRM_CALLS.append(outcome.webhook_id)
     DELIVERIES.setdefault(outcome.webhook_id, set()).add((outcome.message.id, outcome.state, outcome.delivery_id))
 
 
