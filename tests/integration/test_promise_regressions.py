@@ -120,6 +120,11 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         submit("p.flow"),
         RUN,
     ],
+    # issue 35: a worker dies mid-call while a second hub is open in this process (installed last)
+    "crash_beat_in_the_process_s_store": [
+        ("crash_beside_a_second_hub", {"route": "p.flow"}),
+        ("tick_repairs_every_lost_run", {"page": 500}),
+    ],
     "handed_over_sending_row_left_alone": [
         ("confirmations_sent_by", {"tasks": True}),
         ("protocol_receiver_fails", {"times": 1}),

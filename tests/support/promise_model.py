@@ -960,6 +960,15 @@ class PromiseMachine(RuleBasedStateMachine):
 
         routes.HOOKS["confirm"] = hook
 
+    def crash_beside_a_second_hub(self, route: str) -> None:
+        """(Regression examples.) A message's worker dies mid-call while a second hub is open in this process
+        (issue 35: installed last, its store the process's default): the crash is noted in this hub's own store,
+        where its next tick finds the run lost (`tick_repairs_every_lost_run`)."""
+        from openhub.testing import LocalHub
+
+        with LocalHub(routes.__name__, source_system="CONFIRMED"):
+            self.submit_and_interrupt(route, "crash", "self", False)
+
     def tick_repairs_every_lost_run(self, page: int) -> None:
         """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's
         BATCH, 500, lowered so that a few lost runs fill more than one page): every run lost before it is
