@@ -98,7 +98,6 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "max_lost_runs_ignored": [interrupt("p.flow", "poison")],
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
-    # issue 33: a confirmation whose sender died mid-send, handed over to its task (test_hosts' "never confirmed")
     # issue 33 #3: a batch member cancelled while an earlier member's call runs (prefork: one after another)
     "batch_member_called_after_cancel": [
         submit("p.batch"),
@@ -125,6 +124,7 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("crash_beside_a_second_hub", {"route": "p.flow"}),
         ("tick_repairs_every_lost_run", {"page": 500}),
     ],
+    # issue 33: a confirmation whose sender died mid-send, handed over to its task (test_hosts' "never confirmed")
     "handed_over_sending_row_left_alone": [
         ("confirmations_sent_by", {"tasks": True}),
         ("protocol_receiver_fails", {"times": 1}),
