@@ -18,10 +18,13 @@ from tests.support.promise_model import PromiseMachine
 INVARIANTS = [name for name in dir(PromiseMachine) if hasattr(getattr(PromiseMachine, name), INVARIANT_MARKER)]
 
 
-def play(*rules: tuple[str, dict[str, Any]]) -> None:
+def play(
+    *rules: tuple[str, dict[str, Any]], store: dict[str, str] | None = None, tuned: dict[str, str] | None = None
+) -> None:
     """Run the model's rules in this order on a fresh hub, checking every invariant after each; then let
-    it settle (every message ends) and check them once more."""
-    machine = PromiseMachine()
+    it settle (every message ends) and check them once more. `store`: the hub's on that PostgreSQL database;
+    `tuned`: settings of the example's own, over the model's."""
+    machine = type("Example", (PromiseMachine,), {"store": store or {}, "tuned": tuned or {}})()
     try:
         for name, args in [*rules, ("settle", {})]:
             getattr(machine, name)(**args)
@@ -95,6 +98,32 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "max_lost_runs_ignored": [interrupt("p.flow", "poison")],
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
+    # issue 33 #3: a batch member cancelled while an earlier member's call runs (prefork: one after another)
+    "batch_member_called_after_cancel": [
+        submit("p.batch"),
+        submit("p.batch"),
+        submit("p.batch"),
+        arm("first", "cancel", "newest"),
+        RUN,
+    ],
+    # issue 33: a worker's runs lost together, more of them than the repair reads a transaction
+    "repair_first_page_only": [
+        interrupt("p.flow", "crash"),
+        interrupt("p.flow", "crash"),
+        interrupt("p.flow", "crash"),
+        ("tick_repairs_every_lost_run", {"page": 2}),
+    ],
+    # issue 33 #7: a confirmer that blocks three times its sending lease while ticks go on (real time: `TUNED`)
+    "confirm_lease_not_renewed": [
+        ("confirmer_outlasts_its_lease", {"leases": 3}),
+        submit("p.flow"),
+        RUN,
+    ],
+    # issue 35: a worker dies mid-call while a second hub is open in this process (installed last)
+    "crash_beat_in_the_process_s_store": [
+        ("crash_beside_a_second_hub", {"route": "p.flow"}),
+        ("tick_repairs_every_lost_run", {"page": 500}),
+    ],
     # issue 33: a confirmation whose sender died mid-send, handed over to its task (test_hosts' "never confirmed")
     "handed_over_sending_row_left_alone": [
         ("confirmations_sent_by", {"tasks": True}),
@@ -106,6 +135,45 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
+# settings of an example's own: a sending lease of 2 s (max(confirm interval, step timeout, 2 x confirm timeout))
+TUNED = {
+    "confirm_lease_not_renewed": {
+        "OPENHUB_CONFIRM_TIMEOUT": "1",
+        "OPENHUB_STEP_TIMEOUT": "2",
+        "OPENHUB_CONFIRM_INTERVAL": "2",
+    }
+}
+
+# PostgreSQL's own paths (a batch's outcomes written by one set statement, openhub.engine.batch_writes)
+ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    # issue 42: a member cancelled while its own call runs; only the group write's compare-and-set stops its
+    # next step (the first member reads nothing before its next call)
+    "batch_set_write_without_cas": [
+        submit("p.batch"),
+        submit("p.batch"),
+        submit("p.batch"),
+        arm("first", "cancel", "self"),
+        RUN,
+    ],
+    "batch_member_called_after_cancel": SCENARIOS["batch_member_called_after_cancel"],
+    # issue 33 #4 and issue 26 #3: this host's clock 150 s ahead of the database's; the hub's stored times
+    # (a message's, its history's, this process's heartbeat) are the database's
+    "store_now_process_clock": [
+        ("skew_this_hosts_clock", {"seconds": 150}),
+        submit("p.flow"),
+        arm("first", "fail"),
+        RUN,
+        ("stored_times_on_the_databases_clock", {}),
+    ],
+}
+ON_POSTGRES["heartbeat_on_host_clock"] = ON_POSTGRES["store_now_process_clock"]
+
+
 @pytest.mark.parametrize("mutation", sorted(SCENARIOS))
 def test_the_promise_holds_where_it_once_broke(mutation: str) -> None:
-    play(*SCENARIOS[mutation])
+    play(*SCENARIOS[mutation], tuned=TUNED.get(mutation))
+
+
+@pytest.mark.parametrize("mutation", sorted(ON_POSTGRES))
+def test_the_promise_holds_where_it_once_broke_on_postgres(mutation: str, local_store: str) -> None:
+    play(*ON_POSTGRES[mutation], store={"OPENHUB_DATABASE_URL": local_store}, tuned=TUNED.get(mutation))

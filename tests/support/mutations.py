@@ -24,7 +24,11 @@ class Mutation:
     file: str  # relative to the repository's root
     fixed: str  # the fix's text, as it is in the source now (exactly once)
     broken: str  # the text that re-introduces the break
-    model: bool = True  # whether the model test (LocalHub over SQLite, one process) can reach it at all
+    # Whether the model tests can reach it at all: the search or a regression example of
+    # tests/integration/test_promise_regressions.py (LocalHub in this process, on SQLite or PostgreSQL). Where
+    # they cannot, the entry says why (`unreachable`) and `guard` catches it.
+    model: bool = True
+    unreachable: str = ""
     guard: str = ""  # the hand-written test that caught the break when it was fixed
 
     def apply(self, root: Path) -> None:
@@ -71,6 +75,12 @@ MUTATIONS: list[Mutation] = [
         "    return time.monotonic() - _renewed > _fence_after() or _gap_ended >= since\n",
         "    return False  # reverted: no fence\n",
         model=False,
+        unreachable=(
+            "the fence acts on a worker process's heartbeat thread (LocalHub has none: never fenced) between a "
+            "stall and the next call a lease taken before it makes; in the model every step is one call, and a "
+            "lease lost in between is seen by the run's own writes and reads (compare-and-set), so only a real "
+            "stalled worker beside a witness can show a call the fence alone stops"
+        ),
         guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing",
     ),
     Mutation(
@@ -79,7 +89,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/store/workers.py",
         "            now = conn.execute(select(database_now())).scalar_one() if is_postgres(conn) else utcnow()\n",
         "            now = utcnow()  # reverted: this host's clock\n",
-        model=False,
         guard="tests/integration/test_one_clock.py::test_a_system_limit_holds_across_hosts",
     ),
     Mutation(
@@ -207,6 +216,7 @@ MUTATIONS: list[Mutation] = [
         ("    drop_fenced(run, entered)\n    return True\n"),
         "    return True  # reverted: left to the repair\n",
         model=False,
+        unreachable="needs a run fenced, i.e. a heartbeat thread that fell behind (LocalHub has none; see no_fence)",
         guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing",
     ),
     # --- issue 33: broker (b26aa68, cb31d14, 01ebe72, 6fc0d38) and repair (f80aa42) -----------------------
@@ -224,7 +234,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/engine/poller.py",
         "(rows[-1].updated_at, rows[-1].id) if len(rows) == BATCH else None\n",
         "None\n",
-        model=False,
         guard="tests/integration/test_repair.py::test_a_dead_worker_with_more_runs_than_a_page_has_them_all_repaired_in_"
         "one_tick",
     ),
@@ -235,6 +244,7 @@ MUTATIONS: list[Mutation] = [
         "        return self._params[asynchronous]\n",
         "        return super()._connparams(asynchronous=asynchronous)\n",
         model=False,
+        unreachable="kombu's Redis channel closed after a Redis restart: LocalHub has no broker",
         guard="tests/integration/test_redisbroker.py::test_a_channel_closed_after_its_connection_was_collected_does_not_"
         "raise",
     ),
@@ -254,7 +264,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/store/db.py",
         ('    if url.startswith("sqlite"):\n        return utcnow()\n'),
         ("    if True:  # reverted: this host's clock\n        return utcnow()\n"),
-        model=False,
         guard="tests/integration/test_one_clock.py::test_a_host_whose_wall_clock_is_off_tells_the_databases_time",
     ),
     # --- issue 33: confirmers (41b1548) -------------------------------------------------------------------
@@ -264,7 +273,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/outbound/confirm.py",
         "        while not self._stop.wait(interval):\n",
         "        while False and not self._stop.wait(interval):\n",
-        model=False,
         guard="tests/integration/test_slow_receivers.py::test_a_confirmer_that_outlasts_its_lease_is_called_once_while_"
         "ticks_go_on",
     ),
@@ -276,7 +284,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/engine/batch.py",
         "_run_one(m, still_held=i > 0)",
         "_run_one(m, still_held=False)",
-        model=False,
         guard="tests/integration/test_batch.py::"
         "test_a_member_cancelled_while_an_earlier_members_call_runs_makes_no_call",
     ),
@@ -287,6 +294,7 @@ MUTATIONS: list[Mutation] = [
         'start_new_thread = monkey.get_original("_thread", "start_new_thread") if monkey is not None else None',
         "start_new_thread = None",
         model=False,
+        unreachable="gevent's pool and its OS-thread heartbeat: LocalHub runs no pool",
         guard="tests/integration/test_gevent_pool.py::"
         "test_a_step_computing_past_dead_after_does_not_starve_the_heartbeat",
     ),
@@ -304,6 +312,10 @@ MUTATIONS: list[Mutation] = [
         ),
         "    return fenced(since) or not proved(_settings.database_url)\n",
         model=False,
+        unreachable=(
+            "the call fence reads the heartbeat thread's last success and the store's reachability (real time, a "
+            "cut store) in a worker process: LocalHub has no heartbeat thread and no cut"
+        ),
         guard="tests/unit/test_workers.py::test_a_call_is_refused_once_the_heartbeat_cannot_reach_the_store",
     ),
     Mutation(
@@ -314,6 +326,10 @@ MUTATIONS: list[Mutation] = [
         "        or not proved(_settings.database_url)\n    )\n",
         "    )\n",
         model=False,
+        unreachable=(
+            "the proof of the store before a call is a worker process's (its heartbeat thread; a store cut): not "
+            "LocalHub's"
+        ),
         guard="tests/integration/test_proof.py::test_a_worker_cut_from_the_store_starts_no_call_past_the_proof_age",
     ),
     # --- issue 33: the fence re-applied (the causes of its revert, 8ca65a1) -----------------------------------
@@ -325,6 +341,7 @@ MUTATIONS: list[Mutation] = [
         ("        except StoreUnavailable as exc:\n            attempt += 1\n            log.warning(\n"),
         ("        except StoreUnavailable as exc:\n            return False  # reverted\n            log.warning(\n"),
         model=False,
+        unreachable="the store away for a moment right before a later member's read: the model has no store outage",
         guard="tests/integration/test_promise.py::test_the_store_away_right_before_a_later_batch_members_call_is_"
         "waited_out",
     ),
@@ -336,6 +353,10 @@ MUTATIONS: list[Mutation] = [
         "beat(worker_id, node, url, broken=True, own=own)",
         "beat(worker_id, node, url, broken=True)",
         model=False,
+        unreachable=(
+            "the heartbeat thread's own connection, opened at a worker's start on a loaded box: LocalHub has no "
+            "heartbeat thread"
+        ),
         guard="tests/unit/test_workers.py::test_the_heartbeat_threads_connection_slow_to_open_fences_no_call",
     ),
     # --- issue 33: test_hosts' "OK, never confirmed" ------------------------------------------------------------
@@ -358,7 +379,6 @@ MUTATIONS: list[Mutation] = [
         " AND messages.attempt_id = v.token AND messages.step_run = v.run\n"
         "        AND messages.state = '{State.PROCESSING.value}'\n",
         "\n",
-        model=False,  # the model runs each step to its end: no cancel comes while a batch's call runs
         guard="tests/integration/test_batch.py::test_a_message_cancelled_while_its_batch_runs_stops_and_the_others_"
         "go_on",
     ),
@@ -404,6 +424,11 @@ MUTATIONS: list[Mutation] = [
         "    from openhub.core.config import get_settings  # reverted: the process's\n"
         "    dead = dead_among(rows, get_settings().worker_dead_after)\n",
         model=False,
+        unreachable=(
+            "a process judged dead by a witness's heartbeat after the hub's own dead-after while a second hub "
+            "with another is installed: the model has one process, never judged dead (its crashes are found by "
+            "its run numbers, not by a witness)"
+        ),
         guard="tests/integration/test_local_hub.py::test_each_of_two_hubs_judges_heartbeats_by_its_own_worker_dead_after",
     ),
     Mutation(
@@ -413,7 +438,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/testing.py",
         'beat(current_id(), "LocalHub", self.hub.settings.database_url)',
         'beat(current_id(), "LocalHub", __import__("openhub.engine.hub").engine.hub.current().settings.database_url)',
-        model=False,
         guard="tests/integration/test_local_hub.py::test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store",
     ),
 ]

@@ -23,6 +23,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -49,7 +50,7 @@ from openhub.service import actions as operator
 from openhub.service import settings as live_settings
 from openhub.service import worker_states
 from openhub.store.db import is_postgres, store_clock
-from openhub.store.schema import confirmations, ext_calls, messages, transitions
+from openhub.store.schema import confirmations, ext_calls, messages, transitions, workers
 from tests.support import promise_routes as routes
 from tests.support.process_store import store_now, transaction
 from tests.support.stubs import PostStub
@@ -142,6 +143,8 @@ class PromiseMachine(RuleBasedStateMachine):
     # The store: LocalHub's own SQLite file, unless a subclass names a migrated PostgreSQL database
     # (tests/integration/test_promise_model.py: the batch's set statements are PostgreSQL's only).
     store: dict[str, str] = {}
+    # Settings of a regression example's own (tests/integration/test_promise_regressions.py), over the model's.
+    tuned: dict[str, str] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -149,16 +152,16 @@ class PromiseMachine(RuleBasedStateMachine):
             _empty(self.store["OPENHUB_DATABASE_URL"])
         self.receiver = ProtocolReceiver()
         endpoint = {"PROTO": {"url": f"{self.receiver.url}/confirm", "max_fails": "forever", "interval": 30}}
-        self._hub_cm = routes.local_hub(
-            OPENHUB_RETRY_INTERVAL="60",
-            OPENHUB_LEASE_GRACE="300",
-            OPENHUB_MAX_FAILS="3",
-            OPENHUB_POSTPONE_INTERVAL="5",
-            OPENHUB_CONFIRM_ENDPOINTS=json.dumps(endpoint),
-            OPENHUB_CONFIRM_SECRETS=f"PROTO={PROTO_SECRET}",
-            OPENHUB_CONFIRM_TIMEOUT="5",
-            **self.store,
-        )
+        given = {
+            "OPENHUB_RETRY_INTERVAL": "60",
+            "OPENHUB_LEASE_GRACE": "300",
+            "OPENHUB_MAX_FAILS": "3",
+            "OPENHUB_POSTPONE_INTERVAL": "5",
+            "OPENHUB_CONFIRM_ENDPOINTS": json.dumps(endpoint),
+            "OPENHUB_CONFIRM_SECRETS": f"PROTO={PROTO_SECRET}",
+            "OPENHUB_CONFIRM_TIMEOUT": "5",
+        }
+        self._hub_cm = routes.local_hub(**{**given, **self.tuned, **self.store})
         self.hub = self._hub_cm.__enter__()
         self.ids: list[int] = []
         self.count = 0
@@ -180,8 +183,13 @@ class PromiseMachine(RuleBasedStateMachine):
         self.acted: set[int] = set()  # messages an operator action named (the only ones it may change)
         self.live: set[str] = set()  # settings an admin gave a live value (forgotten at teardown)
         self.dead_leases: dict[str, float] = {}  # PostgreSQL: a dead sender's claim -> its lease's end (model seconds)
+        # message cancelled (acknowledged, and not restarted since) -> how many calls had begun then (routes.STARTS)
+        self.cancelled: dict[int, int] = {}
+        self.unskew: list[Any] = []  # what puts this host's clock right again (`skew_this_hosts_clock`)
 
     def teardown(self) -> None:
+        for undo in self.unskew:
+            undo()
         for name in self.live:  # this process reads the store's values per database: none left for the next hub
             live_settings.unset_setting(name, hub=self.hub.hub)
         self.caller.dispose()
@@ -545,6 +553,8 @@ class PromiseMachine(RuleBasedStateMachine):
             return int(ctx.message.parent_id)
         if target == "oldest" and self.ids:
             return self.ids[0]
+        if target == "newest" and self.ids:  # (regression examples only: a batch's later member)
+            return self.ids[-1]
         return int(ctx.message.id)
 
     def _act(self, action: str, target: int) -> None:
@@ -553,13 +563,17 @@ class PromiseMachine(RuleBasedStateMachine):
         try:
             if action in ("cancel", "cancel_restart"):
                 operator.cancel(target)
+                self._note_cancelled(target)
             if action in ("restart", "cancel_restart"):
                 operator.restart(target)
+                self._forget_cancelled(target)
             elif action == "total_restart":
                 operator.restart(target, total=True)
+                self._forget_cancelled(target)
                 self.restarted_from.pop(target, None)  # every call is made again: by design
             elif action == "restart_from":
                 self._restart_from(target)
+                self._forget_cancelled(target)
             elif action == "retry_now":
                 # A message waiting out its back-off (the one picked, or else the first there is): refused otherwise.
                 waiting = [v.id for v in openhub.list_messages(limit=1000) if v.state in ("PARTLY_FAILED", "POSTPONED")]
@@ -567,6 +581,7 @@ class PromiseMachine(RuleBasedStateMachine):
                 self.acted.add(target)
                 before = openhub.get_message(target).failed_count
                 after = operator.retry_now(target).failed_count
+                self._forget_cancelled(target)
                 if after != before:
                     self.wrong.append(f"message {target}: retry now changed its failure count {before} -> {after}")
             elif action in ("respond", "respond_twice"):
@@ -603,6 +618,31 @@ class PromiseMachine(RuleBasedStateMachine):
                 operator.undrain()
         except OpenHubError:  # refused for the state it is in (409): nothing happened
             pass
+
+    def _family(self, target: int) -> dict[int, str]:
+        """The message and its descendants, with their states."""
+        found: dict[int, str] = {}
+        frontier = [target]
+        with transaction() as conn:
+            found.update(conn.execute(select(messages.c.id, messages.c.state).where(messages.c.id == target)).all())
+            while frontier:
+                rows = conn.execute(
+                    select(messages.c.id, messages.c.state).where(messages.c.parent_id.in_(frontier))
+                ).all()
+                frontier = [r.id for r in rows if r.id not in found]
+                found.update((r.id, r.state) for r in rows)
+        return found
+
+    def _note_cancelled(self, target: int) -> None:
+        """A cancel acknowledged: from now on no call of the message (nor of a descendant it cancelled) may
+        begin, until an operator restarts it (`no_call_begun_after_its_cancel`)."""
+        for message, state in self._family(target).items():
+            if state == "CANCEL":
+                self.cancelled.setdefault(message, len(routes.STARTS))
+
+    def _forget_cancelled(self, target: int) -> None:
+        for message in self._family(target):
+            self.cancelled.pop(message, None)
 
     def _restart_from(self, target: int) -> None:
         """Restart the message from its route's last step (the second of a two-step route): the model notes
@@ -648,6 +688,18 @@ class PromiseMachine(RuleBasedStateMachine):
         assert {m: stored[m] for m in self.priorities} == self.priorities
 
     @invariant()
+    def no_call_begun_after_its_cancel(self) -> None:
+        """Once a cancel was acknowledged to the operator, no call of that message begins (a call in flight
+        then may end): not a later batch member's (issue 33 #3), not the next step of a member whose outcome
+        the batch's group write would have written though it was cancelled (issue 42)."""
+        late = [
+            (message, step)
+            for n, (message, step) in enumerate(routes.STARTS)
+            if message in self.cancelled and n >= self.cancelled[message]
+        ]
+        assert not late, f"calls begun after their message's cancel was acknowledged: {late}"
+
+    @invariant()
     def no_successful_call_made_twice(self) -> None:
         """Each idempotency key saw at most one successful call; but a question whose answer did not come
         in time is asked again, by design (a response timeout is a transient failure of the wait)."""
@@ -682,6 +734,13 @@ class PromiseMachine(RuleBasedStateMachine):
         never share one (issue 26 #6); the retries of one share it."""
         shared = {key: seen for key, seen in routes.DELIVERIES.items() if len(seen) > 1}
         assert not shared, f"transitions confirmed under one webhook id: {shared}"
+
+    @invariant()
+    def each_transition_confirmed_once(self) -> None:
+        """The confirmer (`routes.confirm`) ended successfully once per webhook id: no sender took over a
+        confirmation another still sent (issue 33 #7: a confirmer outlasting its sending lease)."""
+        twice = {wid: n for wid, n in Counter(routes.CONFIRM_CALLS).items() if n > 1}
+        assert not twice, f"confirmations made twice: {twice}"
 
     @invariant()
     def the_protocol_confirms_each_transition_once_signed(self) -> None:
@@ -843,6 +902,96 @@ class PromiseMachine(RuleBasedStateMachine):
         assert touched <= self.acted - set(families), (
             f"messages cancelled or restarted by no action: {touched - self.acted}"
         )
+
+    def skew_this_hosts_clock(self, seconds: float) -> None:
+        """(Regression examples, PostgreSQL.) This host's wall clock is `seconds` off, the database's right (issue
+        33 #4): what the hub reads of its host's clock (`openhub.store.db.utcnow`) from now on; this process's
+        heartbeat is written again, as its next beat would be."""
+        from openhub.store import db
+        from openhub.store.workers import beat, current_id
+
+        real = db.datetime
+
+        class Skewed(real):  # type: ignore[valid-type,misc]
+            @classmethod
+            def now(cls, tz: Any = None) -> Any:
+                return real.now(tz) + timedelta(seconds=seconds)
+
+        db.datetime = Skewed  # type: ignore[misc]
+        self.unskew.append(lambda: setattr(db, "datetime", real))
+        beat(current_id(), "LocalHub", get_settings().database_url)
+
+    def stored_times_on_the_databases_clock(self) -> None:
+        """(Regression examples.) On PostgreSQL every time the hub stored (messages, history, heartbeats) is the
+        database's clock's (plus the model's time ahead), whatever this host's clock says (issue 33 #4, #3)."""
+        with transaction() as conn:
+            if not is_postgres(conn):
+                return
+            now = conn.execute(sa.text("SELECT timezone('UTC', clock_timestamp())")).scalar_one()
+            latest = {
+                "messages.updated_at": conn.execute(select(sa.func.max(messages.c.updated_at))).scalar_one(),
+                "transitions.at": conn.execute(select(sa.func.max(transitions.c.at))).scalar_one(),
+                "workers.last_seen": conn.execute(select(sa.func.max(workers.c.last_seen))).scalar_one(),
+            }
+        ahead = {
+            name: (at - now).total_seconds() - self.minutes * 60
+            for name, at in latest.items()
+            if at is not None and (at - now).total_seconds() - self.minutes * 60 > 5
+        }
+        assert not ahead, f"times stored ahead of the database's clock (seconds): {ahead}"
+
+    def confirmer_outlasts_its_lease(self, leases: int) -> None:
+        """(Regression examples, with a short sending lease: `tuned`.) The next confirmation's confirmer runs
+        `leases` times the sending lease (real time: the lease is renewed by a thread while it runs), while
+        poller ticks go on beside it, at the model's time: none takes the confirmation over."""
+        from tests.support.waiting import wait_for
+
+        lease = confirmation_lease(get_settings()).total_seconds()
+
+        def hook(outcome: Any) -> None:
+            routes.HOOKS.pop("confirm", None)
+            until, ticks = time.monotonic() + leases * lease, []
+
+            def ticked_past_the_lease() -> bool:
+                self._tick()
+                ticks.append(1)
+                return time.monotonic() >= until and len(ticks) >= 3
+
+            wait_for(ticked_past_the_lease, leases * lease + 30, "ticks beside the confirmer past its lease")
+
+        routes.HOOKS["confirm"] = hook
+
+    def crash_beside_a_second_hub(self, route: str) -> None:
+        """(Regression examples.) A message's worker dies mid-call while a second hub is open in this process
+        (issue 35: installed last, its store the process's default): the crash is noted in this hub's own store,
+        where its next tick finds the run lost (`tick_repairs_every_lost_run`)."""
+        from openhub.testing import LocalHub
+
+        with LocalHub(routes.__name__, source_system="CONFIRMED"):
+            self.submit_and_interrupt(route, "crash", "self", False)
+
+    def tick_repairs_every_lost_run(self, page: int) -> None:
+        """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's
+        BATCH, 500, lowered so that a few lost runs fill more than one page): every run lost before it is
+        repaired by that one tick and run on, none left leased to a dead worker."""
+        from openhub.engine import poller
+
+        saved = poller.BATCH
+        poller.BATCH = page
+        try:
+            self._end_dead_leases(self.minutes * 60)
+            self.hub.tick(seconds=self.minutes * 60)
+        finally:
+            poller.BATCH = saved
+        with transaction() as conn:
+            leased = (
+                conn.execute(
+                    select(messages.c.id).where(messages.c.worker.is_not(None), messages.c.step_run.is_not(None))
+                )
+                .scalars()
+                .all()
+            )
+        assert not leased, f"runs left leased after a tick repaired the lost ones: {leased}"
 
     @rule()
     def settle(self) -> None:

@@ -26,6 +26,8 @@ FAMILY_MOST: dict[int, int] = {}  # split parent -> most of its children's calls
 ASKS: list[tuple[int, str, str]] = []  # (message, asking step, its wait token) of each question asked
 POISON: set[int] = set()  # messages whose every call takes its worker down (WorkerDied), until forgotten
 STALE_TAKEN: list[tuple[int, str, Any]] = []  # (message, step, response): a step given an answer meant for no open wait
+CONFIRM_CALLS: list[str] = []  # the webhook id of each confirmation the confirmer made (ended successfully)
+STARTS: list[tuple[int, str]] = []  # (message, step) of every call begun, in the order they began
 
 
 class WorkerDied(BaseException):
@@ -51,6 +53,8 @@ def reset() -> None:
         POISON,
         STALE_TAKEN,
         DELIVERIES,
+        STARTS,
+        CONFIRM_CALLS,
     ):
         registry.clear()
 
@@ -92,6 +96,7 @@ def external(name: str) -> Callable[[StepContext], None]:
     """A step whose call runs the test's hook in flight, then succeeds (unless the hook raised)."""
 
     def run(ctx: StepContext) -> None:
+        STARTS.append((int(ctx.message.id), name))
         ACTIVE[name] = ACTIVE.get(name, 0) + 1
         MOST[name] = max(MOST.get(name, 0), ACTIVE[name])
         key = ctx.idempotency_key
@@ -280,6 +285,7 @@ def confirm(outcome: Outcome) -> None:
     if hook is not None:
         hook(outcome)
     CONFIRMED.append((outcome.message.id, outcome.state))
+    CONFIRM_CALLS.append(outcome.webhook_id)
     DELIVERIES.setdefault(outcome.webhook_id, set()).add((outcome.message.id, outcome.state, outcome.delivery_id))
 
 
