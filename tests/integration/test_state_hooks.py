@@ -10,7 +10,7 @@ import pytest
 
 import openhub
 from openhub.core.errors import ConfigurationError
-from openhub.outbound.confirm import resend
+from openhub.service.confirmations import resend
 from openhub.testing import ExternalSystem, LocalHub
 from tests.support import promise_routes as routes
 

@@ -18,9 +18,10 @@ from typing import Any
 from sqlalchemy import insert
 
 from openhub.core.config import reset_settings
-from openhub.store.db import dispose_engines, transaction
+from openhub.store.db import dispose_engines
 from openhub.store.migrate import upgrade
 from openhub.store.schema import confirmations, http_exchanges, messages, route_pauses
+from tests.support.process_store import transaction
 
 # route, state, received (minutes ago), finished (minutes ago or None), how many
 TRAFFIC = [
