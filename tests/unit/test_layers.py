@@ -9,6 +9,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 import openhub
 
 PACKAGE = Path(openhub.__file__).parent
@@ -166,16 +168,43 @@ def test_the_engine_side_asks_the_registry_for_a_messages_route() -> None:
     assert rebuilt == []
 
 
+# Writes of a message's step lease and of the external-call records, in the ORM or in raw SQL.
+LEASE_WRITES = re.compile(
+    r"(update|delete|insert|insert_or_ignore)\(ext_calls\b|\bstep_run=|\bworker=None\b"  # the ORM's
+    r"|(?i:insert\s+into\s+ext_calls\b|update\s+ext_calls\b|delete\s+from\s+ext_calls\b)"  # raw SQL's
+    r"|(?i:\bstep_run\s*=\s*(?:NULL|:|v\.)|\bworker\s*=\s*(?:NULL|:))"  # a SET of the lease's columns
+)
+# The set-based forms of leases' writes for a batch on PostgreSQL: the same compare-and-set per member, built
+# from what leases hands them (`leases.outcome_params`, `leases.lease`).
+LEASE_WRITERS = {"leases.py", "batch_claims.py", "batch_writes.py"}
+
+
 def test_the_lease_and_call_record_columns_have_one_writer() -> None:
-    """`openhub.engine.leases` is the only module that writes a message's step lease (`step_run`, `worker`)
-    and the external-call records; the others ask it. (limits.py's `step_run` is a system slot's.)"""
-    writes = re.compile(r"(update|delete|insert|insert_or_ignore)\(ext_calls\b|\bstep_run=|\bworker=None\b")
+    """`openhub.engine.leases` (and its set-based forms for a batch) is the only module that writes a message's
+    step lease (`step_run`, `worker`) and the external-call records; the others ask it. (limits.py's
+    `step_run` is a system slot's.)"""
     writers = sorted(
         _module_name(path)
         for path in PACKAGE.rglob("*.py")
-        if path.name not in ("leases.py", "limits.py") and writes.search(path.read_text())
+        if path.name not in LEASE_WRITERS | {"limits.py"}
+        and "migrations" not in path.parts  # the schema's history, not a writer at run time
+        and LEASE_WRITES.search(path.read_text())
     )
     assert writers == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "conn.execute(update(ext_calls).where(X.key == key))",
+        "UPDATE messages SET step_run = NULL, worker = NULL",
+        "SET step_run = v.run, worker = :holder",
+        "INSERT INTO ext_calls (key, message_id) SELECT ...",
+        "values(step_run=run_id)",
+    ],
+)
+def test_the_one_writer_rule_sees_raw_sql_and_the_orm(line: str) -> None:
+    assert LEASE_WRITES.search(line)
 
 
 def test_imports_under_type_checking_do_not_count() -> None:
