@@ -253,8 +253,11 @@ def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(
             monkeypatch.setattr(workers, "beat", unreachable)
             wait_for(lambda: workers.fenced(float("inf")), timeout=10, what="the heartbeat to fall behind")
 
+    # A dead-after of 4 s: the fence refuses a call once the heartbeat is 2 s late. With 0.4 s (a fence at
+    # 0.2 s) a box loaded beside the CPU burner starved the beat before the first call began (make test-burn:
+    # the first step refused, 0 calls), so the test never reached the stall it is about.
     with routes.local_hub(
-        OPENHUB_WORKER_DEAD_AFTER="0.4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30", **local_store_env
+        OPENHUB_WORKER_DEAD_AFTER="4", OPENHUB_RETRY_INTERVAL="60", OPENHUB_LEASE_GRACE="30", **local_store_env
     ) as hub:
         workers.start_heartbeat(hub.hub.settings)
         try:
@@ -266,9 +269,9 @@ def test_a_process_whose_heartbeat_fell_behind_starts_no_step_call(
             )
             monkeypatch.setattr(workers, "beat", real_beat)
             wait_for(lambda: not workers.fenced(float("inf")), timeout=10, what="the heartbeat to be written again")
-            # The abandoned run is repaired, then retried. With OPENHUB_WORKER_DEAD_AFTER 0.4 s the fence refuses
-            # a call once the heartbeat is 0.2 s late, which a loaded box's beat can be again (stop 49's CI): a
-            # refused retry is let go, not counted, and the next tick tries again; each tick an hour on.
+            # The abandoned run is repaired, then retried. The fence refuses a call once the heartbeat is 2 s
+            # late, which a loaded box's beat can be again (stop 49's CI, at 0.2 s): a refused retry is let go,
+            # not counted, and the next tick tries again; each tick an hour on.
             hub.tick(seconds=30 * 60)
             for ticks in range(1, 21):
                 hub.tick(seconds=(30 + 60 * ticks) * 60)
