@@ -14,16 +14,21 @@ from datetime import timedelta
 import httpx
 
 from openhub import Route, StepContext, Topic, step
-from openhub.outbound.http import pooled_client
+from openhub.outbound.http import HttpCall, held_client, pooled_client
 
 URL = os.environ.get("BENCH_HTTP_URL", "http://127.0.0.1:9")
 # httpcore's pool looks at every connection it holds for every request it assigns: with 400 calls in
 # flight through one client that scan was half of a gevent worker's CPU (bench/RESULTS.md). Calls
 # go round the process's BENCH_HTTP_CLIENTS clients (bench/peers.py: one per 16 of the worker's
-# concurrency), so each pool holds a few dozen connections; 0: HttpCall's `pooled_client()`.
+# concurrency), so each pool holds a few dozen connections. BENCH_HTTP_CLIENT (bench/peers.py
+# --http-client): `sharded` those clients, `pooled` the product's `pooled_client()`, `httpcall` the
+# route's steps written on the product's HttpCall (the plain chain and DBOS, which have no step
+# context, on `held_client()`, the client HttpCall holds per call).
 CLIENTS = int(os.environ.get("BENCH_HTTP_CLIENTS", "1"))
+CLIENT = os.environ.get("BENCH_HTTP_CLIENT", "sharded")
 _clients: list[httpx.Client] | None = None
 _turn = itertools.count()
+CALL = HttpCall(timeout=30)
 
 
 # httpx keeps 20 idle connections by default: past that, a gevent worker with hundreds of calls in
@@ -31,10 +36,17 @@ _turn = itertools.count()
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=2000)
 
 
-def http_call(key: str = "") -> None:
-    """One HTTP call to the local server, at the path `key` (say "first/42")."""
+def http_call(key: str = "", ctx: StepContext | None = None) -> None:
+    """One HTTP call to the local server, at the path `key` (say "first/42"), for the step of `ctx` if given."""
     global _clients
-    if CLIENTS == 0:  # the product's own clients (bench/peers.py --http-client httpcall)
+    if CLIENT == "httpcall":
+        if ctx is not None:
+            CALL.post(ctx, URL + key, content=b"{}")  # a 4xx or 5xx raises
+            return
+        with held_client() as client:
+            client.post(URL + key, content=b"{}").raise_for_status()
+        return
+    if CLIENT == "pooled":
         pooled_client().post(URL + key, content=b"{}").raise_for_status()
         return
     clients = _clients
@@ -46,19 +58,19 @@ def http_call(key: str = "") -> None:
 @step
 def first(ctx: StepContext) -> None:
     """Step 1."""
-    http_call(f"first/{ctx.message.id}")
+    http_call(f"first/{ctx.message.id}", ctx)
 
 
 @step
 def second(ctx: StepContext) -> None:
     """Step 2."""
-    http_call(f"second/{ctx.message.id}")
+    http_call(f"second/{ctx.message.id}", ctx)
 
 
 @step
 def third(ctx: StepContext) -> None:
     """Step 3."""
-    http_call(f"third/{ctx.message.id}")
+    http_call(f"third/{ctx.message.id}", ctx)
 
 
 # A batch task may run its messages' steps one after another (prefork): its time limit is the route's

@@ -2,12 +2,14 @@
 
     PYTHONPATH=. .venv/bin/python bench/peers.py [--messages 1000] [--runs 3]
         [--variants plain,hub,hub1,fused,batch,dbos] [--latency-ms 0] [--pool prefork|gevent|threads]
-        [--concurrency 2] [--processes 1] [--warmup 200] [--http-client sharded|httpcall] [--burn 0]
+        [--concurrency 2] [--processes 1] [--warmup 200] [--http-client sharded,pooled,httpcall] [--burn 0]
         [--broker redis|amqp]
 
 The same 3-step route body (one POST per step to a local keep-alive HTTP server that answers
 after --latency-ms, 0 by default: bench/slow_server.py; the pooled httpx clients of bench/flows.py, or
-with --http-client httpcall the product's own, `openhub.outbound.http.pooled_client()`)
+with --http-client pooled the product's `openhub.outbound.http.pooled_client()`, or with httpcall the
+route's steps written on the product's `HttpCall`; several, comma-separated, run side by side, each
+variant once per client in every run, labelled VARIANT/CLIENT)
 run as
   (a) plain  - a plain Celery chain of 3 tasks (bench/plain_tasks.py), apply_async per chain
   (b) hub    - openhub, today's chain mode, submit_many in batches of 100
@@ -227,7 +229,7 @@ class Poller:
 
 
 # ---------------------------------------------------------------- the variants
-SHARDED = {"on": True}  # --http-client: bench/flows.py's own clients, else openhub's pooled_client()
+HTTP_CLIENT = {"kind": "sharded"}  # --http-client of the variant in hand (bench/flows.py BENCH_HTTP_CLIENT)
 
 
 class Env:
@@ -250,7 +252,8 @@ class Env:
             "OPENHUB_ROUTES": "bench.flows",
             "OPENHUB_VAR_DIR": str(workdir / "var"),
             "BENCH_HTTP_URL": f"http://127.0.0.1:{http_port}/",
-            "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16) if SHARDED["on"] else 0),  # bench/flows.py
+            "BENCH_HTTP_CLIENT": HTTP_CLIENT["kind"],  # bench/flows.py
+            "BENCH_HTTP_CLIENTS": str(max(1, concurrency // 16)),
             "BENCH_COUNTER_URL": f"redis://127.0.0.1:{self.redis.port}/1",
         }
         if self.rabbit is not None:
@@ -557,7 +560,7 @@ def run_fused(env: Env, n: int) -> dict[str, float]:
 
 
 def run_batch(env: Env, n: int) -> dict[str, float]:
-    if env.pool == "gevent" and SHARDED["on"]:
+    if env.pool == "gevent" and HTTP_CLIENT["kind"] == "sharded":
         # Each task keeps a batch of calls in flight, not one: clients for them all (httpcore scans
         # every connection of its pool per request: hundreds on one client cost ms per call)
         from bench.flows import BATCH
@@ -752,8 +755,8 @@ def main() -> None:
     parser.add_argument(
         "--http-client",
         default="sharded",
-        choices=("sharded", "httpcall"),
-        help="steps call through one client per 16 in flight (sharded), or through HttpCall's pooled_client()",
+        help="steps call through one client per 16 in flight (sharded), the product's pooled_client() (pooled), "
+        "or the product's HttpCall (httpcall); several, comma-separated: each variant once per client, side by side",
     )
     parser.add_argument(
         "--burn",
@@ -779,7 +782,10 @@ def main() -> None:
     args = parser.parse_args()
     BROKER["kind"] = args.broker
     OPEN_LOOP["rate"] = args.rate
-    SHARDED["on"] = args.http_client == "sharded"
+    clients = args.http_client.split(",")
+    for client in clients:
+        if client not in ("sharded", "pooled", "httpcall"):
+            parser.error(f"--http-client: sharded, pooled or httpcall, not {client!r}")
     PROFILE.update(dir=args.profile, rate=args.profile_rate)
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -795,11 +801,13 @@ def main() -> None:
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.burn)]
     for spinner in spinners:
         spinner.start()
-    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    label = {(v, c): v if len(clients) == 1 else f"{v}/{c}" for v in variants for c in clients}
+    results: dict[str, list[dict[str, float]]] = {label[v, c]: [] for v in variants for c in clients}
     try:
         for run in range(args.runs):
-            for v in variants:  # interleaved: plain, hub, hub1, dbos, plain, ...
-                PROFILE["tag"] = f"{v}-{run + 1}"
+            for v, client in label:  # interleaved: plain, hub, hub1, dbos, plain, ... (each once per client)
+                PROFILE["tag"] = f"{label[v, client].replace('/', '-')}-{run + 1}"
+                HTTP_CLIENT["kind"] = client
                 r = fresh(
                     workdir,
                     http_port,
@@ -809,8 +817,11 @@ def main() -> None:
                     args.concurrency,
                     args.processes,
                 )
-                results[v].append(r)
-                print(f"run {run + 1} {v:6s} " + " ".join(f"{k}={x:.2f}" for k, x in r.items()), flush=True)
+                results[label[v, client]].append(r)
+                print(
+                    f"run {run + 1} {label[v, client]:6s} " + " ".join(f"{k}={x:.2f}" for k, x in r.items()),
+                    flush=True,
+                )
         subs = []
         if args.submits:
             for _ in range(args.runs):
@@ -839,17 +850,29 @@ def main() -> None:
         "| runs with each step exactly once |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    plain = results.get("plain")
-    for v, rs in results.items():
+    for (_v, client), name in label.items():
+        rs, plain = results[name], results.get(label.get(("plain", client), ""))
         ratio = med([r["rate"] / p["rate"] for r, p in zip(rs, plain)], 2) if plain else "-"
         print(
-            f"| {v} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
+            f"| {name} | {med([r['rate'] for r in rs])} | {ratio} | {med([r['worker_ms'] for r in rs])} | "
             f"{med([r['pg_ms'] for r in rs])} | {med([r['box_ms'] for r in rs])} | "
             f"{med([r['box_busy'] for r in rs], 2)} | {med([r['commits'] for r in rs])} | "
             f"{med([r['writes'] for r in rs])} | {med([r['store_b'] for r in rs])} | "
             f"{med([r['in_flight'] for r in rs], 0)} | {med([r['rss_mb'] for r in rs], 0)} | "
             f"{sum(int(r['once']) for r in rs)}/{len(rs)} |"
         )
+    if len(clients) > 1:
+        print(
+            f"\nAgainst --http-client {clients[0]}, run by run: msg/s ratio, worker CPU ms/msg difference; "
+            "median (min-max)"
+        )
+        print("| variant | msg/s ratio | worker CPU ms/msg, difference |\n|---|---|---|")
+        for (v, client), name in label.items():
+            if client != clients[0]:
+                base = results[label[v, clients[0]]]
+                rates = [r["rate"] / b["rate"] for r, b in zip(results[name], base)]
+                cpu = [r["worker_ms"] - b["worker_ms"] for r, b in zip(results[name], base)]
+                print(f"| {name} | {med(rates, 2)} | {med(cpu, 2)} |")
     if args.rate:
         print(
             f"\nSubmit -> the last step's call answered, ms, {args.rate:g} msg/s offered (Poisson), median of runs "

@@ -23,8 +23,8 @@ message has one, `X-Process-Id` (an id with characters outside printable ASCII p
 With `record=True` each exchange (method, URL, status, redacted headers, bodies cut to
 OPENHUB_HTTP_RECORD_BYTES, duration) is stored with the message; see `openhub.store.recordings`.
 `record="headers"` stores the same without either body (a call whose bodies are all secret).
-One pooled `httpx.Client` per process is shared by every HttpCall (a forked worker builds its own);
-under gevent, a few (`pooled_client`).
+Each call holds a client of its process's alone while it is under way (`held_client`: as many clients as
+calls in flight, each keeping its one keep-alive connection; a forked worker builds its own).
 """
 
 from __future__ import annotations
@@ -35,9 +35,12 @@ import json
 import logging
 import os
 import re
+import ssl
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote
@@ -60,11 +63,26 @@ _clients: dict[int, list[httpx.Client]] = {}
 _clients_lock = threading.Lock()
 _turn = itertools.count()
 _TRANSIENT_STATUSES = {408, 429}
-# httpcore's pool looks at every connection it holds for every request it assigns: one client under
-# `-P gevent -c 500` held ~500 connections, and that scan took half of a worker's CPU and stalled it for
-# ~30 s under load (issue 42; bench/RESULTS.md). A gevent process goes round GREEN_SHARDS clients, so
-# each pool holds a few dozen connections; a process running one step at a time keeps one client.
+# httpcore's pool looks at every connection it holds for every request it assigns, and again when each answer
+# is read (an idle one is polled: a syscall each): one client under `-P gevent -c 500` held ~500 connections,
+# and that scan took half of a worker's CPU and stalled it for ~30 s under load (issue 42; bench/RESULTS.md).
+# `pooled_client` goes round GREEN_SHARDS clients under gevent, so each pool holds a few dozen connections;
+# HttpCall holds a client per call in flight (`held_client`), so each pool holds one.
 GREEN_SHARDS = 16
+# httpx's keep-alive expiry: a client no call took for that long has no connection worth keeping.
+IDLE_CLOSE = 5.0
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+_ssl_contexts: dict[int, ssl.SSLContext] = {}
+_idle: dict[int, deque[tuple[float, httpx.Client]]] = {}  # pid -> (returned at, client) no call holds, oldest first
+
+
+def _new_client() -> httpx.Client:
+    """A client with the process's one TLS context: httpx builds one per client otherwise (the CA bundle read
+    and parsed: ~60 ms of CPU per client, where a client per call in flight makes hundreds)."""
+    context = _ssl_contexts.get(os.getpid())
+    if context is None:
+        context = _ssl_contexts[os.getpid()] = httpx.create_ssl_context()  # as httpx.Client(verify=True) does
+    return httpx.Client(limits=_LIMITS, verify=context)
 
 
 def pooled_client() -> httpx.Client:
@@ -73,17 +91,49 @@ def pooled_client() -> httpx.Client:
     Their connections are not capped: the worker pool's concurrency bounds the calls in flight, and a
     cap below it (100 here once) held `-P gevent -c 500` to 100 calls, the others waiting for a
     connection and timing out in that wait. Under gevent each call takes the next of GREEN_SHARDS
-    clients, round the list; elsewhere there is one."""
+    clients, round the list; elsewhere there is one. A step that can say when its call ends takes
+    `held_client()` instead: its client's pool holds one connection, not a share of hundreds."""
     pid = os.getpid()
     clients = _clients.get(pid)
     if clients is None:
         with _clients_lock:
             clients = _clients.get(pid)
             if clients is None:
-                limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
                 shards = GREEN_SHARDS if green() else 1
-                clients = _clients[pid] = [httpx.Client(limits=limits) for _ in range(shards)]
+                clients = _clients[pid] = [_new_client() for _ in range(shards)]
     return clients[next(_turn) % len(clients)]
+
+
+@contextmanager
+def held_client() -> Iterator[httpx.Client]:
+    """A client of the process's that no other call uses until the block ends (HttpCall's, for each call):
+
+        with held_client() as client:
+            client.post(url, json=body).raise_for_status()
+
+    The process keeps the clients its calls gave back and hands out the one given back last, so it holds as
+    many as it had calls in flight at once, each with its one keep-alive connection: a request costs httpcore's
+    pool a look at that connection, not at every connection of the process (`pooled_client` under gevent:
+    a sixteenth of them). A client nobody took for IDLE_CLOSE seconds is closed as the next one comes back."""
+    pid = os.getpid()
+    idle = _idle.get(pid)
+    if idle is None:
+        idle = _idle.setdefault(pid, deque())
+    try:
+        client = idle.pop()[1]
+    except IndexError:  # every client of the process is in a call
+        client = _new_client()
+    try:
+        yield client
+    finally:
+        now = time.monotonic()
+        idle.append((now, client))
+        while idle[0][0] < now - IDLE_CLOSE:
+            try:
+                stale = idle.popleft()[1]
+            except IndexError:  # another thread took the last one meanwhile
+                break
+            stale.close()
 
 
 def step_key_of(ctx: StepContext) -> str:
@@ -191,29 +241,29 @@ class HttpCall:
         if ctx.message.process_id:
             headers.setdefault("X-Process-Id", header_value(ctx.message.process_id))
         kwargs.setdefault("timeout", self.timeout)
-        client = pooled_client()
-        req = client.build_request(method, url, headers=headers, **kwargs)
-        _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
-        ctx.check_fence()  # right before the call: not sent by a process others may judge dead
-        # The hub's time, in its store's records; a context outside a hub's run records nothing (`_record`).
-        at = store_now(ctx.settings.database_url) if ctx.settings is not None else utcnow()
-        started = time.perf_counter()
-        try:
-            response = client.send(req)
-            response.read()
-        except httpx.HTTPError as exc:  # timeouts, refused and reset connections, protocol errors
-            self._record(ctx, record, req, None, f"{type(exc).__name__}: {exc}", started, at)
+        with held_client() as client:
+            req = client.build_request(method, url, headers=headers, **kwargs)
+            _remember_secrets(req)  # whatever of them comes back (an echoed body, an exception) is redacted
+            ctx.check_fence()  # right before the call: not sent by a process others may judge dead
+            # The hub's time, in its store's records; a context outside a hub's run records nothing (`_record`).
+            at = store_now(ctx.settings.database_url) if ctx.settings is not None else utcnow()
+            started = time.perf_counter()
+            answer = _send(client, req)
+        # The client went back as the answer came: recording (a store write) holds none.
+        if isinstance(answer, httpx.HTTPError):
+            self._record(ctx, record, req, None, f"{type(answer).__name__}: {answer}", started, at)
             raise _transient(
-                redact_text(f"{method} {url}: {type(exc).__name__}: {exc}") or "", error_code(exc)
-            ) from exc
+                redact_text(f"{method} {url}: {type(answer).__name__}: {answer}") or "", error_code(answer)
+            ) from answer
+        response = answer
         self._record(ctx, record, req, response, None, started, at)
         return self._outcome(ctx, response)
 
     def _outcome(self, ctx: StepContext, response: httpx.Response) -> httpx.Response:
         status = response.status_code
-        what = f"{response.request.method} {redact_url(str(response.request.url))} answered {status}"
         if status < 400:
             return response
+        what = f"{response.request.method} {redact_url(str(response.request.url))} answered {status}"
         text = f"{what}: {_short(redact_text(response.text[:_ECHO_READ]) or '')}"  # redacted before it is cut
         if status == 429:
             delay = retry_after(response.headers.get("Retry-After"))
@@ -302,6 +352,17 @@ def _remember_secrets(request: httpx.Request) -> None:
             _remember_sent_fields(content, request.headers.get("content-type", ""))
     except Exception:
         log.debug("could not read the request's secrets for redaction", exc_info=True)
+
+
+def _send(client: httpx.Client, request: httpx.Request) -> httpx.Response | httpx.HTTPError:
+    """The answer, read whole, or the error that came instead (a timeout, a refused or reset connection, a
+    protocol error)."""
+    try:
+        response = client.send(request)
+        response.read()
+    except httpx.HTTPError as exc:
+        return exc
+    return response
 
 
 def _check_record(record: object) -> None:

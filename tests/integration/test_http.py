@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from openhub.api.detail import message_detail
@@ -26,6 +27,7 @@ from openhub.outbound.http import HttpCall, retry_after
 from openhub.store.db import utcnow
 from openhub.store.recordings import prune_exchanges, truncate_body
 from openhub.testing import LocalHub
+from tests.support.backends import free_port
 
 
 class ScriptedServer:
@@ -412,3 +414,78 @@ def test_a_gevent_process_spreads_its_calls_over_clients_whose_pools_stay_small(
     assert clients == http.GREEN_SHARDS
     assert largest_pool <= calls // http.GREEN_SHARDS, f"one pool held {largest_pool} of {calls} connections"
     assert http.pooled_client() is http.pooled_client()  # this process runs no greenlets: one client
+
+
+HELD_SCRIPT = """
+from gevent import monkey; monkey.patch_all()
+import gevent, gevent.pywsgi, sys
+from datetime import datetime, timezone
+from openhub.core.context import MessageInfo, StepContext
+from openhub.outbound import http
+
+def answer(environ, start_response):
+    gevent.sleep(0.5)  # every call of a wave is in flight at once
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"{}"]
+
+server = gevent.pywsgi.WSGIServer(("127.0.0.1", 0), answer, log=None)
+server.start()
+url = f"http://127.0.0.1:{server.server_port}/"
+at = datetime.now(timezone.utc)
+call = http.HttpCall(timeout=30)
+seen = {}
+
+def one(i):
+    message = MessageInfo(i, f"c-{i}", "S", "s", "o", None, None, None, 0, at, at, None)
+    ctx = StepContext(payload={}, message=message, idempotency_key=f"S/c-{i}/k", attempt=1, redelivered=False,
+                      custom_data={})
+    call.get(ctx, url)
+
+calls = int(sys.argv[1])
+for wave in range(2):
+    gevent.joinall([gevent.spawn(one, i) for i in range(calls)], raise_error=True)
+    clients = [c for _, c in http._idle[__import__("os").getpid()]]
+    seen[wave] = {id(c) for c in clients}
+    pools = [len(c._transport._pool.connections) for c in clients]
+contexts = {id(c._transport._pool._ssl_context) for c in clients}
+print(len(seen[0]), len(seen[1]), len(seen[0] & seen[1]), max(pools), len(contexts))
+"""
+
+
+def test_httpcall_holds_a_client_per_call_in_flight_whose_pool_holds_one_connection() -> None:
+    """Round 16 clients, a gevent process with hundreds of calls in flight still had each pool scan dozens of
+    connections per request (httpcore), and HttpCall cost 0.6 ms of CPU per message more than a bench client
+    sharded twice as finely (issue 42, bench/RESULTS.md). Each HttpCall call now holds a client of its own:
+    as many clients as calls in flight, each with one connection, the same clients again in the next wave,
+    all on the process's one TLS context (httpx reads the CA bundle for each client otherwise: ~60 ms)."""
+    pytest.importorskip("gevent")
+    import subprocess
+    import sys
+
+    calls = 60
+    done = subprocess.run([sys.executable, "-c", HELD_SCRIPT, str(calls)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, second, both, largest_pool, contexts = map(int, done.stdout.split())
+    assert first == calls and second == calls and both == calls, done.stdout
+    assert largest_pool == 1 and contexts == 1, done.stdout
+
+
+def test_a_held_client_goes_back_after_a_failed_call_and_one_idle_too_long_is_closed(monkeypatch, server) -> None:
+    from openhub.outbound import http
+
+    with http.held_client() as first:
+        with http.held_client() as second:
+            assert first is not second  # a client is one call's while it is held
+        with pytest.raises(httpx.ConnectError):
+            with http.held_client() as again:
+                assert again is second  # the one given back last
+                again.get(f"http://127.0.0.1:{free_port()}/", timeout=5)
+    with http.held_client() as client:
+        assert client is first  # the failed call gave its client back: `second` waits under it
+        client.post(f"{server.url}/ok").raise_for_status()
+    monkeypatch.setattr(http, "IDLE_CLOSE", 0.0)
+    with http.held_client() as client:
+        assert client is first
+    assert second.is_closed and not first.is_closed  # closed as `first` came back, after IDLE_CLOSE unused
+    with http.held_client() as client:
+        assert client is first and not client.is_closed
