@@ -128,8 +128,11 @@ def held_client() -> Iterator[httpx.Client]:
     finally:
         now = time.monotonic()
         idle.append((now, client))
-        while idle[0][0] < now - IDLE_CLOSE:
+        while True:
             try:
+                returned = idle[0][0]
+                if returned >= now - IDLE_CLOSE:
+                    break
                 stale = idle.popleft()[1]
             except IndexError:  # another thread took the last one meanwhile
                 break
