@@ -151,3 +151,19 @@ def test_the_store_away_for_a_moment_while_a_batch_calls(model: ProcessModel) ->
             pass  # the fault's length is bounded; what it did, the checks say
     model.settle(40)
     model.check()
+
+
+@_dead_after(2.0)
+def test_redis_restarted_empty_while_a_prefork_worker_holds_deliveries(model: ProcessModel) -> None:
+    """Redis restarted empty three times while a prefork worker of four processes holds deliveries and has a
+    read outstanding for more (issue 33, break 8: kombu's channel close killed the worker); the model's hub
+    finds the chains lost with it."""
+    model.start_worker(concurrency=4)
+    model.external.delay(model.path("b"), 0.2)  # calls in flight, deliveries held unacknowledged, when Redis goes
+    for _ in range(3):
+        model.submit("test.flow", n=8)
+        made = model.external.count()
+        wait_for(lambda: model.external.count() >= made + 3, 60, "calls under way before the restart")  # noqa: B023
+        model.restart_redis(down=1.0)
+    model.settle(60)
+    model.check()

@@ -15,8 +15,9 @@ and the store:
 
 1. every message ends (the model's hub ticking: a dead worker's runs repaired in seconds);
 2. each step's call is made once per idempotency key, unless an earlier call of that key was in flight in a
-   process when the model stopped, killed or cut that process (README: a call in flight when its worker was
-   judged dead is made again, with the same key) -- a call started after its process came back is not;
+   process when the model stopped, killed or cut that process, or passed the fence before the cut (README: a
+   call in flight when its worker was judged dead is made again, with the same key) -- a call started after
+   its process came back is not;
 3. the fence: no call passes it in a process whose heartbeat has been held for more than CALL_FENCE of
    dead-after, nor in one whose way to the store has been cut for more than PROOF_AGE;
 4. a fault of the hub's own is no failure of the message (failed_count 0; these schedules fail no call),
@@ -315,10 +316,17 @@ class ProcessModel:
         return problems
 
     def _hit_in_flight(self, call: Call) -> bool:
-        return any(
-            f.kind in LOSES_RUNS and f.hits(_pid(call)) and call.started <= f.start + EPSILON and f.start < call.ended
-            for f in self.faults
-        )
+        """Whether a fault of its process hit the call's run before its outcome was written: the call in
+        flight at a stop, a kill or a cut; or, for a cut, passed the fence before it (its outcome's write, or
+        the call itself, on the cut link)."""
+        for f in self.faults:
+            if f.kind not in LOSES_RUNS or not f.hits(_pid(call)):
+                continue
+            if call.started <= f.start + EPSILON and f.start < call.ended:
+                return True
+            if f.kind == "cut" and _passed(call) <= f.start + PROOF_AGE + EPSILON:
+                return True
+        return False
 
     def fenced_calls(self) -> list[str]:
         """3. No call passes the fence in a process whose heartbeat is held past CALL_FENCE of dead-after, nor
@@ -327,7 +335,7 @@ class ProcessModel:
         with self.external._lock:
             calls = [c for c in self.external.calls if c.path.startswith(self.prefix + "/")]
         for c in calls:
-            passed = float(c.headers.get("x-test-passed", "nan"))
+            passed = _passed(c)
             for f in self.faults:
                 bound = {"held": CALL_FENCE * self.dead_after, "cut": PROOF_AGE}.get(f.kind)
                 if bound is not None and f.hits(_pid(c)) and f.start + bound + EPSILON < passed < f.end:
@@ -357,6 +365,11 @@ class ProcessModel:
             for w in self.workers
             if w not in self.killed and w.process is not None and w.process.poll() is not None
         ]
+
+
+def _passed(call: Call) -> float:
+    """When the call passed its process's fence (tests/support/routes.call), monotonic."""
+    return float(call.headers.get("x-test-passed", "nan"))
 
 
 def _pid(call: Call) -> int | None:
