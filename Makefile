@@ -39,14 +39,16 @@ lint: install
 # The suite in four pytest processes side by side, each with servers and workers of its own (most of a
 # test's time is spent waiting on them: a whole run keeps about one of two cores busy): the chaos files
 # (minutes of faults), SPARK (every Spark test, one JVM at a time, and the gevent pool's), SLOW (the promise
-# model, the long pattern file and other long behaviour files) and the rest, chosen by the JUnit times in
-# var/junit-*.xml to take about as long each. Each one's report stays in var/ to rebalance them by.
+# model and its part with real workers, the long pattern file and other long behaviour files) and the rest,
+# chosen by the JUnit times in var/junit-*.xml to take about as long each. Each one's report stays in var/
+# to rebalance them by.
 SPARK := tests/integration/test_pipeline_archive.py tests/integration/test_pipeline_report.py \
 	tests/chaos/test_spark_cluster.py tests/integration/test_gevent_pool.py \
 	tests/integration/test_slow_receivers.py
 # The chaos stream also takes the hostile entries' fuzzing (minutes of generated requests), to balance them.
 CHAOS := tests/chaos tests/integration/api/test_fuzz_entries.py
-SLOW := tests/integration/test_promise_model.py tests/integration/test_patterns.py \
+SLOW := tests/integration/test_promise_model.py tests/integration/test_promise_process_model.py \
+	tests/integration/test_patterns.py \
 	tests/integration/test_status_cli.py tests/acceptance/test_admin_browser.py \
 	tests/integration/test_planted_secrets.py tests/integration/test_one_clock.py \
 	tests/integration/api/test_serve_limits.py

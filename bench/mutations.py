@@ -32,8 +32,13 @@ sys.path.insert(0, str(ROOT))
 from tests.support.mutations import MUTATIONS, Mutation  # noqa: E402
 
 # The CI configuration of the model tests: `make test`'s PYTEST_ARGS, these files (the regression examples
-# first, seconds, so that a mutation they catch stops there: `-x`).
-MODEL_TESTS = ["tests/integration/test_promise_regressions.py", "tests/integration/test_promise_model.py"]
+# first, seconds, so that a mutation they catch stops there: `-x`; then the model's part with real workers,
+# about two minutes, which reaches what no LocalHub can; then the random search).
+MODEL_TESTS = [
+    "tests/integration/test_promise_regressions.py",
+    "tests/integration/test_promise_process_model.py",
+    "tests/integration/test_promise_model.py",
+]
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-x"]
 IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "var", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "*.pyc"

@@ -38,7 +38,7 @@ def call(ctx: StepContext, name: str, body: dict | None = None, began: float | N
     """POST the payload (or `body`) to the test's path for this step, with the step's idempotency key (and,
     from a test's worker process, `X-Test-Worker`: which worker made the call; `X-Test-Pid`: which process, for the
     multi-host checker, tests/support/history.py; `X-Test-Began`: the monotonic time the step's body began,
-    `began`, or now)."""
+    `began`, or now; `X-Test-Passed`: the monotonic time it passed the fence)."""
     headers = {
         "Idempotency-Key": ctx.idempotency_key,
         "X-Test-Pid": str(os.getpid()),
@@ -46,6 +46,7 @@ def call(ctx: StepContext, name: str, body: dict | None = None, began: float | N
         "X-Test-Redelivered": str(ctx.redelivered),
     }
     ctx.check_fence()  # a step calling with its own client fences its call itself (README)
+    headers["X-Test-Passed"] = f"{time.monotonic():.6f}"  # when it passed the fence (the process model's check)
     if os.environ.get("OPENHUB_TEST_WORKER"):
         headers["X-Test-Worker"] = os.environ["OPENHUB_TEST_WORKER"]
     funnel = ctx.payload.get("funnel_header")

@@ -22,6 +22,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._cut = False
         self._holes = False
+        self._away = False  # `outage()` until `restore()`: new connections refused, the listener kept
         threading.Thread(target=self._accept, daemon=True, name="tcp-proxy").start()
 
     def _accept(self) -> None:
@@ -30,6 +31,9 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:  # cut: the listener is closed
                 return
+            if self._away:  # an outage: refused at once (reset), as a server that is down
+                _reset(client)
+                continue
             if self._holes:  # accepted, and nothing more: its opening never ends
                 with self._lock:
                     self._sockets.append(client)
@@ -77,3 +81,24 @@ class TcpProxy:
                     s.close()
                 except OSError:
                     pass
+
+    def outage(self) -> None:
+        """The server away for a moment: every connection reset, new ones refused until `restore()`."""
+        with self._lock:
+            self._away = True
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            _reset(s)
+
+    def restore(self) -> None:
+        """The server back after an `outage()`: new connections pass again."""
+        self._away = False
+
+
+def _reset(s: socket.socket) -> None:
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.shutdown(socket.SHUT_RDWR)
+        s.close()
+    except OSError:
+        pass
