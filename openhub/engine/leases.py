@@ -115,6 +115,11 @@ def _first_call(source: Any) -> Any:
 
 
 _LEASE_AND_CALL = _first_call(_LEASE.cte("lease"))
+# The same where the step has no call record yet, and only then: the lease is taken exactly where the record
+# is inserted with it, so that nothing is left for another statement to do (`take_new`).
+_LEASE_AND_NEW_CALL = _first_call(
+    _LEASE.where(~select(X.id).where(X.key == bindparam("n_key", type_=X.key.type)).exists()).cte("lease")
+)
 
 
 def folds_call(conn: Connection, item: RouteStep) -> bool:
@@ -158,6 +163,26 @@ def take(conn: Connection, run: StepRun, columns: dict[str, Any], now: datetime)
     return _with_first_call(
         conn.execute(_LEASE_AND_CALL, {**params, **_first_call_params(run.message_id, run.item, now)}).first()
     )
+
+
+def take_new(conn: Connection, run: StepRun, columns: dict[str, Any], now: datetime) -> tuple[Any, bool]:
+    """`take` in ONE statement that may run on its own (`store.db.single_statement`), for a step whose lease
+    statement folds its first call record (`folds_call`): the lease is taken only where the step has no
+    call record yet, and the record is inserted with it. The row and whether the record was inserted (False
+    only where another statement inserted it in between: then the lease is ours without it); None where
+    nothing was written (the lease not free for this chain, or a call record there): `take` in a
+    transaction finds out what then."""
+    assert folds_call(conn, run.item)
+    params = {
+        "mid": run.message_id,
+        "token": run.token,
+        "now": now,
+        "run": columns["step_run"],
+        "holder": columns["worker"],
+        "lease_until": columns["due_at"],
+        **_first_call_params(run.message_id, run.item, now),
+    }
+    return _with_first_call(conn.execute(_LEASE_AND_NEW_CALL, params).first())
 
 
 def hand_back(conn: Connection, message_id: int, now: datetime, settings: Settings) -> None:

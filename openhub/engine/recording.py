@@ -30,6 +30,27 @@ def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
     return recorded(tx, run, entered, verdict, common, kept)
 
 
+def fits_alone(run: StepRun, verdict: Verdict) -> bool:
+    """Whether `record` writes nothing but its compare-and-set (one statement on PostgreSQL: `record_alone`):
+    a step that succeeded and hands on to the next step's task, with no system (whose slot and breaker are
+    told) and no children to write."""
+    return (
+        verdict.event is None
+        and not run.last
+        and not verdict.children
+        and getattr(run.item, "system", None) is None
+        and not run.hub.settings.database_url.startswith("sqlite")
+    )
+
+
+def record_alone(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+    """`record` where `fits_alone`, on a connection for one statement (`Hub.single_statement`): whether its
+    compare-and-set held (False: nothing written, the lease was lost; `record` in a transaction then)."""
+    common = record_values(tx, run, entered, verdict)
+    kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now)
+    return kept is not None
+
+
 def record_values(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> dict[str, Any]:
     """The message's columns `record` writes under the lease's compare-and-set."""
     row = entered.row  # still accurate: the step lease kept everyone else off the message

@@ -1,0 +1,94 @@
+"""Chain mode on PostgreSQL: a hop's entry and a middle step's outcome in ONE statement that is its own
+transaction (issue 42 item 3, `store.db.single_statement`: no BEGIN or COMMIT round trip), with the same
+compare-and-set; where that statement writes nothing (a retry, a paused route) the step is entered in a
+transaction as before. SQLite has no round trips to save: it keeps its transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy import event, select
+
+from openhub.service.pauses import pause, resume
+from openhub.store import db
+from openhub.store.migrate import upgrade
+from openhub.store.schema import transitions
+from openhub.testing import LocalHub
+from tests.support import backends, hop_routes
+
+ROUTES = "tests.support.hop_routes"
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[str]:
+    with backends.postgres_database("openhub_hops") as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def _calls() -> None:
+    hop_routes.CALLS.clear()
+
+
+@contextmanager
+def sent(url: str) -> Iterator[list[tuple[bool, str]]]:
+    """Every statement this process sends to `url` meanwhile, but the reads of the database's clock: whether
+    it ran in autocommit (its own transaction, no BEGIN), and its first words."""
+    statements: list[tuple[bool, str]] = []
+
+    def executed(conn, _cursor, statement, *_args):  # type: ignore[no-untyped-def]
+        if "clock_timestamp" not in statement:
+            statements.append((conn.connection.dbapi_connection.autocommit, " ".join(statement.split()[:3])))
+
+    engine = db.get_engine(url)
+    event.listen(engine, "before_cursor_execute", executed)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", executed)
+
+
+def test_a_chain_enters_and_hands_on_each_hop_in_one_statement_of_its_own(store: str) -> None:
+    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=store) as hub:
+        message = hub.submit("hops.flow", {})
+        with sent(store) as statements:
+            hub.run()
+        assert hub.get(message.id).state == "OK"
+    assert hop_routes.CALLS == [("one", message.id, 1), ("two", message.id, 1), ("three", message.id, 1)]
+    alone = [s for autocommit, s in statements if autocommit]
+    # The claim (as a batch's), step one's outcome, step two's lease, its outcome, step three's lease; the
+    # last step's outcome and the message's end are written together, in a transaction.
+    assert alone == ["WITH v AS", "WITH keep AS", "WITH lease AS", "WITH keep AS", "WITH lease AS"], statements
+    assert statements[len(alone)][0] is False
+    with db.reading(store) as conn:
+        history = conn.execute(
+            select(transitions.c.event).where(transitions.c.message_id == message.id).order_by(transitions.c.id)
+        ).scalars()
+        assert list(history) == ["accepted", "claimed", "step_ok", "step_ok", "step_ok", "completed"]
+
+
+def test_a_retry_enters_its_steps_in_a_transaction_and_calls_the_failed_one_again(store: str) -> None:
+    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=store) as hub:
+        message = hub.submit("hops.flow", {"fail_two": True})
+        hub.run()
+        assert hub.get(message.id).state == "PARTLY_FAILED"
+        hub.tick(seconds=5)  # the retry: step one already done, step two's call record there (FAILED)
+        assert hub.get(message.id).state == "OK"
+    mid = message.id
+    assert hop_routes.CALLS == [("one", mid, 1), ("two", mid, 1), ("two", mid, 2), ("three", mid, 1)]
+
+
+def test_a_paused_route_claims_nothing_in_one_statement_and_postpones_its_message(store: str) -> None:
+    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=store) as hub:
+        pause("hops.flow", hub=hub.hub)
+        message = hub.submit("hops.flow", {})
+        hub.run()
+        assert hub.get(message.id).state == "POSTPONED"
+        assert hop_routes.CALLS == []
+        resume("hops.flow", hub=hub.hub)
+        hub.run()
+        assert hub.get(message.id).state == "OK"
+    assert [c[0] for c in hop_routes.CALLS] == ["one", "two", "three"]
