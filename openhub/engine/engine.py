@@ -136,7 +136,7 @@ def _carry(
         if handed is not None:
             return handed, StepReport(True, "ok")
     if _recorded_alone(run, entered, verdict):
-        return None, StepReport.of(verdict, True)
+        return None, StepReport.of(verdict, not run.last)
     recorded, go_on, verdict = _record_outcome(run, entered, verdict)
     follow.merge(recorded)
     return None, StepReport.of(verdict, go_on)
@@ -391,12 +391,13 @@ def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[F
 
 
 def _recorded_alone(run: StepRun, entered: Entered, verdict: Verdict) -> bool:
-    """A step that succeeded and hands on to the next step's task, written in one statement that is its
-    own transaction (`recording.fits_alone`: one round trip on PostgreSQL, no BEGIN or COMMIT). False
+    """A step that succeeded and hands on to the next step's task (or ends a message nobody is told of),
+    written in one statement that is its own transaction (`recording.fits_alone`: one round trip on
+    PostgreSQL, no BEGIN or COMMIT). False
     where that did not write it (its lease lost, the store away, any fault): `_record_outcome` then writes
     it in a transaction, waiting for the store, and finds the lease lost where this statement committed
     unseen (as where a COMMIT's answer is lost: the chain's hand-over due re-publishes it)."""
-    if not fits_alone(run, verdict):
+    if not fits_alone(run, entered, verdict):
         return False
     try:
         with run.hub.single_statement() as conn:

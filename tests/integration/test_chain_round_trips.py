@@ -1,4 +1,4 @@
-"""Chain mode on PostgreSQL: a hop's entry and a middle step's outcome in ONE statement that is its own
+"""Chain mode on PostgreSQL: a hop's entry and its step's outcome in ONE statement that is its own
 transaction (issue 42 item 3, `store.db.single_statement`: no BEGIN or COMMIT round trip), with the same
 compare-and-set; where that statement writes nothing (a retry, a paused route) the step is entered in a
 transaction as before. SQLite has no round trips to save: it keeps its transactions."""
@@ -36,12 +36,12 @@ def _calls() -> None:
 @contextmanager
 def sent(url: str) -> Iterator[list[tuple[bool, str]]]:
     """Every statement this process sends to `url` meanwhile, but the reads of the database's clock: whether
-    it ran in autocommit (its own transaction, no BEGIN), and its first words."""
+    it ran in autocommit (its own transaction, no BEGIN), and the statement."""
     statements: list[tuple[bool, str]] = []
 
     def executed(conn, _cursor, statement, *_args):  # type: ignore[no-untyped-def]
         if "clock_timestamp" not in statement:
-            statements.append((conn.connection.dbapi_connection.autocommit, " ".join(statement.split()[:3])))
+            statements.append((conn.connection.dbapi_connection.autocommit, statement))
 
     engine = db.get_engine(url)
     event.listen(engine, "before_cursor_execute", executed)
@@ -58,11 +58,11 @@ def test_a_chain_enters_and_hands_on_each_hop_in_one_statement_of_its_own(store:
             hub.run()
         assert hub.get(message.id).state == "OK"
     assert hop_routes.CALLS == [("one", message.id, 1), ("two", message.id, 1), ("three", message.id, 1)]
-    alone = [s for autocommit, s in statements if autocommit]
-    # The claim (as a batch's), step one's outcome, step two's lease, its outcome, step three's lease; the
-    # last step's outcome and the message's end are written together, in a transaction.
-    assert alone == ["WITH v AS", "WITH keep AS", "WITH lease AS", "WITH keep AS", "WITH lease AS"], statements
-    assert statements[len(alone)][0] is False
+    # The claim (as a batch's), step one's outcome, step two's lease, its outcome, step three's lease, and
+    # its outcome, which ends the message (nobody to tell: no confirmer, parent, funnel or hook).
+    alone = [" ".join(s.split()[:3]) for autocommit, s in statements if autocommit]
+    assert alone == ["WITH v AS", "WITH keep AS", "WITH lease AS", "WITH keep AS", "WITH lease AS", "WITH keep AS"]
+    assert [s for autocommit, s in statements if not autocommit and "messages" in s] == []
     with db.reading(store) as conn:
         history = conn.execute(
             select(transitions.c.event).where(transitions.c.message_id == message.id).order_by(transitions.c.id)
