@@ -37,7 +37,7 @@ from openhub.engine import admission, entry, leases
 from openhub.engine.followups import carry_out
 from openhub.engine.hub import Hub, given
 from openhub.engine.lifecycle import FollowUps, Tx, apply_event
-from openhub.engine.recording import record
+from openhub.engine.recording import fits_alone, record, record_alone
 from openhub.engine.split import prepare_children
 from openhub.outbound.breaker import counts_against_system
 from openhub.store.queries import dumps, loads, lock_message
@@ -100,8 +100,10 @@ def _carry_through(run: StepRun, end: int) -> tuple[int, StepReport]:
             while True:
                 if entered is None:
                     run_id = new_run(runs)
-                    with run.hub.transaction() as conn:
-                        entered = entry.enter(Tx(conn, run.clock(), follow, run.hub), run, run_id)
+                    entered = entry.enter_alone(run, run_id, follow)  # one round trip, where it can
+                    if entered is None:
+                        with run.hub.transaction() as conn:
+                            entered = entry.enter(Tx(conn, run.clock(), follow, run.hub), run, run_id)
                 if isinstance(entered, Entered):
                     handed, report = _carry(run, end, entered, runs, follow)
                     if handed is not None:
@@ -133,6 +135,8 @@ def _carry(
         handed = _hand_over(run, entered, verdict, new_run(runs), follow)
         if handed is not None:
             return handed, StepReport(True, "ok")
+    if _recorded_alone(run, entered, verdict):
+        return None, StepReport.of(verdict, not run.last)
     recorded, go_on, verdict = _record_outcome(run, entered, verdict)
     follow.merge(recorded)
     return None, StepReport.of(verdict, go_on)
@@ -384,6 +388,23 @@ def _record_outcome(run: StepRun, entered: Entered, verdict: Verdict) -> tuple[F
                 "message %s: recording step %s failed; recorded as a transient failure", run.message_id, run.item.key
             )
             verdict = verdict.unrecordable(run.item.key, traceback.format_exc())
+
+
+def _recorded_alone(run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+    """A step that succeeded and hands on to the next step's task (or ends a message nobody is told of),
+    written in one statement that is its own transaction (`recording.fits_alone`: one round trip on
+    PostgreSQL, no BEGIN or COMMIT). False
+    where that did not write it (its lease lost, the store away, any fault): `_record_outcome` then writes
+    it in a transaction, waiting for the store, and finds the lease lost where this statement committed
+    unseen (as where a COMMIT's answer is lost: the chain's hand-over due re-publishes it)."""
+    if not fits_alone(run, entered, verdict):
+        return False
+    try:
+        with run.hub.single_statement() as conn:
+            return record_alone(Tx(conn, run.clock(), FollowUps(), run.hub), run, entered, verdict)
+    except Exception as exc:
+        log.debug("message %s: step %s not recorded alone (%s)", run.message_id, run.item.key, exc)
+        return False
 
 
 def pause_before_retry(seconds: float) -> None:

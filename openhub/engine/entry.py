@@ -15,7 +15,8 @@ from openhub.core.states import CallState, Event, State
 from openhub.core.verdicts import Verdict, call_key, idempotency_key, message_info
 from openhub.engine import admission, leases
 from openhub.engine.admission import Refusal
-from openhub.engine.lifecycle import Tx, apply_event, resume_split
+from openhub.engine.batch_claims import claim_all
+from openhub.engine.lifecycle import FollowUps, Tx, apply_event, resume_split
 from openhub.engine.recording import finish, row_with
 from openhub.store.queries import loads, lock_message
 
@@ -58,6 +59,33 @@ def enter(tx: Tx, run: StepRun, run_id: str) -> Entered | bool:
                 **lease,
             )
     return prepare(tx, run, row, run_id, call_taken)
+
+
+def enter_alone(run: StepRun, run_id: str, follow: FollowUps) -> Entered | bool | None:
+    """`enter` for the common case in ONE statement that is its own transaction (`Hub.single_statement`: on
+    PostgreSQL no BEGIN or COMMIT round trip): for a step with message scope and no system, the route's first
+    step claims its message as a batch's members are claimed (`batch_claims.claim_all`: the compare-and-set,
+    the route's pauses, the CLAIMED history entry and the first call record in the statement), a later step
+    takes its lease with its first call record (`leases.take_new`). Nothing else is left to write then: with
+    the record just inserted `prepare` asks nothing of the store. None where the statement wrote nothing (not
+    such a step, SQLite, a retry, a stale or redelivered chain, a route paused, a call record there): `enter`
+    in a transaction finds out why, as before."""
+    hub, item = run.hub, run.item
+    if hub.settings.database_url.startswith("sqlite") or item.scope != "message" or getattr(item, "system", None):
+        return None
+    with hub.single_statement() as conn:
+        tx = Tx(conn, run.clock(), follow, hub)
+        if run.index == 0:
+            row, inserted = claim_all(tx, [(run, run_id)])[0]
+        else:
+            row, inserted = leases.take_new(conn, run, leases.lease(item, run_id, tx.now, hub.settings), tx.now)
+    if row is None:
+        return None
+    if not inserted:  # the record was inserted in between by another statement: the rest in a transaction
+        with hub.transaction() as conn:
+            return prepare(Tx(conn, tx.now, follow, hub), run, row, run_id)
+    # No statement follows (the closed connection would refuse one): the step's own record is new.
+    return prepare(tx, run, row, run_id, call_taken=True)
 
 
 def _claim(tx: Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:

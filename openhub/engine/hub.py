@@ -36,7 +36,7 @@ from openhub.core import live
 from openhub.core.config import Settings, get_settings, serve_settings, swap_settings
 from openhub.core.registry import Registry, build_registry, get_registry, serve_registry
 from openhub.store import live as live_store
-from openhub.store.db import reading, store_now, transaction
+from openhub.store.db import reading, single_statement, store_now, transaction
 
 log = logging.getLogger("openhub.config")
 
@@ -72,6 +72,10 @@ class Hub:
     def transaction(self, *, first: bool = False) -> AbstractContextManager[Connection]:
         """One transaction on this hub's database (`openhub.store.db.transaction` on its settings' URL)."""
         return transaction(self.settings.database_url, first=first)
+
+    def single_statement(self) -> AbstractContextManager[Connection]:
+        """One statement that is its own transaction on this hub's database (`openhub.store.db.single_statement`)."""
+        return single_statement(self.settings.database_url)
 
     def reading(self) -> AbstractContextManager[Connection]:
         """A transaction on this hub's database that only reads (`openhub.store.db.reading`)."""

@@ -24,7 +24,7 @@ from openhub.core.runs import Entered, StepRun
 from openhub.core.states import CallState, Note, State
 from openhub.core.verdicts import Verdict, message_call_key
 from openhub.store.db import insert_or_ignore, is_postgres
-from openhub.store.queries import execute_noted, history_entry, history_where, update_message
+from openhub.store.queries import execute_noted, history_entry, history_pair_where, history_where, update_message
 from openhub.store.schema import ext_calls, messages
 from openhub.store.workers import current_id, current_node
 
@@ -115,6 +115,11 @@ def _first_call(source: Any) -> Any:
 
 
 _LEASE_AND_CALL = _first_call(_LEASE.cte("lease"))
+# The same where the step has no call record yet, and only then: the lease is taken exactly where the record
+# is inserted with it, so that nothing is left for another statement to do (`take_new`).
+_LEASE_AND_NEW_CALL = _first_call(
+    _LEASE.where(~select(X.id).where(X.key == bindparam("n_key", type_=X.key.type)).exists()).cte("lease")
+)
 
 
 def folds_call(conn: Connection, item: RouteStep) -> bool:
@@ -158,6 +163,26 @@ def take(conn: Connection, run: StepRun, columns: dict[str, Any], now: datetime)
     return _with_first_call(
         conn.execute(_LEASE_AND_CALL, {**params, **_first_call_params(run.message_id, run.item, now)}).first()
     )
+
+
+def take_new(conn: Connection, run: StepRun, columns: dict[str, Any], now: datetime) -> tuple[Any, bool]:
+    """`take` in ONE statement that may run on its own (`store.db.single_statement`), for a step whose lease
+    statement folds its first call record (`folds_call`): the lease is taken only where the step has no
+    call record yet, and the record is inserted with it. The row and whether the record was inserted (False
+    only where another statement inserted it in between: then the lease is ours without it); None where
+    nothing was written (the lease not free for this chain, or a call record there): `take` in a
+    transaction finds out what then."""
+    assert folds_call(conn, run.item)
+    params = {
+        "mid": run.message_id,
+        "token": run.token,
+        "now": now,
+        "run": columns["step_run"],
+        "holder": columns["worker"],
+        "lease_until": columns["due_at"],
+        **_first_call_params(run.message_id, run.item, now),
+    }
+    return _with_first_call(conn.execute(_LEASE_AND_NEW_CALL, params).first())
 
 
 def hand_back(conn: Connection, message_id: int, now: datetime, settings: Settings) -> None:
@@ -285,13 +310,14 @@ def _closing(
 
 
 @cache
-def _outcome_statement(cas: Any, columns: tuple[str, ...], noted: bool, first_call: bool) -> Any:
+def _outcome_statement(cas: Any, columns: tuple[str, ...], noted: bool, first_call: bool, ended: bool = False) -> Any:
     # The compare-and-set `cas` setting `columns` (as parameters m_<column>), with _CALL_DONE (and,
-    # `noted`, the step_ok entry; `first_call`, the next step's first call record) as data-modifying
-    # CTEs that write only where it held. Built once per shape.
+    # `noted`, the step_ok entry, `ended` followed by the message's final one; `first_call`, the next
+    # step's first call record) as data-modifying CTEs that write only where it held. Built once per shape.
     keep = cas.values({c: bindparam(f"m_{c}") for c in columns}).cte("keep")
     held = select(keep.c.id).exists()
-    ctes = [_CALL_DONE.where(held).cte("call_done")] + ([history_where(held).cte("history")] if noted else [])
+    history = (history_pair_where if ended else history_where)(held)
+    ctes = [_CALL_DONE.where(held).cte("call_done")] + ([history.cte("history")] if noted else [])
     if first_call:
         return _first_call(keep).add_cte(*ctes)
     return select(keep, literal(None).label("new_call")).add_cte(*ctes)
@@ -306,18 +332,22 @@ def write_outcome(
     now: datetime,
     *,
     hand_over: bool = False,
+    ended: dict[str, Any] | None = None,
 ) -> tuple[Any, bool]:
     """The compare-and-set of a step's outcome, writing `values` to the message: it counts only if the
     lease is still ours (no cancel, no repair). Where it held, what the step's external call did is
     written to its record, and a succeeded step to the history; `hand_over`: `values` take the next
     step's lease, and that step's first call record may be inserted too. Returns the row written (None,
     with nothing written, where the lease was lost), all of it when handed over (else its id), and
-    whether that record was. On PostgreSQL all of it is one statement."""
+    whether that record was. On PostgreSQL all of it is one statement. `ended` (PostgreSQL, a step that
+    succeeded, `queries.second_entry`): `values` end the message, and its final history entry follows the
+    step's step_ok entry, in the same statement."""
     keep = _HAND_OVER if hand_over else _KEEP
     if is_postgres(conn):
         params, noted, fold = outcome_params(conn, run, entered, verdict, now, hand_over)
-        statement = _outcome_statement(keep, tuple(sorted(values)), noted, fold)
-        params.update({f"m_{c}": v for c, v in values.items()})
+        assert ended is None or noted
+        statement = _outcome_statement(keep, tuple(sorted(values)), noted, fold, ended is not None)
+        params.update({f"m_{c}": v for c, v in values.items()}, **(ended or {}))
         return _with_first_call(conn.execute(statement, params).first())
     done, entry = _closing(run, entered, verdict, now)
     cas = {"mid": run.message_id, "token": run.token, "run": entered.run_id}

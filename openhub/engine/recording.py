@@ -13,12 +13,12 @@ from typing import Any
 from openhub.core.model import Split
 from openhub.core.policy import retry_policy, verdict_due
 from openhub.core.runs import Entered, StepRun
-from openhub.core.states import CallState, Event, State
+from openhub.core.states import Action, CallState, Event, State, transition
 from openhub.core.verdicts import Verdict
 from openhub.engine import admission, leases, waits
 from openhub.engine.lifecycle import Tx, apply_event, redispatch
 from openhub.engine.split import write_children
-from openhub.store.queries import dumps, loads
+from openhub.store.queries import dumps, loads, second_entry
 from openhub.store.workers import current_id
 
 log = logging.getLogger("openhub.engine")
@@ -28,6 +28,60 @@ def record(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
     common = record_values(tx, run, entered, verdict)
     kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now)
     return recorded(tx, run, entered, verdict, common, kept)
+
+
+def fits_alone(run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+    """Whether `record` writes nothing but its compare-and-set (one statement on PostgreSQL: `record_alone`):
+    a step that succeeded, with no system (whose slot and breaker are told) and no children to write, that
+    hands on to the next step's task, or that is the route's last and ends a message nobody else is told of
+    (no split parent to settle, no funnel to let go, no confirmer of its source system, no hooks on OK, not
+    a sync route's)."""
+    if (
+        verdict.event is not None
+        or verdict.children
+        or getattr(run.item, "system", None) is not None
+        or run.hub.settings.database_url.startswith("sqlite")
+    ):
+        return False
+    if not run.last:
+        return True
+    row, registry = entered.row, run.hub.registry
+    return (
+        row.state == State.PROCESSING.value
+        and row.parent_id is None
+        and row.funnel is None
+        and not run.route.sync
+        and not isinstance(run.item, Split)
+        and registry.confirmers.get(row.source_system) is None
+        and not registry.hooks_for(State.OK.value)
+        and not transition(row.state, Event.COMPLETED, row.failed_count).actions - _TOLD_NOBODY
+    )
+
+
+# What COMPLETED does beyond its columns, none of which applies where `fits_alone` holds.
+_TOLD_NOBODY = {Action.CONFIRM, Action.RELEASE_FUNNEL, Action.NOTIFY_PARENT}
+
+
+def record_alone(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> bool:
+    """`record` where `fits_alone`, on a connection for one statement (`Hub.single_statement`): whether its
+    compare-and-set held (False: nothing written, the lease was lost; `record` in a transaction then). The
+    last step's statement ends the message too, as `finish` would with COMPLETED: the state table's columns
+    and the history entry after the step's own."""
+    common = record_values(tx, run, entered, verdict)
+    ended = None
+    if run.last:
+        row = entered.row
+        result = transition(row.state, Event.COMPLETED, row.failed_count)
+        common.update(
+            state=result.state.value,
+            failed_count=result.failed_count,
+            due_at=None,
+            finished_at=tx.now,
+            **leases.dropped(),
+        )
+        ended = second_entry(Event.COMPLETED.value, result.state.value, Verdict(Event.COMPLETED).short())
+    kept, _ = leases.write_outcome(tx.conn, run, entered, verdict, common, tx.now, ended=ended)
+    return kept is not None
 
 
 def record_values(tx: Tx, run: StepRun, entered: Entered, verdict: Verdict) -> dict[str, Any]:

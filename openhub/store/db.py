@@ -229,6 +229,38 @@ def transaction(url: str, *, first: bool = False, read_only: bool = False) -> It
         raise StoreUnavailable(f"message store: no free connection in this process's pool: {exc}") from exc
 
 
+@contextmanager
+def single_statement(url: str) -> Iterator[Connection]:
+    """ONE statement that is its own transaction, on the store at `url`: the caller executes exactly one
+    statement on the connection (data-modifying CTEs and all), which commits or has no effect, as
+    `transaction` with StoreUnavailable where the store cannot be reached. On PostgreSQL the connection
+    runs it in autocommit: no BEGIN and no COMMIT round trip of their own around it (psycopg sends BEGIN
+    apart from the first statement), one round trip instead of three; a single statement is atomic there
+    all the same. On SQLite, whose calls are no round trips, it is `transaction` (BEGIN IMMEDIATE).
+
+    Several statements that belong together take `transaction`, never this: each statement here commits
+    apart (issue 42, chain mode's hot path: bench/RESULTS.md "Chain mode round trips")."""
+    if url.startswith("sqlite"):
+        with transaction(url) as conn:
+            yield conn
+        return
+    try:
+        gate = store_gate(url, PG_POOL_SIZE + PG_MAX_OVERFLOW, False) if green() else nullcontext()
+        with gate, get_engine(url).connect() as conn:
+            # Set on this checkout only: the pool sets the connection back to READ COMMITTED on its return
+            # (psycopg's autocommit attribute: no round trip either way).
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            if _clock_stale(url):
+                _read_database_clock(conn, url)
+            yield conn
+    except DBAPIError as exc:
+        if is_outage(exc):
+            raise StoreUnavailable(f"message store unavailable: {exc.orig}") from exc
+        raise
+    except PoolTimeout as exc:
+        raise StoreUnavailable(f"message store: no free connection in this process's pool: {exc}") from exc
+
+
 def reading(url: str) -> AbstractContextManager[Connection]:
     """A transaction that only reads what is committed now: rolled back, never committed (no commit of
     its own, no WAL flush), with `transaction`'s StoreUnavailable where the store cannot be reached."""

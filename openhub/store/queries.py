@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, literal, select, union_all, update
 
 from openhub.core.context import ExtCallView, MessageView, aware
 from openhub.core.errors import InputError, NotFound
@@ -54,6 +54,30 @@ def history_where(condition: Any) -> Any:
     data-modifying CTE (PostgreSQL) whose entry depends on another CTE's write."""
     values = select(*(bindparam(name, type_=transitions.c[column].type) for column, name in _ENTRY.items()))
     return insert(transitions).from_select(list(_ENTRY), values.where(condition))
+
+
+# The second entry of `history_pair_where`: its event, to-state and detail; the rest is the first entry's.
+_SECOND = {"event": "e_event", "to_state": "e_to", "detail": "e_detail"}
+
+
+def history_pair_where(condition: Any) -> Any:
+    """Two history entries inserted only where `condition` holds, in this order (a data-modifying CTE): the first
+    of `history_entry`'s parameters, the second at the same time for the same message and step, from the first's
+    to-state, with its own event, to-state and detail (`second_entry`). PostgreSQL runs a statement's CTEs in no
+    set order: one INSERT keeps the two in order."""
+    first = {column: bindparam(name, type_=transitions.c[column].type) for column, name in _ENTRY.items()}
+    second = {**first, "from_state": first["to_state"]}
+    second.update({column: bindparam(name, type_=transitions.c[column].type) for column, name in _SECOND.items()})
+    pair = union_all(
+        select(*(v.label(c) for c, v in first.items()), literal(1).label("nth")).where(condition),
+        select(*(v.label(c) for c, v in second.items()), literal(2).label("nth")).where(condition),
+    ).subquery()
+    return insert(transitions).from_select(list(_ENTRY), select(*(pair.c[c] for c in _ENTRY)).order_by(pair.c.nth))
+
+
+def second_entry(event: str, to_state: str, detail: str | None = None) -> dict[str, Any]:
+    """The parameters of `history_pair_where`'s second entry."""
+    return {"e_event": event, "e_to": to_state, "e_detail": detail[:4000] if detail else None}
 
 
 def execute_noted(conn: Connection, statement: Any, params: dict[str, Any], entry: dict[str, Any]) -> None:
