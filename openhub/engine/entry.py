@@ -5,6 +5,7 @@ why the step does not run (openhub.engine.engine orders the parts: this, the ste
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from openhub.core import codes
@@ -73,6 +74,10 @@ def enter_alone(run: StepRun, run_id: str, follow: FollowUps) -> Entered | bool 
     hub, item = run.hub, run.item
     if hub.settings.database_url.startswith("sqlite") or item.scope != "message" or getattr(item, "system", None):
         return None
+    # The lease is durable once the statement commits, on the server, before its answer is read: the run's
+    # start as the fence judges it (`Entered.started`, `workers.fenced`) is read before the statement is sent,
+    # as a transaction's is before its COMMIT (a heartbeat gap that ends while the answer travels fences it).
+    started = time.monotonic()
     with hub.single_statement() as conn:
         tx = Tx(conn, run.clock(), follow, hub)
         if run.index == 0:
@@ -83,9 +88,9 @@ def enter_alone(run: StepRun, run_id: str, follow: FollowUps) -> Entered | bool 
         return None
     if not inserted:  # the record was inserted in between by another statement: the rest in a transaction
         with hub.transaction() as conn:
-            return prepare(Tx(conn, tx.now, follow, hub), run, row, run_id)
+            return prepare(Tx(conn, tx.now, follow, hub), run, row, run_id, started=started)
     # No statement follows (the closed connection would refuse one): the step's own record is new.
-    return prepare(tx, run, row, run_id, call_taken=True)
+    return prepare(tx, run, row, run_id, call_taken=True, started=started)
 
 
 def _claim(tx: Tx, row: Any, run: StepRun, lease: dict[str, Any]) -> bool:
@@ -116,9 +121,13 @@ def _refuse(tx: Tx, row: Any, run: StepRun, refusal: Refusal) -> None:
     apply_event(tx, row, refusal.event, run.route, run.item, detail=refusal.detail, **refusal.values)
 
 
-def prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = False) -> Entered | bool:
+def prepare(
+    tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = False, *, started: float | None = None
+) -> Entered | bool:
     """With the step lease ours: the step's context and its external-call record (or why it does not run);
-    `call_taken`: the statement that took the lease inserted the step's first call record."""
+    `call_taken`: the statement that took the lease inserted the step's first call record; `started`: the
+    monotonic time before the lease was sent where it has committed already (`enter_alone`), else now (in
+    the transaction that takes it, before its COMMIT)."""
     item, conn = run.item, tx.conn
     ctx = StepContext(
         payload=loads(row.payload),
@@ -170,6 +179,7 @@ def prepare(tx: Tx, run: StepRun, row: Any, run_id: str, call_taken: bool = Fals
         key=key,
         ctx=ctx,
         row=row_with(row),
+        started=time.monotonic() if started is None else started,
         call_ok_id=call.ok_message_id if call else None,
         call_ok_ts=call.ok_msg_timestamp if call else None,
     )
