@@ -88,6 +88,15 @@ def enter_alone(run: StepRun, run_id: str, follow: FollowUps) -> Entered | bool 
         return None
     if not inserted:  # the record was inserted in between by another statement: the rest in a transaction
         with hub.transaction() as conn:
+            # The lease committed with the statement: a cancel, restart or repair may have come since, and
+            # `prepare` writes without a compare-and-set (a step found done ends the message, a refusal
+            # postpones it). Under the row lock, as `enter` does in the transaction that takes the lease.
+            row = lock_message(conn, run.message_id)
+            if row is None or (row.attempt_id, row.step_run, row.state) != (run.token, run_id, State.PROCESSING):
+                log.info(
+                    "message %s: step %s's lease was lost as it was entered: this chain stops", run.message_id, item.key
+                )
+                return False
             return prepare(Tx(conn, tx.now, follow, hub), run, row, run_id, started=started)
     # No statement follows (the closed connection would refuse one): the step's own record is new.
     return prepare(tx, run, row, run_id, call_taken=True, started=started)
