@@ -96,6 +96,9 @@ def enter_alone(run: StepRun, run_id: str, follow: FollowUps) -> Entered | bool 
                 log.info(
                     "message %s: step %s's lease was lost as it was entered: this chain stops", run.message_id, item.key
                 )
+                # A cancel kept this run as in flight: no call was made, it ends now (as `recorded` lets go).
+                if row is not None and row.step_run == run_id and leases.let_go_run(conn, run.message_id, run_id):
+                    follow.funnels.append(run.message_id)
                 return False
             return prepare(Tx(conn, tx.now, follow, hub), run, row, run_id, started=started)
     # No statement follows (the closed connection would refuse one): the step's own record is new.

@@ -391,11 +391,14 @@ def let_go_lost(conn: Connection, entered: Entered, verdict: Verdict, now: datet
             # A sync route's last call: a later run skips it as done, so its result is kept now, or the
             # message would end OK without one (a total restart since forgot the call: rowcount 0).
             conn.execute(update(messages).where(M.id == entered.row.id).values(result=verdict.result))
+    return let_go_run(conn, entered.row.id, entered.run_id)
+
+
+def let_go_run(conn: Connection, message_id: int, run_id: str) -> bool:
+    """A run whose lease was lost lets go of the message where a cancel kept it as in flight; whether that
+    message holds a funnel (it may go on now)."""
     released = conn.execute(
-        update(messages)
-        .where(and_(M.id == entered.row.id, M.step_run == entered.run_id))
-        .values(**dropped())
-        .returning(M.funnel)
+        update(messages).where(and_(M.id == message_id, M.step_run == run_id)).values(**dropped()).returning(M.funnel)
     ).first()
     return released is not None and released.funnel is not None
 

@@ -14,7 +14,7 @@ from openhub.engine import leases
 from openhub.service.actions import cancel
 from openhub.store import db
 from openhub.store.migrate import upgrade
-from openhub.store.schema import ext_calls, transitions
+from openhub.store.schema import ext_calls, messages, transitions
 from openhub.testing import LocalHub
 from tests.support import backends
 
@@ -53,6 +53,8 @@ def test_a_cancel_between_the_lease_statement_and_the_entrys_transaction_stays(
         monkeypatch.setattr(leases, "take_new", raced)
         hub.run()
         assert hub.get(message.id).state == "CANCEL"
+        with db.reading(store) as conn:  # the cancel kept the run as in flight; it made no call and let go
+            assert conn.execute(select(messages.c.step_run).where(messages.c.id == message.id)).scalar() is None
         with db.reading(store) as conn:
             events = conn.execute(
                 select(transitions.c.event).where(transitions.c.message_id == message.id).order_by(transitions.c.id)
