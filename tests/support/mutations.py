@@ -417,6 +417,32 @@ MUTATIONS: list[Mutation] = [
         'beat(current_id(), "LocalHub", self.hub.settings.database_url)',
         'beat(current_id(), "LocalHub", __import__("openhub.engine.hub").engine.hub.current().settings.database_url)',
         guard="tests/integration/test_local_hub.py::test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store",
+    ),    # --- issue 42's single-statement hop, reviewed (fixed in 4051d51, 0a87623) ------------------------------
+    Mutation(
+        "single_statement_fence_start_after_commit",
+        "issue 42 review: a run entered in one statement reads its fence start after the statement committed, "
+        "so a heartbeat gap that ended while the answer travelled does not fence it and it calls beside the "
+        "run that repaired it",
+        "openhub/engine/entry.py",
+        "    started = time.monotonic()\n    with hub.single_statement() as conn:\n",
+        "    with hub.single_statement() as conn:\n",
+        model=False,
+        unreachable="a heartbeat gap ending between the statement's commit and its answer: LocalHub never "
+        "heartbeats, and the real workers' schedules cannot aim a gap at that instant",
+        guard="tests/integration/test_single_statement_fence.py",
+    ),
+    Mutation(
+        "single_statement_entry_without_cas",
+        "issue 42 review: the entry's second transaction after a lease taken without its call record writes "
+        "without re-checking the lease, so a cancel that came in between is overwritten (CANCEL ends OK)",
+        "openhub/engine/entry.py",
+        "            if row is None or (row.attempt_id, row.step_run, row.state) != (run.token, run_id, State.PROCESSING):\n",
+        "            if row is None:  # reverted: the lease is not checked again\n",
+        model=False,
+        unreachable="a cancel between the lease's statement and the entry's transaction, with the step's call "
+        "record inserted in between by a second delivery: the model's search delivers a step once at a time (a "
+        "regression example forcing it as the guard does is not written yet)",
+        guard="tests/integration/test_single_statement_entry_race.py",
     ),
 ]
 
