@@ -424,8 +424,11 @@ MUTATIONS: list[Mutation] = [
         "so a heartbeat gap that ended while the answer travelled does not fence it and it calls beside the "
         "run that repaired it",
         "openhub/engine/entry.py",
-        "    started = time.monotonic()\n    with hub.single_statement() as conn:\n",
-        "    with hub.single_statement() as conn:\n",
+        "            row, inserted = leases.take_new(conn, run, leases.lease(item, run_id, tx.now, hub.settings), tx.now)\n"
+        "    if row is None:\n",
+        "            row, inserted = leases.take_new(conn, run, leases.lease(item, run_id, tx.now, hub.settings), tx.now)\n"
+        "    started = time.monotonic()  # reverted: the start read once the statement committed\n"
+        "    if row is None:\n",
         model=False,
         unreachable="a heartbeat gap ending between the statement's commit and its answer: LocalHub never "
         "heartbeats, and the real workers' schedules cannot aim a gap at that instant",
