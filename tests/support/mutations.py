@@ -417,7 +417,7 @@ MUTATIONS: list[Mutation] = [
         'beat(current_id(), "LocalHub", self.hub.settings.database_url)',
         'beat(current_id(), "LocalHub", __import__("openhub.engine.hub").engine.hub.current().settings.database_url)',
         guard="tests/integration/test_local_hub.py::test_a_crashed_run_of_the_first_of_two_hubs_is_repaired_in_its_own_store",
-    ),    # --- issue 42's single-statement hop, reviewed (fixed in 4051d51, 0a87623) ------------------------------
+    ),  # --- issue 42's single-statement hop, reviewed (fixed in 4051d51, 0a87623) ------------------------------
     Mutation(
         "single_statement_fence_start_after_commit",
         "issue 42 review: a run entered in one statement reads its fence start after the statement committed, "
