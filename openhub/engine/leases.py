@@ -150,14 +150,7 @@ def take(conn: Connection, run: StepRun, columns: dict[str, Any], now: datetime)
     before a call record is made) gets its first call record in the same statement: the row, and
     whether that record was inserted.
     """
-    params = {
-        "mid": run.message_id,
-        "token": run.token,
-        "now": now,
-        "run": columns["step_run"],
-        "holder": columns["worker"],
-        "lease_until": columns["due_at"],
-    }
+    params = _lease_params(run, columns, now)
     if not folds_call(conn, run.item):
         return conn.execute(_LEASE, params).first(), False
     return _with_first_call(
@@ -173,16 +166,20 @@ def take_new(conn: Connection, run: StepRun, columns: dict[str, Any], now: datet
     nothing was written (the lease not free for this chain, or a call record there): `take` in a
     transaction finds out what then."""
     assert folds_call(conn, run.item)
-    params = {
+    params = {**_lease_params(run, columns, now), **_first_call_params(run.message_id, run.item, now)}
+    return _with_first_call(conn.execute(_LEASE_AND_NEW_CALL, params).first())
+
+
+def _lease_params(run: StepRun, columns: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The lease statements' parameters: this chain's message and token, and the lease's columns."""
+    return {
         "mid": run.message_id,
         "token": run.token,
         "now": now,
         "run": columns["step_run"],
         "holder": columns["worker"],
         "lease_until": columns["due_at"],
-        **_first_call_params(run.message_id, run.item, now),
     }
-    return _with_first_call(conn.execute(_LEASE_AND_NEW_CALL, params).first())
 
 
 def hand_back(conn: Connection, message_id: int, now: datetime, settings: Settings) -> None:

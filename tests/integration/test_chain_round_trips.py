@@ -12,26 +12,17 @@ import pytest
 from sqlalchemy import event, select
 
 from openhub.store import db
-from openhub.store.migrate import upgrade
 from openhub.store.schema import ext_calls, transitions
 from openhub.testing import LocalHub
-from tests.support import backends
 
 ROUTES = "tests.support.hop_routes"
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[str]:
-    with backends.postgres_database("openhub_hops") as url:
-        upgrade(url)
-        yield url
-
-
-@pytest.fixture(scope="module")
-def hub(store: str) -> Iterator[LocalHub]:
-    # One hub for the module: a second LocalHub on the same PostgreSQL store in one process ran a failing
-    # step as succeeding and a paused route's message (on main too; not looked into here).
-    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=store) as local:
+def hub(local_store: str) -> Iterator[LocalHub]:
+    # One hub for the module: LocalHub's default correlation ids (local-1, ...) restart with each hub, so a
+    # second hub's submits on the same store would be duplicates of the first's.
+    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=local_store) as local:
         yield local
 
 
@@ -53,9 +44,9 @@ def sent(url: str) -> Iterator[list[tuple[bool, str]]]:
         event.remove(engine, "before_cursor_execute", executed)
 
 
-def test_a_chain_enters_and_hands_on_each_hop_in_one_statement_of_its_own(hub: LocalHub, store: str) -> None:
+def test_a_chain_enters_and_hands_on_each_hop_in_one_statement_of_its_own(hub: LocalHub, local_store: str) -> None:
     message = hub.submit("hops.flow", {})
-    with sent(store) as statements:
+    with sent(local_store) as statements:
         hub.run()
     assert hub.get(message.id).state == "OK"
     # The claim (as a batch's), step one's outcome, step two's lease, its outcome, step three's lease, and
@@ -63,7 +54,7 @@ def test_a_chain_enters_and_hands_on_each_hop_in_one_statement_of_its_own(hub: L
     alone = [" ".join(s.split()[:3]) for autocommit, s in statements if autocommit]
     assert alone == ["WITH v AS", "WITH keep AS", "WITH lease AS", "WITH keep AS", "WITH lease AS", "WITH keep AS"]
     assert [s for autocommit, s in statements if not autocommit and "messages" in s] == []
-    with db.reading(store) as conn:
+    with db.reading(local_store) as conn:
         history = conn.execute(
             select(transitions.c.event).where(transitions.c.message_id == message.id).order_by(transitions.c.id)
         ).scalars()
@@ -72,12 +63,14 @@ def test_a_chain_enters_and_hands_on_each_hop_in_one_statement_of_its_own(hub: L
         assert list(calls) == [1, 1, 1]
 
 
-def test_a_retry_enters_its_steps_in_a_transaction_and_calls_the_failed_one_again(hub: LocalHub, store: str) -> None:
+def test_a_retry_enters_its_steps_in_a_transaction_and_calls_the_failed_one_again(
+    hub: LocalHub, local_store: str
+) -> None:
     message = hub.submit("hops.flow", {"fail_two": True})
     hub.run()  # step two fails; its retry (step one done, step two's call record there, FAILED) is due soon
     hub.tick(seconds=5)
     assert hub.get(message.id).state == "OK"
-    with db.reading(store) as conn:
+    with db.reading(local_store) as conn:
         calls = conn.execute(
             select(ext_calls.c.step_key, ext_calls.c.attempts, ext_calls.c.state)
             .where(ext_calls.c.message_id == message.id)

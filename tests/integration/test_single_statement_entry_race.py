@@ -5,34 +5,23 @@ after the lease committed. A cancel committed in between must not be overwritten
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sqlalchemy import select, update
 
 from openhub.engine import leases
 from openhub.service.actions import cancel
 from openhub.store import db
-from openhub.store.migrate import upgrade
 from openhub.store.schema import ext_calls, messages, transitions
 from openhub.testing import LocalHub
-from tests.support import backends
 
 ROUTES = "tests.support.hop_routes"
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[str]:
-    with backends.postgres_database("openhub_entry_race") as url:
-        upgrade(url)
-        yield url
-
-
 def test_a_cancel_between_the_lease_statement_and_the_entrys_transaction_stays(
-    store: str, monkeypatch: pytest.MonkeyPatch
+    local_store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     take_new = leases.take_new
-    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=store) as hub:
+    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=local_store) as hub:
         message = hub.submit("hops.flow", {}, correlation_id="entry-race")
 
         def raced(conn, run, columns, now):  # type: ignore[no-untyped-def]
@@ -40,7 +29,7 @@ def test_a_cancel_between_the_lease_statement_and_the_entrys_transaction_stays(
             if run.item.key == "three" and row is not None:
                 # As where another delivery of the step's task inserted its record and made its call (the
                 # record OK), and an operator cancelled the message before this entry's transaction.
-                with db.transaction(store) as other:
+                with db.transaction(local_store) as other:
                     other.execute(
                         update(ext_calls)
                         .where(ext_calls.c.message_id == run.message_id, ext_calls.c.step_key == "three")
@@ -53,9 +42,9 @@ def test_a_cancel_between_the_lease_statement_and_the_entrys_transaction_stays(
         monkeypatch.setattr(leases, "take_new", raced)
         hub.run()
         assert hub.get(message.id).state == "CANCEL"
-        with db.reading(store) as conn:  # the cancel kept the run as in flight; it made no call and let go
+        with db.reading(local_store) as conn:  # the cancel kept the run as in flight; it made no call and let go
             assert conn.execute(select(messages.c.step_run).where(messages.c.id == message.id)).scalar() is None
-        with db.reading(store) as conn:
+        with db.reading(local_store) as conn:
             events = conn.execute(
                 select(transitions.c.event).where(transitions.c.message_id == message.id).order_by(transitions.c.id)
             ).scalars()

@@ -10,32 +10,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import event, select
 
 from openhub.store import db, workers
-from openhub.store.migrate import upgrade
 from openhub.store.schema import transitions
 from openhub.testing import LocalHub
-from tests.support import backends
 
 ROUTES = "tests.support.hop_routes"
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[str]:
-    with backends.postgres_database("openhub_fence") as url:
-        upgrade(url)
-        yield url
-
-
 @pytest.mark.parametrize("step", ["one", "two"])
 def test_a_heartbeat_gap_ending_once_the_lease_committed_fences_the_run(
-    store: str, step: str, monkeypatch: pytest.MonkeyPatch
+    local_store: str, step: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=store) as hub:
+    with LocalHub(ROUTES, OPENHUB_DATABASE_URL=local_store) as hub:
         message = hub.submit("hops.flow", {}, correlation_id=f"fence-{step}")
         monkeypatch.setattr(workers, "_beating", os.getpid())
         monkeypatch.setattr(workers, "_renewed", time.monotonic())  # fresh; no settings: no age fence
@@ -62,7 +52,7 @@ def test_a_heartbeat_gap_ending_once_the_lease_committed_fences_the_run(
                 seen.append("COMMIT")
                 workers._gap_ended = time.monotonic()
 
-        engine = db.get_engine(store)
+        engine = db.get_engine(local_store)
         event.listen(engine, "after_cursor_execute", answered)
         event.listen(engine, "commit", commit)
         try:
@@ -71,7 +61,7 @@ def test_a_heartbeat_gap_ending_once_the_lease_committed_fences_the_run(
             event.remove(engine, "after_cursor_execute", answered)
             event.remove(engine, "commit", commit)
             monkeypatch.setattr(workers, "_gap_ended", float("-inf"))
-        with db.reading(store) as conn:
+        with db.reading(local_store) as conn:
             history = conn.execute(
                 select(transitions.c.event, transitions.c.step_key, transitions.c.detail)
                 .where(transitions.c.message_id == message.id)

@@ -75,12 +75,7 @@ class TcpProxy:
             self._cut = True
             self._listener.close()
             for s in self._sockets:
-                try:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    s.shutdown(socket.SHUT_RDWR)
-                    s.close()
-                except OSError:
-                    pass
+                _reset(s)
 
     def outage(self) -> None:
         """The server away for a moment: every connection reset, new ones refused until `restore()`."""
