@@ -243,25 +243,20 @@ def test_celerys_soft_time_limit_while_recording_is_waited_out_not_recorded_as_a
     spec.loader.exec_module(boundary)
     from openhub.engine import hub as hubs  # where the hub's transactions begin (`Hub.transaction`)
 
-    real, limit = hubs.transaction, {"left": 0}
+    limit = {"left": 0}
 
-    def interrupted(*args, **kwargs):
-        if limit["left"]:
-            limit["left"] -= 1
-            raise SoftTimeLimitExceeded()
-        return real(*args, **kwargs)
+    def interrupting(real):
+        def interrupted(*args, **kwargs):
+            if limit["left"]:
+                limit["left"] -= 1
+                raise SoftTimeLimitExceeded()
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(hubs, "transaction", interrupted)
+        return interrupted
+
+    monkeypatch.setattr(hubs, "transaction", interrupting(hubs.transaction))
     # On PostgreSQL a step's outcome may be written in one statement of its own (`Hub.single_statement`).
-    real_single = hubs.single_statement
-
-    def interrupted_single(*args, **kwargs):
-        if limit["left"]:
-            limit["left"] -= 1
-            raise SoftTimeLimitExceeded()
-        return real_single(*args, **kwargs)
-
-    monkeypatch.setattr(hubs, "single_statement", interrupted_single)
+    monkeypatch.setattr(hubs, "single_statement", interrupting(hubs.single_statement))
     routes.HOOKS["first"] = lambda ctx: limit.update(left=1)
     view = hub.submit("p.flow", {})
     route, message_id, token, _start, _trace, _priority = hub.publisher.chains.popleft()
