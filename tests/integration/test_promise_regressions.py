@@ -144,7 +144,8 @@ TUNED = {
     }
 }
 
-# PostgreSQL's own paths (a batch's outcomes written by one set statement, openhub.engine.batch_writes)
+# PostgreSQL's own paths (a batch's claims and outcomes written by one set statement, openhub.engine.batch_claims and
+# batch_writes; chain mode's single statement, openhub.engine.entry.enter_alone)
 ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     # issue 42: a member cancelled while its own call runs; only the group write's compare-and-set stops its
     # next step (the first member reads nothing before its next call)
