@@ -144,7 +144,8 @@ TUNED = {
     }
 }
 
-# PostgreSQL's own paths (a batch's outcomes written by one set statement, openhub.engine.batch_writes)
+# PostgreSQL's own paths (a batch's claims and outcomes written by one set statement, openhub.engine.batch_claims and
+# batch_writes; chain mode's single statement, openhub.engine.entry.enter_alone)
 ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     # issue 42: a member cancelled while its own call runs; only the group write's compare-and-set stops its
     # next step (the first member reads nothing before its next call)
@@ -156,6 +157,10 @@ ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
         RUN,
     ],
     "batch_member_called_after_cancel": SCENARIOS["batch_member_called_after_cancel"],
+    # issue 42: the batch's first member cancelled after its chain was published, before the batch task ran:
+    # only the claim statement's compare-and-set keeps the cancel (the first member reads nothing before its
+    # call; a later one's read finds the cancel), while the other members are claimed with it and go on
+    "batch_set_claim_without_cas": [submit("p.batch"), submit("p.batch"), submit("p.batch"), act("cancel", 0)],
     # issue 33 #4 and issue 26 #3: this host's clock 150 s ahead of the database's; the hub's stored times
     # (a message's, its history's, this process's heartbeat) are the database's
     "store_now_process_clock": [
@@ -164,6 +169,18 @@ ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
         arm("first", "fail"),
         RUN,
         ("stored_times_on_the_databases_clock", {}),
+    ],
+    # issue 42's review: chain mode's single statement took p.flow's second step's lease while another delivery
+    # had inserted the step's call record; an operator's cancel comes before the entry's own transaction
+    "single_statement_entry_without_cas": [
+        ("cancel_as_a_step_is_entered_beside_another_delivery", {"route": "p.flow", "step": "second"})
+    ],
+    # issue 42's review: this process's heartbeat gap ends while the single statement's answer travels; the run
+    # the other workers repaired meanwhile calls the step, the one entered by the statement must not
+    # (the route's first step: the claim statement; the second: the lease statement)
+    "single_statement_fence_start_after_commit": [
+        ("heartbeat_gap_ends_as_a_lease_is_answered", {"route": "p.flow", "step": "first"}),
+        ("heartbeat_gap_ends_as_a_lease_is_answered", {"route": "p.flow", "step": "second"}),
     ],
 }
 ON_POSTGRES["heartbeat_on_host_clock"] = ON_POSTGRES["store_now_process_clock"]

@@ -374,7 +374,6 @@ MUTATIONS: list[Mutation] = [
         "        AND messages.attempt_id = v.token AND messages.state IN "
         "('{State.NEW.value}', '{State.IN_QUEUE.value}')\n",
         "",
-        model=False,  # the model's batches carry their messages' current tokens, and no cancel comes between
         guard="tests/integration/test_batch.py::test_a_batch_claims_no_member_cancelled_or_of_a_stale_chain_and_"
         "the_others_go_on",
     ),
@@ -429,9 +428,6 @@ MUTATIONS: list[Mutation] = [
         "            row, inserted = leases.take_new(conn, run, leases.lease(item, run_id, tx.now, hub.settings), tx.now)\n"
         "    started = time.monotonic()  # reverted: the start read once the statement committed\n"
         "    if row is None:\n",
-        model=False,
-        unreachable="a heartbeat gap ending between the statement's commit and its answer: LocalHub never "
-        "heartbeats, and the real workers' schedules cannot aim a gap at that instant",
         guard="tests/integration/test_single_statement_fence.py",
     ),
     Mutation(
@@ -441,10 +437,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/engine/entry.py",
         "            if row is None or (row.attempt_id, row.step_run, row.state) != (run.token, run_id, State.PROCESSING):\n",
         "            if row is None:  # reverted: the lease is not checked again\n",
-        model=False,
-        unreachable="a cancel between the lease's statement and the entry's transaction, with the step's call "
-        "record inserted in between by a second delivery: the model's search delivers a step once at a time (a "
-        "regression example forcing it as the guard does is not written yet)",
         guard="tests/integration/test_single_statement_entry_race.py",
     ),
 ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 import time
@@ -969,6 +970,113 @@ class PromiseMachine(RuleBasedStateMachine):
 
         with LocalHub(routes.__name__, source_system="CONFIRMED"):
             self.submit_and_interrupt(route, "crash", "self", False)
+
+    def cancel_as_a_step_is_entered_beside_another_delivery(self, route: str, step: str) -> None:
+        """(Regression examples, PostgreSQL: chain mode's single statement.) A message's `step` (not its route's
+        first) is entered in one statement that takes its lease, while another delivery of the step's task had
+        inserted the step's call record in between (its worker then died before the call's outcome): the
+        statement took the lease without the record, and an operator cancels the message before the entry's
+        transaction that reads the record (issue 42's review). That entry must see the lease lost and stop: the
+        cancel stays, and no call of the message begins after it (`no_call_begun_after_its_cancel`)."""
+        from openhub.engine import leases
+
+        take_new = leases.take_new
+        target: list[int] = []
+        raced_at: list[int] = []
+
+        def raced(conn: Any, run: Any, columns: Any, now: Any) -> tuple[Any, bool]:
+            row, inserted = take_new(conn, run, columns, now)
+            if raced_at or row is None or not inserted or run.message_id not in target or run.item.key != step:
+                return row, inserted
+            raced_at.append(run.message_id)
+            # The record is there as the other delivery inserted it (PROCESSING, this message's, attempt 1);
+            # the operator's cancel commits before this run's next transaction.
+            self._act("cancel", run.message_id)
+            return row, False
+
+        leases.take_new = raced
+        try:
+            self._run()
+            self.submit(route)
+            target.append(self.ids[-1])
+            self._run(limit=1)
+        finally:
+            leases.take_new = take_new
+        assert raced_at, f"no single statement took the lease of {route}'s step {step}"
+
+    def heartbeat_gap_ends_as_a_lease_is_answered(self, route: str, step: str) -> None:
+        """(Regression examples, PostgreSQL: chain mode's single statement.) This process's heartbeat had fallen
+        behind (a stall, the store away) and comes back while the answer to the single statement that took a
+        message's `step` lease travels: the statement committed on the server, and during the gap the other
+        workers judged this process dead (a witness kept heartbeating past OPENHUB_WORKER_DEAD_AFTER after its
+        last heartbeat) and their poller repaired the run; the repaired chain runs at once, beside this run (as
+        `arm_in_flight(nested=True)` runs chains), and calls the step. This run, whose lease was taken before the
+        gap ended, is fenced (`workers.fenced`: its start read before the statement was sent) and calls nothing:
+        the step's key sees one successful call (`no_successful_call_made_twice`)."""
+        from sqlalchemy import event
+
+        from openhub.engine import poller
+        from openhub.store import db
+        from openhub.store import workers as beats
+
+        url = get_settings().database_url
+        engine = db.get_engine(url)
+        # The lease statements of chain mode's single statement (autocommit): the route's first step's claim
+        # (`batch_claims.claim_all`), a later step's lease with its first call record (`leases.take_new`).
+        lease_of = "WITH v AS" if get_registry().route(route).steps[0].key == step else "WITH lease AS"
+        saved = (beats._beating, beats._renewed, beats._gap_ended)
+        seen: list[bool] = []
+
+        def restore() -> None:
+            beats._beating, beats._renewed, beats._gap_ended = saved
+            if event.contains(engine, "after_cursor_execute", answered):
+                event.remove(engine, "after_cursor_execute", answered)
+
+        def answered(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if seen or not conn.connection.dbapi_connection.autocommit or not statement.lstrip().startswith(lease_of):
+                return
+            seen.append(True)
+            # The gap ends now: this process heartbeats (as a worker does), its heartbeat fresh again. What
+            # follows happened during the gap, on the other workers: the chain they repaired runs here, but
+            # begun after the gap's end, this process's gap does not fence it (as it does not another's).
+            beats._beating, beats._renewed = os.getpid(), time.monotonic()
+            beats._gap_ended = time.monotonic()
+            me = beats.current_id()
+            dead_after = get_settings().worker_dead_after
+            # The gap as the store saw it (the database's times): this process's last heartbeat before it,
+            # and another worker, up since then, that heartbeat on for dead-after: to it this process is dead.
+            last = store_now() - dead_after - timedelta(seconds=1)
+            with transaction() as tx:
+                tx.execute(
+                    update(workers)
+                    .where(workers.c.id == me)
+                    .values(last_seen=last, up_since=sa.func.least(workers.c.up_since, last))
+                )
+                tx.execute(
+                    sa.insert(workers).values(
+                        id=str(uuid.uuid4()),
+                        node="witness:1",
+                        parent="witness:0",
+                        up_since=last,
+                        last_seen=last + dead_after + timedelta(seconds=1),
+                        runs="#0",
+                    )
+                )
+            # Its poller repairs the run (a new token, the chain published again), as its tick would.
+            poller.tick(self.hub.hub, store_now() + timedelta(minutes=self.minutes))
+            # This process's heartbeat is written again (the gap's end, as the store sees it): alive to all.
+            beats.beat(me, "LocalHub", url)
+            self._run()  # the repaired chain, on another worker (here: beside this run)
+
+        event.listen(engine, "after_cursor_execute", answered)
+        self.unskew.append(restore)
+        try:
+            self._run()
+            self.submit(route)
+            self._run(limit=1)
+        finally:
+            restore()
+        assert seen, f"no single statement took the lease of {route}'s step {step}"
 
     def tick_repairs_every_lost_run(self, page: int) -> None:
         """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's
