@@ -2,7 +2,7 @@
 (tests/support/process_model.py) -- real worker processes on prefork and gevent, their real heartbeats and
 fences, a store of their own behind a proxy, Redis -- each followed by the model's checks (every message ends,
 each call once but for a documented re-call, no call past the fence, no failure and no lost run for the hub's
-own faults, no worker lost).
+own faults, no worker lost, no call refused by the fence but under a fault that holds a heartbeat back).
 
 What the in-process model (test_promise_model.py, a LocalHub) cannot reach: it has no worker process, no
 heartbeat thread, no broker and no store outage. `bench/mutations.py` runs this file beside it.
