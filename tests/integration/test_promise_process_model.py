@@ -2,7 +2,7 @@
 (tests/support/process_model.py) -- real worker processes on prefork and gevent, their real heartbeats and
 fences, a store of their own behind a proxy, Redis -- each followed by the model's checks (every message ends,
 each call once but for a documented re-call, no call past the fence, no failure and no lost run for the hub's
-own faults, no worker lost).
+own faults, no worker lost, no call refused by the fence but under a fault that holds a heartbeat back).
 
 What the in-process model (test_promise_model.py, a LocalHub) cannot reach: it has no worker process, no
 heartbeat thread, no broker and no store outage. `bench/mutations.py` runs this file beside it.
@@ -164,5 +164,40 @@ def test_redis_restarted_empty_while_a_prefork_worker_holds_deliveries(model: Pr
         made = model.external.count()
         wait_for(lambda: model.external.count() >= made + 3, 60, "calls under way before the restart")  # noqa: B023
         model.restart_redis(down=1.0)
+    model.settle(60)
+    model.check()
+
+
+@_dead_after(4.0)
+def test_redis_restarted_empty_while_a_worker_away_from_its_store_holds_a_delivery(model: ProcessModel) -> None:
+    """A prefork worker of two processes holds one delivery (its call in flight) with a read outstanding for
+    more when the store goes away for it: it stops taking tasks (tasks/store_gate.py), and kombu sets that read
+    aside unanswered. Redis restarted empty then: the worker finds the broker gone elsewhere than in that read,
+    and closes its task channel with the read still outstanding (the close cut short by it, and taken up again
+    after Celery collected the connection: issue 33, break 8, what killed the worker). The read is answered
+    empty after 30 s here, not kombu's 1 s: still open when Redis goes, every time, not only in the second after
+    it was sent. A second worker is started once the store is back."""
+    away = model.start_worker(concurrency=2, via_proxy=True, broker_read_timeout=30.0)
+    release = model.external.hold(model.path("a"), timeout=30)
+    model.submit("test.flow")
+    model.call_started("a")
+    with model.store_away(away):
+        wait_for(lambda: "taking no new task" in away.log(), 10, "the worker to stop taking tasks")
+        model.restart_redis(down=1.0)
+    release.set()
+    model.start_worker()
+    model.settle(60)
+    model.check()
+
+
+@_dead_after(6.0)
+def test_the_heartbeats_own_connection_slow_to_open_in_a_new_worker(model: ProcessModel) -> None:
+    """A loaded box: in each process of a new worker, the heartbeat's own connection to the store takes 4 s to
+    open (the first time), the rest of the store answering as fast as ever. The first step of its pool process
+    computes 3.5 s (past the call fence, 3 s here, of the heartbeat it wrote first) before its call: the
+    heartbeat keeps up meanwhile, and the call is made (issue 33: opened by the heartbeat thread at its
+    first beat, those seconds fell between two beats, and the fence refused the process's first calls)."""
+    model.start_worker(slow_heartbeat_open=4.0)
+    model.submit("test.flow", script={"a": {"pause": 3.5}})
     model.settle(60)
     model.check()

@@ -235,13 +235,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/celery/redisbroker.py",
         "        return self._params[asynchronous]\n",
         "        return super()._connparams(asynchronous=asynchronous)\n",
-        model=False,
-        unreachable=(
-            "the model's schedule restarts its Redis empty three times under a prefork worker holding deliveries "
-            "(test_promise_process_model.py) and no worker exited with the break put back either: the channel's "
-            "close must be cut short by its outstanding read at the moment Redis goes, a race (issue 33: 2 of 3 "
-            "workers died in one run, all 3 in another) these three restarts did not hit"
-        ),
         guard="tests/integration/test_redisbroker.py::test_a_channel_closed_after_its_connection_was_collected_does_not_"
         "raise",
     ),
@@ -335,12 +328,6 @@ MUTATIONS: list[Mutation] = [
         "openhub/store/workers.py",
         "beat(worker_id, node, url, broken=True, own=own)",
         "beat(worker_id, node, url, broken=True)",
-        model=False,
-        unreachable=(
-            "the heartbeat thread's own connection slow to open at a worker's start (a loaded box): a store slow to "
-            "open every connection would also delay the proof's ping past its bound and refuse the call either "
-            "way; the model has no fault that slows the first connection alone yet"
-        ),
         guard="tests/unit/test_workers.py::test_the_heartbeat_threads_connection_slow_to_open_fences_no_call",
     ),
     # --- issue 33: test_hosts' "OK, never confirmed" ------------------------------------------------------------

@@ -8,7 +8,9 @@ hub with another dead-after, installed in this process after it; a TCP proxy in 
 workers that reach the store through it. The model's actions are faults of those: a process stopped
 (SIGSTOP) past dead-after and let go on (SIGCONT), a worker killed mid-call, every heartbeat held in the
 store (its table locked) while the store answers the rest, one worker's link to the store cut (blackholed)
-or away for a moment (reset and refused), Redis restarted empty. Each fault is recorded with its processes
+or away for a moment (reset and refused), Redis restarted empty, and, inside a worker's processes
+(tests/support/worker_faults.py, one of the model's route modules), the heartbeat's own connection slow to open
+(a loaded box) and the broker's empty answer to a read for tasks late. Each fault is recorded with its processes
 and its time (CLOCK_MONOTONIC, shared by every process of the machine), and the checks read the external
 system's calls (each says which process made it and when it passed the fence: tests/support/routes.call)
 and the store:
@@ -22,7 +24,11 @@ and the store:
    dead-after, nor in one whose way to the store has been cut for more than PROOF_AGE;
 4. a fault of the hub's own is no failure of the message (failed_count 0; these schedules fail no call),
    and no run is repaired as lost (lease_expired) but in a process the model stopped, killed or cut;
-5. no worker exits that the model did not kill.
+5. no worker exits that the model did not kill;
+6. no call refused by the fence (its lease let go as FENCED: "this process's heartbeat fell behind") but of a
+   message whose run a fault that holds a heartbeat back (a stop, every heartbeat held, a cut, the store away)
+   found in its process's hands, or while such a fault is on (and dead-after after it): a live process whose
+   store answers refuses none of its own work.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +50,7 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.pool import NullPool
 
 from openhub.core.config import Settings
-from openhub.core.states import FINAL
+from openhub.core.states import FINAL, Event
 from openhub.engine.hub import Hub
 from openhub.engine.poller import tick
 from openhub.external_system import Call
@@ -57,18 +64,21 @@ from openhub.testing import ExternalSystem, LocalHub
 from tests.support import backends
 from tests.support.tcpproxy import TcpProxy
 from tests.support.waiting import wait_for
+from tests.support.worker_faults import BROKER_READ_TIMEOUT, SLOW_HEARTBEAT_OPEN
 from tests.support.workers import Worker
 
 M, T, W = messages.c, transitions.c, workers.c
-ROUTES = "tests.support.routes,tests.support.cpu_routes"
+ROUTES = "tests.support.routes,tests.support.cpu_routes,tests.support.worker_faults"
 EPSILON = 0.05  # seconds: what one process's monotonic reading may trail another's on one machine (none; to be safe)
 # Faults that let a call in flight in the process they hit be made again (README), and a run be repaired as lost.
 LOSES_RUNS = ("stall", "kill", "cut")
+# Faults that hold a process's heartbeat back, so that its fence may refuse a call (check 6).
+HOLDS_HEARTBEATS = ("stall", "held", "cut", "outage")
 
 
 @dataclass
 class Fault:
-    kind: str  # stall, kill, held (every heartbeat held in the store), cut, outage, redis
+    kind: str  # stall, kill, held (every heartbeat held in the store), cut, outage, redis, slow_open
     pids: frozenset[int] | None  # the processes it hit (None: every one)
     start: float  # monotonic
     end: float = float("inf")
@@ -88,6 +98,8 @@ class ProcessModel:
     workers: list[Worker] = field(default_factory=list)
     killed: list[Worker] = field(default_factory=list)
     prefix: str = field(default_factory=lambda: f"/pm{uuid.uuid4().hex[:8]}")
+    # wall clock minus monotonic: the store's times (naive UTC, its server's clock on this machine) as the faults'
+    wall: float = field(default_factory=lambda: time.time() - time.monotonic())
 
     # --- the model's world ---------------------------------------------------------------------------------
 
@@ -122,14 +134,33 @@ class ProcessModel:
             backends.activate(saved)
 
     def start_worker(
-        self, pool: str = "prefork", concurrency: int = 1, *, via_proxy: bool = False, queues: str | None = None
+        self,
+        pool: str = "prefork",
+        concurrency: int = 1,
+        *,
+        via_proxy: bool = False,
+        queues: str | None = None,
+        slow_heartbeat_open: float | None = None,
+        broker_read_timeout: float | None = None,
     ) -> Worker:
+        """A worker; `slow_heartbeat_open`: in each of its processes, the heartbeat's own connection to the store
+        takes that many seconds to open (the first time; tests/support/worker_faults.py), a fault recorded
+        with its processes that holds no heartbeat back; `broker_read_timeout`: its outstanding read for
+        tasks is answered empty after that many seconds, not 1 (the same module)."""
         env = dict(self.backend.env)
         if via_proxy:
             env["OPENHUB_DATABASE_URL"] = _through(self.proxy, self.url)
+        if slow_heartbeat_open is not None:
+            env[SLOW_HEARTBEAT_OPEN] = str(slow_heartbeat_open)
+        if broker_read_timeout is not None:
+            env[BROKER_READ_TIMEOUT] = str(broker_read_timeout)
+        start = time.monotonic()
         worker = Worker(env, self.tmp_path, beat=False, concurrency=concurrency, pool=pool, queues=queues)
         worker.start()
         self.workers.append(worker)
+        if slow_heartbeat_open is not None:
+            assert worker.process is not None
+            self.faults.append(Fault("slow_open", frozenset([worker.process.pid, *worker.child_pids()]), start))
         return worker
 
     # --- actions ---------------------------------------------------------------------------------------------
@@ -221,7 +252,7 @@ class ProcessModel:
         conn = engine.connect()
         tx = conn.begin()
         conn.execute(text("LOCK TABLE workers IN EXCLUSIVE MODE"))
-        fault = Fault("held", None, time.monotonic())
+        fault = Fault("held", None, time.monotonic(), messages=self._held_by_any())
         self.faults.append(fault)
         try:
             yield fault
@@ -230,6 +261,10 @@ class ProcessModel:
             fault.end = time.monotonic()
             conn.close()
             engine.dispose()
+
+    def _held_by_any(self) -> frozenset[int]:
+        with transaction(self.url) as conn:
+            return frozenset(conn.execute(select(M.id).where(M.worker.is_not(None))).scalars())
 
     def _last_seen(self, worker_id: str) -> Any:
         with transaction(self.url) as conn:
@@ -248,7 +283,8 @@ class ProcessModel:
     def store_away(self, worker: Worker) -> Iterator[Fault]:
         """The store away for the worker (through the proxy) for the block: connections reset, refused."""
         assert worker.process is not None
-        fault = Fault("outage", frozenset([worker.process.pid, *worker.child_pids()]), time.monotonic())
+        pids = frozenset([worker.process.pid, *worker.child_pids()])
+        fault = Fault("outage", pids, time.monotonic(), messages=self.held_by(pids))
         self.proxy.outage()
         self.faults.append(fault)
         try:
@@ -294,7 +330,13 @@ class ProcessModel:
     # --- checks ----------------------------------------------------------------------------------------------
 
     def check(self) -> None:
-        problems = self.calls_made_once() + self.fenced_calls() + self.own_faults_counted() + self.workers_exited()
+        problems = (
+            self.calls_made_once()
+            + self.fenced_calls()
+            + self.own_faults_counted()
+            + self.workers_exited()
+            + self.refused_by_the_fence()
+        )
         assert not problems, "\n".join(problems) + f"\nfaults: {self.faults}"
 
     def calls_made_once(self) -> list[str]:
@@ -365,6 +407,29 @@ class ProcessModel:
             for w in self.workers
             if w not in self.killed and w.process is not None and w.process.poll() is not None
         ]
+
+    def refused_by_the_fence(self) -> list[str]:
+        """6. A call refused by the fence (its lease let go as FENCED) is explained by a fault that holds a
+        heartbeat back: one that found the message's run in its process's hands, or one on at the refusal (or
+        ended less than dead-after before it: the gap fences the runs leased before it ends)."""
+        holding = [f for f in self.faults if f.kind in HOLDS_HEARTBEATS]
+        with transaction(self.url) as conn:
+            rows = conn.execute(
+                select(T.message_id, T.at, T.detail).where(
+                    T.message_id.in_(self.ids), T.event == Event.LEASE_DROPPED.value
+                )
+            ).all()
+        problems = []
+        for r in rows:
+            at = r.at.replace(tzinfo=timezone.utc).timestamp() - self.wall  # monotonic
+            if not any(
+                r.message_id in f.messages or f.start - EPSILON <= at <= f.end + self.dead_after + 1.0 for f in holding
+            ):
+                problems.append(
+                    f"message {r.message_id}'s call refused by the fence at {at:.3f} with no fault holding a "
+                    f"heartbeat back on: {r.detail}; history: {self.history(r.message_id)}"
+                )
+        return problems
 
 
 def _passed(call: Call) -> float:
