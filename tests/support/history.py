@@ -12,9 +12,10 @@ the promise:
   process sends a call only within PROOF_AGE of its store's last answer). Anything else is unexplained:
   a repeat whose first call started after the fault began (later than that after a cut), a repeat
   during a fault on another host, a repeat whose first call was made by a process other than the
-  stalled one, a call made again before the fault. A confirmation sent twice is
-  never explained by a cut (its sending lease is in the store, not in the worker's heartbeat), only by
-  its own process killed or stalled while sending;
+  stalled one, a call made again before the fault. A batch route's call is in flight until its batch's
+  calls of that step in that process have ended (its record is written with theirs: BATCH_ROUTES). A
+  confirmation sent twice is never explained by a cut (its sending lease is in the store, not in the
+  worker's heartbeat), only by its own process killed or stalled while sending;
 - a message not final; a step of a message that ended OK never applied (a split's children: every
   line applied);
 - a final message's confirmation not made exactly once (its key `<id>:<state>`), or made for a state
@@ -51,11 +52,19 @@ CUT_UNSEEN = 0.75
 STEPS = {
     "test.flow": [("a", "a"), ("b", "b"), ("c", "c")],
     "fused.flow": [("a", "a"), ("b", "b"), ("c", "c")],
+    "batched.flow": [("a", "a"), ("b", "b"), ("c", "c")],
     "test.funnel": [("ordered", "ordered")],
     "test.ordered_x": [("ordered", "ordered")],
     "test.order": [("a", "a"), ("after", "after_lines")],
 }
 GUARANTEED_ORDER = {"test.ordered_x", "test.ordered"}
+# Batch routes (`Route(batch=N)`): one task carries its messages through each step in lockstep, and records
+# every member's step in ONE transaction after the last member's call of that step (prefork: one after
+# another; gevent: side by side). A member's call is in flight, for a fault, until its siblings' calls end:
+# the calls of the same step made by the same process for messages published together (`group`: the
+# traffic's request), each starting within LOCKSTEP_GAP of the run so far.
+BATCH_ROUTES = {"batched.flow"}
+LOCKSTEP_GAP = 1.0
 PID_HEADER = "x-test-pid"
 BEGAN_HEADER = "x-test-began"
 FUNNEL_HEADER = "x-funnel"
@@ -137,7 +146,7 @@ def began_of(call: Any) -> float:
         return arrived
 
 
-def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
+def hit(fault: Any, call: Any, host: str | None, kinds: set[str], until: float | None = None) -> bool:
     """Whether `fault` stopped the record of `call`: a fault of one of `kinds` on the call's own host that
     began while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the
     process that made the call (its pid among the fault's) after the call arrived: a process stopped
@@ -146,13 +155,15 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
     arrived within CUT_UNSEEN of it: nothing tells a process its store is cut until a statement goes
     unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after
     the cut began, as if in flight then; a call arriving later (started once the store was lost, issue 33
-    break 6) is not explained."""
+    break 6) is not explained. `until`: when the call's record could begin, if later than its answer (a
+    batch member's: when its siblings' calls ended, `lockstep_ends`)."""
     if fault.kind not in kinds or host is None or fault.host != host:
         return False
+    ended = max(call.ended, until or call.ended)
     process = fault.kind in ("kill", "stall")
-    if process and not call.started <= fault.start <= call.ended + SLACK:
+    if process and not call.started <= fault.start <= ended + SLACK:
         return False
-    if not process and not (min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= call.ended + SLACK):
+    if not process and not (min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= ended + SLACK):
         return False
     pids = getattr(fault, "pids", None)
     if process:
@@ -160,12 +171,46 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str]) -> bool:
     return True
 
 
+def lockstep_ends(calls: Iterable[Any], submitted: dict[str, dict[str, Any]]) -> dict[int, float]:
+    """For each step call of a batch route's message (by `id(call)`): when the run of that step ended in its
+    process, the last answer among its siblings' calls (BATCH_ROUTES), after which its record is written."""
+    runs: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
+    for c in calls:
+        parts = (c.key or "").split("/")
+        v = submitted.get(parts[1]) if len(parts) >= 3 else None
+        pid = pid_of(c)
+        if v is None or v["route"] not in BATCH_ROUTES or pid is None or c.path != f"{v['prefix']}/{parts[2]}":
+            continue
+        runs[(pid, c.path, v.get("group"))].append(c)
+    ends: dict[int, float] = {}
+    for seq in runs.values():
+        seq.sort(key=lambda c: c.started)
+        run: list[Any] = []
+        end = float("-inf")
+        for c in seq + [None]:
+            if c is None or (run and c.started > end + LOCKSTEP_GAP):
+                ends.update((id(m), end) for m in run)
+                run, end = [], float("-inf")
+            if c is not None:
+                run.append(c)
+                end = max(end, c.ended)
+    return ends
+
+
 def _repeats(
-    path: str, key: str, made: list[Any], faults: list[Any], host_of: Any, origin: float
+    path: str,
+    key: str,
+    made: list[Any],
+    faults: list[Any],
+    host_of: Any,
+    origin: float,
+    ends: dict[int, float] | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """The entry for a call made more than once, and for each repeat the fault that explains it (None:
-    unexplained). A repeat is explained by an earlier call of the same key that a fault hit in flight,
-    the fault having begun before the repeat arrived."""
+    unexplained). A repeat is explained by an earlier call of the same key that a fault hit in flight
+    (a batch member's until its siblings' calls ended: `ends`, from `lockstep_ends`), the fault having
+    begun before the repeat arrived."""
+    ends = ends or {}
     kinds = EXPLAINS_CONFIRMATION if path.endswith("/confirm") else EXPLAINS
     causes: list[Any] = []
     for i, again in enumerate(made[1:], start=1):
@@ -174,7 +219,7 @@ def _repeats(
                 f
                 for earlier in made[:i]
                 for f in faults
-                if f.start <= again.started and hit(f, earlier, host_of(earlier.peer), kinds)
+                if f.start <= again.started and hit(f, earlier, host_of(earlier.peer), kinds, ends.get(id(earlier)))
             ),
             None,
         )
@@ -239,13 +284,15 @@ def check(
 ) -> Report:
     """Check the log. `calls`: the external system's; `overlaps`: the funnels it saw overlap; `faults`: the
     driver's (kind, host, pids or None for the whole host, start, end); `host_of(address)`: a caller's host
-    name; `submitted`: correlation id -> {id, route, group, prefix, lines?}; `states`: message id -> state;
+    name; `submitted`: correlation id -> {id, route, group (a batch route's: the messages published with
+    it), prefix, lines?}; `states`: message id -> state;
     `origin`: the monotonic time the run started (for the report)."""
     calls = list(calls)
     report = Report(messages=len(submitted))
     for s in states.values():
         report.states[s] = report.states.get(s, 0) + 1
     ok_calls: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    ends = lockstep_ends(calls, submitted)
     for c in calls:
         report.calls += 1
         if c.status < 400 and c.key is not None:
@@ -254,7 +301,7 @@ def check(
         if len(made) < 2:
             continue
         made.sort(key=lambda c: c.started)
-        entry, causes = _repeats(path, key, made, faults, host_of, origin)
+        entry, causes = _repeats(path, key, made, faults, host_of, origin, ends)
         if all(cause is not None for cause in causes):
             report.explained.append(dict(entry, faults=[cause.as_dict(origin) for cause in causes]))
         else:

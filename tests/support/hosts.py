@@ -2,7 +2,8 @@
 
 Each host is a Linux network namespace joined to a bridge the rig creates (a private /24 under
 10.231.0.0/16 that no address of this machine is in), running real `celery -A tasks worker`
-processes; beat runs on the first host, the HTTP API on the second. PostgreSQL, Redis and the
+processes (prefork, but the third host's on `-P gevent`, GEVENT_HOST); beat runs on the first host, the
+HTTP API on the second. PostgreSQL, Redis and the
 external system (openhub.testing.ExternalSystem) are private to the rig and listen on the bridge's
 address (and 127.0.0.1, for the driver). A fault is made inside one namespace only: nftables rules
 that drop its packets to PostgreSQL, to Redis, or 5 % of all; a slow link (tc netem's 200 ms where
@@ -29,6 +30,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +100,7 @@ class Host:
     workdir: Path
     env: dict[str, str]
     concurrency: int = 2
+    pool: str | None = None  # the worker's pool as -P names it (None: Celery's default, prefork)
     workers: list[Worker] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)  # beat, API: processes that are not workers
 
@@ -125,6 +128,7 @@ class Host:
             beat=False,
             concurrency=self.concurrency,
             name=f"{self.name}-{uuid.uuid4().hex[:4]}",
+            pool=self.pool,
         )
         worker.env["PYTHONPATH"] = self.pythonpath
         worker.args = self.exec() + worker.args
@@ -240,6 +244,12 @@ class Rig:
         return next((h.name for h in self.hosts if h.ip == address), None)
 
 
+# The host whose worker runs `-P gevent` (its steps, and a batch's members, as greenlets of one process: no
+# pool processes, so a stall of "a pool process" there stops the whole worker), and its concurrency.
+GEVENT_HOST = 3
+GEVENT_CONCURRENCY = 50
+
+
 @contextmanager
 def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, str] | None = None) -> Iterator[Rig]:
     """Build the rig in `workdir` (workers started, beat on the first host, the API on the second)."""
@@ -269,7 +279,10 @@ def rig(workdir: Path, hosts: int = 3, concurrency: int = 2, extra: dict[str, st
             sh("ip", "-n", ns, "link", "set", inside, "up")
             hdir = workdir / f"h{i}"
             hdir.mkdir(parents=True, exist_ok=True)
-            made.append(Host(f"h{i}", ns, f"10.231.{n}.{10 + i}", inside, hdir, {}, concurrency))
+            host = Host(f"h{i}", ns, f"10.231.{n}.{10 + i}", inside, hdir, {}, concurrency)
+            if i == GEVENT_HOST:  # one host's worker runs its steps (and batches) as greenlets
+                host.pool, host.concurrency = "gevent", GEVENT_CONCURRENCY
+            made.append(host)
         netem = (
             sh(
                 "tc", "-n", made[0].ns, "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "1ms", check=False
@@ -423,10 +436,11 @@ class FaultDriver:
             victims = host.live_workers()
             if victims:
                 worker = self.random.choice(victims)
-                whole = self.random.random() < 0.5
-                pids = [worker.process.pid] if whole else worker.child_pids()[:1] or [worker.process.pid]
+                children = worker.child_pids()  # none under -P gevent: its pool is the worker itself
+                whole = self.random.random() < 0.5 or not children
+                pids = [worker.process.pid] if whole else children[:1]
                 # the processes the stall stops: the whole worker is its pool too
-                fault.pids = [worker.process.pid, *worker.child_pids()] if whole else list(pids)
+                fault.pids = [worker.process.pid, *children] if whole else list(pids)
                 if whole:
                     os.killpg(worker.process.pid, signal.SIGSTOP)
                 else:
@@ -479,9 +493,12 @@ class FaultDriver:
 
 # --- traffic ----------------------------------------------------------------------------------
 # (route, payload) kinds: a chain and a fused flow of three calls, a funnel, a funnel in guaranteed order,
-# a split (a call, two children of one call each, a call after them; its own paths, to count the lines)
+# a split (a call, two children of one call each, a call after them; its own paths, to count the lines),
+# and a batch route's flow of the same three calls (`Route(batch=20)`), BATCH_GROUP messages submitted
+# together so that one batch task carries them through the steps in lockstep
 GROUPS = 3
-TRAFFIC_KINDS = ["chain", "fused", "funnel", "ordered", "split"]
+TRAFFIC_KINDS = ["chain", "fused", "funnel", "ordered", "split", "batch"]
+BATCH_GROUP = 4
 FUNNEL_PATHS = ["/funnel/ordered", "/ordered/ordered"]
 FUNNEL_HOLD = 0.075  # seconds the external system takes over a funnel's call, so that an overlap shows
 
@@ -491,6 +508,8 @@ def payload(kind: str, n: int) -> tuple[str, dict[str, Any]]:
         return "test.flow", {"prefix": "/chain"}
     if kind == "fused":
         return "fused.flow", {"prefix": "/fused"}
+    if kind == "batch":  # `n`: its request's first message (what it is published with: history.py's siblings)
+        return "batched.flow", {"prefix": "/batch", "group": f"batch{n}"}
     if kind == "split":
         return "test.order", {"prefix": f"/split/{n}", "lines": [{"sku": 1}, {"sku": 2}]}
     group = f"{kind}{n % GROUPS}"
@@ -499,7 +518,8 @@ def payload(kind: str, n: int) -> tuple[str, dict[str, Any]]:
 
 
 class Traffic:
-    """Submits batches through the API on the second host, retrying a refused batch as it was."""
+    """Submits batches through the API on the second host, retrying a refused batch as it was (a batch
+    route's group of messages goes in one of them: submitted together, they are published as one task)."""
 
     def __init__(self, the_rig: Rig, rate: float, seed: int) -> None:
         self.rig, self.rate = the_rig, rate
@@ -511,13 +531,16 @@ class Traffic:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             batch = []
+            first = self._n + 1  # the batch route's messages of this request are published together
             for _ in range(max(1, round(self.rate))):
-                self._n += 1
                 kind = self.random.choice(TRAFFIC_KINDS)
-                route, body = payload(kind, self._n)
-                batch.append(
-                    {"route": route, "payload": body, "correlation_id": f"hosts-{self._n:06d}", "source_system": SOURCE}
-                )
+                for _ in range(BATCH_GROUP if kind == "batch" else 1):
+                    self._n += 1
+                    route, body = payload(kind, first if kind == "batch" else self._n)
+                    correlation = f"hosts-{self._n:06d}"
+                    batch.append(
+                        {"route": route, "payload": body, "correlation_id": correlation, "source_system": SOURCE}
+                    )
             while not self._send(batch) and not stop.is_set():
                 stop.wait(0.5)  # the API or its store is away: the same batch again shortly
             stop.wait(1.0)
@@ -705,6 +728,7 @@ def chaos_run(
             "seconds": round(faults_done - origin, 1),
             "settled_after": round(settled_after, 1),
             "submitted": len(ids),
+            "routes": dict(Counter(v["route"] for v in traffic.submitted.values())),
             "refused_batches": traffic.refused,
             "netem": the_rig.netem,
             "faults": [f.as_dict(origin) for f in driver.log],

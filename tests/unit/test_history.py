@@ -237,3 +237,63 @@ def test_a_split_with_a_line_missing_is_flagged() -> None:
     assert run(calls, [], submitted).missing_calls == ["1 test.order: 1 of 2 lines applied"]
     second = call("/split/1/line", "CONFIRMED/c1%231.2%2311/book_line", 2.0)
     assert run(calls + [second], [], submitted).ok
+
+
+def batch_message(n: int, group: str = "batch1") -> dict[str, Any]:
+    return message(n, "batched.flow", "/batch", group)
+
+
+def batch_steps(n: int, at: float, pid: int = 101, host: str = "h1", took: float = 0.1) -> list[Call]:
+    """A batch member's three steps and its confirmation, each made once, 1 s apart."""
+    return [
+        *(
+            call(f"/batch/{s}", f"CONFIRMED/c{n}/{s}", at + i, host=host, pid=pid, took=took)
+            for i, s in enumerate("abc")
+        ),
+        call("/batch/confirm", f"{n}:OK", at + 3.0, host=host, pid=pid),
+    ]
+
+
+def test_a_batch_route_is_judged_as_a_chain() -> None:
+    submitted = {"c1": batch_message(1), "c2": batch_message(2)}
+    calls = batch_steps(1, 10.0) + batch_steps(2, 10.2)
+    assert run(calls, [], submitted).ok
+    # a step never applied, a call made twice with no fault, a confirmation missing: each flagged
+    report = run([c for c in calls if c.path != "/batch/b" or c.key != "CONFIRMED/c2/b"], [], submitted)
+    assert report.missing_calls == ["2 batched.flow b"]
+    again = call("/batch/a", "CONFIRMED/c1/a", 20.0, host="h2", pid=201)
+    assert [r["key"] for r in run(calls + [again], [], submitted).repeated] == ["CONFIRMED/c1/a"]
+    report = run([c for c in calls if c.key != "2:OK"], [], submitted)
+    assert report.confirmations == ["2 OK: never confirmed"]
+
+
+def test_a_batch_members_call_is_in_flight_until_its_siblings_calls_end() -> None:
+    # prefork: members 1-4 of one batch call step a one after another in process 101, then the batch records
+    # them all; killed at 14.0, member 1's call (answered at 10.1) had no record yet: the repair makes it again
+    submitted = {f"c{n}": batch_message(n) for n in range(1, 5)}
+    run_a = [call("/batch/a", f"CONFIRMED/c{n}/a", 10.0 + 1.3 * (n - 1), took=1.2) for n in range(1, 5)]
+    again = call("/batch/a", "CONFIRMED/c1/a", 20.0, host="h2", pid=201)
+    rest = [
+        call(f"/batch/{s}", f"CONFIRMED/c{n}/{s}", 21.0 + n, host="h2", pid=201) for n in range(1, 5) for s in "bc"
+    ] + [call("/batch/confirm", f"{n}:OK", 30.0, host="h2", pid=201) for n in range(1, 5)]
+    for fault in (Fault("kill", "h1", 14.0, 15.0, pids=[100, 101]), Fault("cut_pg", "h1", 14.0, 19.0)):
+        report = run(run_a + [again] + rest, [fault], submitted)
+        assert report.ok, (fault, report.details())
+        assert [e["key"] for e in report.explained] == ["CONFIRMED/c1/a"]
+    # not by a fault after the run (and its SLACK) ended, nor in another process, nor for another request's
+    # messages, nor for a plain chain's: its record is its own
+    late = Fault("kill", "h1", 15.2 + 2.5, 19.0, pids=[100, 101])
+    assert len(run(run_a + [again] + rest, [late], submitted).repeated) == 1
+    other_pid = [run_a[0]] + [call(c.path, c.key, c.started, pid=102, took=1.2) for c in run_a[1:]]
+    kill = Fault("kill", "h1", 14.0, 15.0, pids=[100, 101])
+    assert len(run(other_pid + [again] + rest, [kill], submitted).repeated) == 1
+    other_request = dict(submitted, **{f"c{n}": batch_message(n, "batch9") for n in range(2, 5)})
+    assert len(run(run_a + [again] + rest, [kill], other_request).repeated) == 1
+    chains = {f"c{n}": message(n, "test.flow", "/batch", None) for n in range(1, 5)}
+    assert len(run(run_a + [again] + rest, [kill], chains).repeated) == 1
+    # under gevent the members call side by side: the slowest one's answer ends the run
+    side_by_side = [
+        call("/batch/a", f"CONFIRMED/c{n}/a", 10.0 + 0.01 * n, took=0.1 + 2.0 * (n == 4)) for n in range(1, 5)
+    ]
+    assert run(side_by_side + [again] + rest, [Fault("stall", "h1", 13.5, 53.0, pids=[101])], submitted).ok
+    assert not run(side_by_side + [again] + rest, [Fault("stall", "h1", 14.5, 53.0, pids=[101])], submitted).ok
