@@ -207,12 +207,14 @@ class ProcessModel:
                 Call(p, None, None, 0, 0.0, 0.0, False, headers) for p, headers in self.external.started if p == path
             )
 
-    def held_by(self, pids: frozenset[int]) -> frozenset[int]:
-        """The messages whose runs these processes hold now."""
+    def held_by(self, pids: frozenset[int] | None) -> frozenset[int]:
+        """The messages whose runs these processes (None: any process) hold now."""
         with transaction(self.url) as conn:
             nodes = {r.id: r.node for r in conn.execute(select(W.id, W.node))}
             rows = conn.execute(select(M.id, M.worker).where(M.worker.is_not(None))).all()
-        return frozenset(r.id for r in rows if int(nodes.get(r.worker, ":0").rpartition(":")[2]) in pids)
+        return frozenset(
+            r.id for r in rows if pids is None or int(nodes.get(r.worker, ":0").rpartition(":")[2]) in pids
+        )
 
     def stall(self, pid: int) -> Fault:
         fault = Fault("stall", frozenset({pid}), time.monotonic(), messages=self.held_by(frozenset({pid})))
@@ -252,7 +254,7 @@ class ProcessModel:
         conn = engine.connect()
         tx = conn.begin()
         conn.execute(text("LOCK TABLE workers IN EXCLUSIVE MODE"))
-        fault = Fault("held", None, time.monotonic(), messages=self._held_by_any())
+        fault = Fault("held", None, time.monotonic(), messages=self.held_by(None))
         self.faults.append(fault)
         try:
             yield fault
@@ -261,10 +263,6 @@ class ProcessModel:
             fault.end = time.monotonic()
             conn.close()
             engine.dispose()
-
-    def _held_by_any(self) -> frozenset[int]:
-        with transaction(self.url) as conn:
-            return frozenset(conn.execute(select(M.id).where(M.worker.is_not(None))).scalars())
 
     def _last_seen(self, worker_id: str) -> Any:
         with transaction(self.url) as conn:
