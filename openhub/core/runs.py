@@ -82,8 +82,18 @@ class Entered:
     started: float = field(default_factory=time.monotonic)  # its lease taken (what `workers.fenced` judges)
     call_ms: int | None = None  # how long the step itself took, once it ran (a batch's member waits around it)
     custom_data: str | None = None  # ctx.custom_data as stored, once the step has run
-    call_ok_id: int | None = None  # the record's last success before this run (kept unless this run succeeds)
-    call_ok_ts: datetime | None = None
+    # The step's call record as this run found it (None: this run's entry inserted it): what its call
+    # keeps where the run succeeds not (its last success), and what it goes back to where no call was made.
+    call_before: Any = None
+
+    @property
+    def call_ok_id(self) -> int | None:
+        """The record's last success before this run (kept unless this run succeeds)."""
+        return None if self.call_before is None else self.call_before.ok_message_id
+
+    @property
+    def call_ok_ts(self) -> datetime | None:
+        return None if self.call_before is None else self.call_before.ok_msg_timestamp
 
     def duration_ms(self) -> int:
         """Milliseconds the step took (since the run was entered, before it ran)."""

@@ -154,7 +154,7 @@ def left_to_repair(run: StepRun, entered: Entered) -> bool:
         run.message_id,
         run.item.key,
     )
-    drop_fenced(run, entered)
+    drop_fenced(run, entered, step_ran=False)
     return True
 
 
@@ -166,15 +166,19 @@ def fenced_in_call(run: StepRun, entered: Entered) -> None:
         run.message_id,
         run.item.key,
     )
-    drop_fenced(run, entered)
+    drop_fenced(run, entered, step_ran=True)
 
 
-def drop_fenced(run: StepRun, entered: Entered) -> None:
+def drop_fenced(run: StepRun, entered: Entered, *, step_ran: bool) -> None:
     """Let go of the lease of a run the fence stopped before its call, where it is still this run's (a
     compare-and-set: no repair took it meanwhile). Nothing is counted, neither a failure nor a lost run:
     it is the hub's own fault, and no call was made. The poller re-drives the message after
     OPENHUB_POSTPONE_INTERVAL, as a postponed one (at once, this process might take it back while still
-    fenced). Where the store cannot be reached, the lease repair lets it go instead, as a run lost."""
+    fenced). Where the store cannot be reached, the lease repair lets it go instead, as a run lost.
+
+    Where the step did not run at all (`step_ran` false) its call record goes back to what the run found
+    (`leases.call_not_made`): the next run is the same attempt, not redelivered. Where it ran up to a call
+    the fence refused, the record stays as begun: what the step did before that call is not known here."""
     follow = FollowUps()
     try:
         with run.hub.transaction() as conn:
@@ -198,6 +202,8 @@ def drop_fenced(run: StepRun, entered: Entered) -> None:
                 "(stalled, or the store unreachable)",
             )
             admission.call_ended(conn, run.item, entered.run_id, None, tx.now, tx.hub.settings)
+            if not step_ran:
+                leases.call_not_made(conn, entered)
     except Exception as exc:
         log.warning(
             "message %s: could not let go of step %s's lease (%s); the lease repair does",

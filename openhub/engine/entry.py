@@ -192,6 +192,5 @@ def prepare(
         ctx=ctx,
         row=row_with(row),
         started=time.monotonic() if started is None else started,
-        call_ok_id=call.ok_message_id if call else None,
-        call_ok_ts=call.ok_msg_timestamp if call else None,
+        call_before=call,
     )

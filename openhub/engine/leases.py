@@ -243,6 +243,30 @@ def forget_call(conn: Connection, key: str) -> None:
     conn.execute(delete(ext_calls).where(X.key == key))
 
 
+def call_not_made(conn: Connection, entered: Entered) -> None:
+    """The entered run's call did not happen (the fence stopped it before the step ran): its record goes
+    back to what the run found (`Entered.call_before`), or goes where the run's entry inserted it, so the
+    next run's attempt and `redelivered` count calls, not entries. A compare-and-set on the record as the
+    entry left it: one another message took since (this process judged dead meanwhile) stays theirs."""
+    mine = (X.key == entered.key) & (X.message_id == entered.row.id) & (X.state == CallState.PROCESSING.value)
+    before = entered.call_before
+    if before is None:
+        conn.execute(delete(ext_calls).where(mine, X.attempts == 1))
+        return
+    conn.execute(
+        update(ext_calls)
+        .where(mine, X.attempts == entered.ctx.attempt)
+        .values(
+            state=before.state,
+            message_id=before.message_id,
+            msg_timestamp=before.msg_timestamp,
+            updated_at=before.updated_at,
+            attempts=before.attempts,
+            worker=before.worker,
+        )
+    )
+
+
 def first_step_not_done(conn: Connection, row: Any, route: Route, item: RouteStep) -> RouteStep:
     """From `item` on, the first step of the route whose call this message has not made successfully."""
     done = set(conn.execute(select(X.step_key).where(X.message_id == row.id, X.ok_message_id == row.id)).scalars())

@@ -140,10 +140,15 @@ def test_a_lease_the_fence_let_go_counts_nothing(local_store_env: dict[str, str]
             monkeypatch.setattr(workers, "beat", real_beat)
             wait_for(lambda: not workers.fenced(float("inf")), timeout=10, what="the heartbeat to be written again")
             routes.HOOKS.clear()
+            seen: list[tuple[int, bool]] = []
+            routes.HOOKS["second"] = lambda ctx: seen.append((ctx.attempt, ctx.redelivered))
             hub.tick(seconds=60)
             done = hub.get(view.id)
             assert (done.state, done.failed_count) == ("OK", 0), done  # with OPENHUB_MAX_FAILS=0: no failure
             assert routes.calls("first") == 1 and routes.calls("second") == 1
+            # The fenced run never ran its step: the call the next run makes is its first, not a redelivery
+            # (its record was left as begun: attempt 2, redelivered).
+            assert seen == [(1, False)], seen
             history = _history(view.id)
             assert any(e == "lease_dropped" and "FENCED" in (d or "") for e, d in history), history
             assert not any(e == "lease_expired" for e, _ in history), history

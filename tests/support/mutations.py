@@ -207,7 +207,7 @@ MUTATIONS: list[Mutation] = [
         "fenced_run_left_to_repair",
         "issue 33 #10: a fenced run leaves its lease to the repair (a lost run) instead of letting it go",
         "openhub/engine/engine.py",
-        ("    drop_fenced(run, entered)\n    return True\n"),
+        ("    drop_fenced(run, entered, step_ran=False)\n    return True\n"),
         "    return True  # reverted: left to the repair\n",
         guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing",
     ),
