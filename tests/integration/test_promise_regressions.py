@@ -96,6 +96,17 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     # issue 33: a fault of the hub's own is no failure; a poison message ends
     "lost_run_counts_failure": [interrupt("p.flow", "crash"), tick(0), tick(1)],
     "max_lost_runs_ignored": [interrupt("p.flow", "poison")],
+    # this stop's review of the fenced let-go: a worker dies in p.flow's first call, and the run the repair
+    # drives next is fenced before its step runs; the record it puts back must still tell the next run that
+    # the call was begun (redelivered)
+    "fenced_entry_forgets_a_begun_call": [
+        submit("p.flow"),
+        arm("first", "crash"),
+        RUN,
+        ("heartbeat_falls_behind_before_a_step_runs", {}),
+        tick(10),
+        tick(10),
+    ],
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
     # issue 33 #3: a batch member cancelled while an earlier member's call runs (prefork: one after another)
@@ -184,6 +195,7 @@ ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     ],
 }
 ON_POSTGRES["heartbeat_on_host_clock"] = ON_POSTGRES["store_now_process_clock"]
+ON_POSTGRES["fenced_entry_forgets_a_begun_call"] = SCENARIOS["fenced_entry_forgets_a_begun_call"]
 
 
 @pytest.mark.parametrize("mutation", sorted(SCENARIOS))

@@ -211,6 +211,16 @@ MUTATIONS: list[Mutation] = [
         "    return True  # reverted: left to the repair\n",
         guard="tests/integration/test_hub_faults.py::test_a_lease_the_fence_let_go_counts_nothing",
     ),
+    Mutation(
+        "fenced_entry_forgets_a_begun_call",
+        "review of the fenced let-go: a run the fence stopped before its step ran deletes the step's call record, "
+        "a call begun before it and never seen to end with it (the next run is not told redelivered)",
+        "openhub/engine/leases.py",
+        "    if before is None:\n        conn.execute(delete(ext_calls).where(mine, X.attempts == 1))\n",
+        "    if True:  # reverted: the record goes, whatever the run found\n"
+        "        conn.execute(delete(ext_calls).where(mine))\n",
+        guard="tests/integration/test_promise_regressions.py",
+    ),
     # --- issue 33: broker (b26aa68, cb31d14, 01ebe72, 6fc0d38) and repair (f80aa42) -----------------------
     Mutation(
         "lost_chains_wait_lease_grace",

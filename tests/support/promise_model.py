@@ -186,10 +186,24 @@ class PromiseMachine(RuleBasedStateMachine):
         self.dead_leases: dict[str, float] = {}  # PostgreSQL: a dead sender's claim -> its lease's end (model seconds)
         # message cancelled (acknowledged, and not restarted since) -> how many calls had begun then (routes.STARTS)
         self.cancelled: dict[int, int] = {}
-        self.unskew: list[Any] = []  # what puts this host's clock right again (`skew_this_hosts_clock`)
+        self.undo: list[Any] = []  # what puts the environment right again (a skewed clock, a fence armed)
+        self.acts: dict[int, list[int]] = {}  # message -> how many calls had begun at each operator action on it
+        self.fence_next = False  # the next run entered finds this process fenced (`heartbeat_falls_behind...`)
+        from openhub.engine import engine
+
+        real_fenced = engine.fenced
+
+        def fenced(since: float) -> bool:  # the engine's question: has the heartbeat fallen behind since?
+            if self.fence_next:
+                self.fence_next = False
+                return True
+            return real_fenced(since)
+
+        engine.fenced = fenced
+        self.undo.append(lambda: setattr(engine, "fenced", real_fenced))
 
     def teardown(self) -> None:
-        for undo in self.unskew:
+        for undo in self.undo:
             undo()
         for name in self.live:  # this process reads the store's values per database: none left for the next hub
             live_settings.unset_setting(name, hub=self.hub.hub)
@@ -561,6 +575,12 @@ class PromiseMachine(RuleBasedStateMachine):
     def _act(self, action: str, target: int) -> None:
         if action not in ("retry_now", "drain_undrain"):  # (retry now picks its own target below)
             self.acted.add(target)
+        target = self._act_on(action, target)
+        for message in {target, *self._family(target)}:  # (a restart forgets the calls of its whole family)
+            self.acts.setdefault(message, []).append(len(routes.STARTS))
+
+    def _act_on(self, action: str, target: int) -> int:
+        """Do `action` to message `target`; the message it was done to (retry now may pick another)."""
         try:
             if action in ("cancel", "cancel_restart"):
                 operator.cancel(target)
@@ -619,6 +639,7 @@ class PromiseMachine(RuleBasedStateMachine):
                 operator.undrain()
         except OpenHubError:  # refused for the state it is in (409): nothing happened
             pass
+        return target
 
     def _family(self, target: int) -> dict[int, str]:
         """The message and its descendants, with their states."""
@@ -699,6 +720,25 @@ class PromiseMachine(RuleBasedStateMachine):
             if message in self.cancelled and n >= self.cancelled[message]
         ]
         assert not late, f"calls begun after their message's cancel was acknowledged: {late}"
+
+    @invariant()
+    def a_call_begun_unseen_is_told_redelivered(self) -> None:
+        """A call its worker died in (no outcome recorded) may have reached its system: the message's next call
+        with that key is told so (`ctx.redelivered`, as JMSRedelivered), also after a run the fence stopped
+        before its step ran. Not asked where an operator acted on the message since (a restart forgets its
+        calls), nor where another message called that key since (an entity's record is theirs then)."""
+        died: dict[tuple[int, str], int] = {}  # (message, key) -> the call it died in, none of that key since
+        untold = []
+        for n, ((message, step), (key, redelivered)) in enumerate(zip(routes.STARTS, routes.BEGUN)):
+            for other in [mk for mk in died if mk[1] == key and mk[0] != message]:
+                del died[other]
+            earlier = died.pop((message, key), None)
+            acted = any(earlier is not None and earlier < at <= n for at in self.acts.get(message, ()))
+            if earlier is not None and not redelivered and not acted:
+                untold.append((message, step, key))
+            if n in routes.DIED:
+                died[(message, key)] = n
+        assert not untold, f"calls not told redelivered after a call of theirs ended unseen: {untold}"
 
     @invariant()
     def no_successful_call_made_twice(self) -> None:
@@ -919,7 +959,7 @@ class PromiseMachine(RuleBasedStateMachine):
                 return real.now(tz) + timedelta(seconds=seconds)
 
         db.datetime = Skewed  # type: ignore[misc]
-        self.unskew.append(lambda: setattr(db, "datetime", real))
+        self.undo.append(lambda: setattr(db, "datetime", real))
         beat(current_id(), "LocalHub", get_settings().database_url)
 
     def stored_times_on_the_databases_clock(self) -> None:
@@ -1069,7 +1109,7 @@ class PromiseMachine(RuleBasedStateMachine):
             self._run()  # the repaired chain, on another worker (here: beside this run)
 
         event.listen(engine, "after_cursor_execute", answered)
-        self.unskew.append(restore)
+        self.undo.append(restore)
         try:
             self._run()
             self.submit(route)
@@ -1077,6 +1117,14 @@ class PromiseMachine(RuleBasedStateMachine):
         finally:
             restore()
         assert seen, f"no single statement took the lease of {route}'s step {step}"
+
+    def heartbeat_falls_behind_before_a_step_runs(self) -> None:
+        """(Regression examples: a rule of the search would change its fixed draw.) This process's heartbeat
+        falls behind (a stall, the store away) just after the next run entered took its lease: before its step
+        runs the run finds itself fenced (`workers.fenced`, as the engine asks it), lets its lease go and makes
+        no call; the poller drives the message again (issue 33 #10). Its call record goes back to what the run
+        found (`a_call_begun_unseen_is_told_redelivered`)."""
+        self.fence_next = True
 
     def tick_repairs_every_lost_run(self, page: int) -> None:
         """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's

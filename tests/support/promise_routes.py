@@ -28,6 +28,8 @@ POISON: set[int] = set()  # messages whose every call takes its worker down (Wor
 STALE_TAKEN: list[tuple[int, str, Any]] = []  # (message, step, response): a step given an answer meant for no open wait
 CONFIRM_CALLS: list[str] = []  # the webhook id of each confirmation the confirmer made (ended successfully)
 STARTS: list[tuple[int, str]] = []  # (message, step) of every call begun, in the order they began
+BEGUN: list[tuple[str, bool]] = []  # (idempotency key, ctx.redelivered) of each call of STARTS, by its index
+DIED: set[int] = set()  # indexes in STARTS of the calls their worker died in (WorkerDied: no outcome recorded)
 
 
 class WorkerDied(BaseException):
@@ -54,6 +56,8 @@ def reset() -> None:
         STALE_TAKEN,
         DELIVERIES,
         STARTS,
+        BEGUN,
+        DIED,
         CONFIRM_CALLS,
     ):
         registry.clear()
@@ -96,7 +100,9 @@ def external(name: str) -> Callable[[StepContext], None]:
     """A step whose call runs the test's hook in flight, then succeeds (unless the hook raised)."""
 
     def run(ctx: StepContext) -> None:
+        begun = len(STARTS)
         STARTS.append((int(ctx.message.id), name))
+        BEGUN.append((ctx.idempotency_key, ctx.redelivered))
         ACTIVE[name] = ACTIVE.get(name, 0) + 1
         MOST[name] = max(MOST.get(name, 0), ACTIVE[name])
         key = ctx.idempotency_key
@@ -117,6 +123,9 @@ def external(name: str) -> Callable[[StepContext], None]:
             if hook is not None:
                 hook(ctx)
             CALLS.append((name, ctx.idempotency_key))
+        except WorkerDied:  # its own, or a nested run's (a hook's) that took this call down with it
+            DIED.add(begun)
+            raise
         finally:
             ACTIVE[name] -= 1
             IN_FLIGHT[key] -= 1
