@@ -82,8 +82,8 @@ class Entered:
     started: float = field(default_factory=time.monotonic)  # its lease taken (what `workers.fenced` judges)
     call_ms: int | None = None  # how long the step itself took, once it ran (a batch's member waits around it)
     custom_data: str | None = None  # ctx.custom_data as stored, once the step has run
-    # The step's call record as this run found it (None: this run's entry inserted it): what its call
-    # keeps where the run succeeds not (its last success), and what it goes back to where no call was made.
+    # The step's call record as this run found it (None: this run's entry inserted it): its last success,
+    # kept unless this run succeeds, and what the record goes back to where the run made no call.
     call_before: Any = None
 
     @property
