@@ -107,6 +107,9 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         tick(10),
         tick(10),
     ],
+    # issue 37 (fan-out): a topic's family restarted by an operator once it ended OK; its receivers confirmed
+    "fan_out_family_restarted": [submit("p.published"), RUN, act("restart", 0)],
+    "fan_out_receivers_unconfirmed": [("submit_from_a_protocol_system", {"route": "p.published"}), RUN],
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
     # issue 33 #3: a batch member cancelled while an earlier member's call runs (prefork: one after another)
