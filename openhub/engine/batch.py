@@ -390,7 +390,10 @@ def _group(
     """`each` for every member in ONE transaction, committed together (each member's part in a savepoint
     of its own only once a part failed: `_write_part`); a store outage (or Celery's soft time limit
     arriving meanwhile, also during the pause) rolls it back whole: paused and tried again whole, never
-    given up while this process lives, unless `raise_outage` (no lease is held yet)."""
+    given up while this process lives, unless `raise_outage` (no lease is held yet). No member: nothing
+    to write (every member of the round stopped before its call: fenced, say)."""
+    if not members:
+        return
     saved = [copy.copy(m) for m in members]
     attempt, careful = 0, False  # savepoints only once a part failed (`_write_part`)
     while True:

@@ -110,6 +110,9 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     # issue 37 (fan-out): a topic's family restarted by an operator once it ended OK; its receivers confirmed
     "fan_out_family_restarted": [submit("p.published"), RUN, act("restart", 0)],
     "fan_out_receivers_unconfirmed": [("submit_from_a_protocol_system", {"route": "p.published"}), RUN],
+    # the fence in the model's search (this stop): a batch whose only member is fenced before its call has no
+    # outcome to write, and its task raised IndexError
+    "batch_with_every_member_stopped": [submit("p.batch"), ("heartbeat_falls_behind_before_a_step_runs", {}), RUN],
     # issue 33: chains lost with the broker
     "lost_chains_wait_lease_grace": [submit("p.flow"), submit("p.entity"), ("lose_broker", {})],
     # issue 33 #3: a batch member cancelled while an earlier member's call runs (prefork: one after another)
@@ -199,6 +202,7 @@ ON_POSTGRES: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 ON_POSTGRES["heartbeat_on_host_clock"] = ON_POSTGRES["store_now_process_clock"]
 ON_POSTGRES["fenced_entry_forgets_a_begun_call"] = SCENARIOS["fenced_entry_forgets_a_begun_call"]
+ON_POSTGRES["batch_with_every_member_stopped"] = SCENARIOS["batch_with_every_member_stopped"]
 
 
 @pytest.mark.parametrize("mutation", sorted(SCENARIOS))

@@ -221,6 +221,15 @@ MUTATIONS: list[Mutation] = [
         "        conn.execute(delete(ext_calls).where(mine))\n",
         guard="tests/integration/test_promise_regressions.py",
     ),
+    Mutation(
+        "batch_with_every_member_stopped",
+        "the fence in the model's search: a batch round whose every member stopped before its call (fenced) "
+        "writes an empty group, and its task raises IndexError",
+        "openhub/engine/batch.py",
+        "    if not members:\n        return\n    saved = [copy.copy(m) for m in members]\n",
+        "    saved = [copy.copy(m) for m in members]\n",
+        guard="tests/integration/test_promise_regressions.py",
+    ),
     # --- issue 33: broker (b26aa68, cb31d14, 01ebe72, 6fc0d38) and repair (f80aa42) -----------------------
     Mutation(
         "lost_chains_wait_lease_grace",

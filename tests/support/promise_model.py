@@ -420,6 +420,14 @@ class PromiseMachine(RuleBasedStateMachine):
         self._run(limit=1)
 
     @rule()
+    def heartbeat_falls_behind_before_a_step_runs(self) -> None:
+        """This process's heartbeat falls behind (a stall, the store away) just after the next run entered took
+        its lease: before its step runs the run finds itself fenced (`workers.fenced`, as the engine asks it),
+        lets its lease go and makes no call; the poller drives the message again (issue 33 #10). Its call
+        record goes back to what the run found (`a_call_begun_unseen_is_told_redelivered`)."""
+        self.fence_next = True
+
+    @rule()
     def run(self) -> None:
         self._run()
 
@@ -1117,14 +1125,6 @@ class PromiseMachine(RuleBasedStateMachine):
         finally:
             restore()
         assert seen, f"no single statement took the lease of {route}'s step {step}"
-
-    def heartbeat_falls_behind_before_a_step_runs(self) -> None:
-        """(Regression examples: a rule of the search would change its fixed draw.) This process's heartbeat
-        falls behind (a stall, the store away) just after the next run entered took its lease: before its step
-        runs the run finds itself fenced (`workers.fenced`, as the engine asks it), lets its lease go and makes
-        no call; the poller drives the message again (issue 33 #10). Its call record goes back to what the run
-        found (`a_call_begun_unseen_is_told_redelivered`)."""
-        self.fence_next = True
 
     def tick_repairs_every_lost_run(self, page: int) -> None:
         """(Regression examples.) One tick, its lost-run repair reading `page` rows a transaction (the poller's
