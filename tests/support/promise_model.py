@@ -96,6 +96,8 @@ ACTIONS = [
     "retry_now",
 ]
 TARGETS = ["self", "parent", "oldest"]
+# Steps whose call record is not the message's own (entity and custom scope): another message may take it over
+SHARED_RECORDS = {item.key for route in routes.routes for item in route.steps if item.scope != "message"}
 PROTO_SECRET = "the-protocol-systems-own-secret-of-40-chars"
 
 
@@ -732,20 +734,21 @@ class PromiseMachine(RuleBasedStateMachine):
     @invariant()
     def a_call_begun_unseen_is_told_redelivered(self) -> None:
         """A call its worker died in (no outcome recorded) may have reached its system: the message's next call
-        with that key is told so (`ctx.redelivered`, as JMSRedelivered), also after a run the fence stopped
-        before its step ran. Not asked where an operator acted on the message since (a restart forgets its
-        calls), nor where another message called that key since (an entity's record is theirs then)."""
-        died: dict[tuple[int, str], int] = {}  # (message, key) -> the call it died in, none of that key since
+        of that step is told so (`ctx.redelivered`, as JMSRedelivered), also after a run the fence stopped
+        before its step ran. Asked of the steps whose call record is the message's own (an entity's record is
+        another message's once that one calls), and not where an operator acted on the message since (a
+        restart forgets its calls)."""
+        died: dict[str, int] = {}  # idempotency key -> the call its worker died in, the key not called since
         untold = []
         for n, ((message, step), (key, redelivered)) in enumerate(zip(routes.STARTS, routes.BEGUN)):
-            for other in [mk for mk in died if mk[1] == key and mk[0] != message]:
-                del died[other]
-            earlier = died.pop((message, key), None)
-            acted = any(earlier is not None and earlier < at <= n for at in self.acts.get(message, ()))
+            if step in SHARED_RECORDS:
+                continue
+            earlier = died.pop(key, None)
+            acted = earlier is not None and any(earlier < at <= n for at in self.acts.get(message, ()))
             if earlier is not None and not redelivered and not acted:
                 untold.append((message, step, key))
             if n in routes.DIED:
-                died[(message, key)] = n
+                died[key] = n
         assert not untold, f"calls not told redelivered after a call of theirs ended unseen: {untold}"
 
     @invariant()
