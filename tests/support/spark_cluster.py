@@ -60,10 +60,11 @@ class Cluster:
             return json.load(response)
 
     def alive_workers(self) -> int:
-        """Workers the master counts as ALIVE (0 while it is not answering yet)."""
+        """Workers the master counts as ALIVE (0 while it is not answering yet: its web UI not up, or up and
+        answering /json/ with its HTML page before the JSON handler is attached, as a loaded box showed)."""
         try:
             return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
-        except OSError:
+        except (OSError, ValueError):  # json.JSONDecodeError is a ValueError
             return 0
 
     def executor_logs(self) -> list[Path]:
