@@ -48,6 +48,11 @@ SLACK = 2.0  # seconds after a call's answer in which its record may still have 
 # before its nft rules were in place and the call's way to the stub (issue 33, break 6). A call arriving
 # later is a call started once the store was lost: unexplained (its entry is marked `after_cut`).
 CUT_UNSEEN = 0.75
+# How long after a kill's recorded start a call of a killed process may still arrive as one in flight then: the
+# driver reads its clock before it signals the host's processes one after another, and the call may already be
+# on its way to the stub (a soak on a box at load 10 saw one arrive 0.12 s after). A killed process sends
+# nothing afterwards; a stalled one does, on resume: no such slack for a stall.
+KILL_UNSEEN = 0.5
 # route -> its steps' calls: (the path after the message's prefix, the step's key)
 STEPS = {
     "test.flow": [("a", "a"), ("b", "b"), ("c", "c")],
@@ -147,21 +152,22 @@ def began_of(call: Any) -> float:
 
 
 def hit(fault: Any, call: Any, host: str | None, kinds: set[str], until: float | None = None) -> bool:
-    """Whether `fault` stopped the record of `call`: a fault of one of `kinds` on the call's own host that
-    began while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the
-    process that made the call (its pid among the fault's) after the call arrived: a process stopped
-    before it sent its call sends it late, which nothing explains. A cut from the store must have come
-    after the step's body began (a step cannot begin without its lease written), or the call must have
-    arrived within CUT_UNSEEN of it: nothing tells a process its store is cut until a statement goes
-    unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after
-    the cut began, as if in flight then; a call arriving later (started once the store was lost, issue 33
-    break 6) is not explained. `until`: when the call's record could begin, if later than its answer (a
-    batch member's: when its siblings' calls ended, `lockstep_ends`)."""
+    """Whether `fault` stopped the record of `call`: a fault of one of `kinds` on the call's own host that began
+    while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the process
+    that made the call (its pid among the fault's) after the call arrived (a kill: or KILL_UNSEEN before): a
+    process stopped before it sent its call sends it late, which nothing explains. A cut from the store must
+    have come after the step's body began (a step cannot begin without its lease written), or the call must
+    have arrived within CUT_UNSEEN of it: nothing tells a process its store is cut until a statement goes
+    unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after the
+    cut began, as if in flight then; a call arriving later (started once the store was lost, issue 33 break 6)
+    is not explained. `until`: when the call's record could begin, if later than its answer (a batch member's:
+    when its siblings' calls ended, `lockstep_ends`)."""
     if fault.kind not in kinds or host is None or fault.host != host:
         return False
     ended = max(call.ended, until or call.ended)
     process = fault.kind in ("kill", "stall")
-    if process and not call.started <= fault.start <= ended + SLACK:
+    unseen = KILL_UNSEEN if fault.kind == "kill" else 0.0
+    if process and not call.started - unseen <= fault.start <= ended + SLACK:
         return False
     if not process and not (min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= ended + SLACK):
         return False

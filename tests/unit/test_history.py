@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from openhub.testing import Call
-from tests.support.history import CUT_UNSEEN, Report, check
+from tests.support.history import CUT_UNSEEN, KILL_UNSEEN, Report, check
 from tests.support.hosts import Fault
 
 HOSTS = {"10.0.0.11": "h1", "10.0.0.12": "h2", "10.0.0.13": "h3"}
@@ -87,6 +87,21 @@ def test_a_repeat_explained_by_a_kill_or_a_store_cut_of_its_host_passes() -> Non
         again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 16.0, host="h3", pid=301, funnel="g0")
         report = run(one_call(1, 10.0) + [again], [fault])
         assert report.ok, (fault, report.details())
+
+
+def test_a_call_arriving_just_after_a_kill_of_its_process_is_explained() -> None:
+    # the driver noted the kill's time, then signalled; the call was on its way (bench/hosts_soak.py, seed 13)
+    again = call("/funnel/ordered", "CONFIRMED/c1/ordered", 14.0, host="h2", pid=201, funnel="g0")
+    first = call("/funnel/ordered", "CONFIRMED/c1/ordered", 10.0 + KILL_UNSEEN - 0.05, funnel="g0", began=9.8)
+    report = run([first, again, call("/funnel/confirm", "1:OK", 15.0)], [Fault("kill", "h1", 10.0, 15.0, pids=[101])])
+    assert report.ok, report.details()
+    # a stalled process can send on resume: the same arrival is not a stall's
+    report = run([first, again, call("/funnel/confirm", "1:OK", 15.0)], [Fault("stall", "h1", 10.0, 15.0, pids=[101])])
+    assert len(report.repeated) == 1
+    # nor a kill's, arriving later than a call in flight could
+    late = call("/funnel/ordered", "CONFIRMED/c1/ordered", 10.0 + KILL_UNSEEN + 0.05, funnel="g0", began=9.8)
+    report = run([late, again, call("/funnel/confirm", "1:OK", 15.0)], [Fault("kill", "h1", 10.0, 15.0, pids=[101])])
+    assert len(report.repeated) == 1
 
 
 def test_a_call_arriving_just_after_a_cut_of_a_step_begun_before_it_is_explained() -> None:
