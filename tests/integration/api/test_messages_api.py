@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import uuid
@@ -597,16 +596,20 @@ def test_a_source_system_sees_its_message_without_the_hubs_internals(api_env, ci
     # Issue 34 L2: custom_data (a token one step leaves the next), the trace link (an internal host) and
     # history details (who answered, what an operator did) were in the source system's view.
     backends.activate(dict(api_env.env, OPENHUB_TRACE_URL="https://jaeger.internal/trace/{trace_id}"))
-    with make_client() as client:
-        message_id = post(client, cid, flow_payload, route="test/held").json()["id"]
-        openhub.cancel(message_id)
-        openhub.restart(message_id, total=True)
-        mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
-        theirs = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
-        with contextlib.suppress(errors.StateConflict):  # cleanup: the worker may have carried it to OK meanwhile
+    # Its route paused: the message stays live for the operator's cancel (a worker took it to OK before the
+    # cancel once, in CI beside a soak: StateConflict).
+    openhub.pause("test.held")
+    try:
+        with make_client() as client:
+            message_id = post(client, cid, flow_payload, route="test/held").json()["id"]
             openhub.cancel(message_id)
-    # The worker may carry the restarted message on between the two reads: the history only grows, so the
-    # source system's is the start of the admin's, read after it (equal lengths failed beside the CPU burner).
+            openhub.restart(message_id, total=True)
+            mine = client.get(f"/api/v1/messages/{message_id}", headers=CRM).json()
+            theirs = client.get(f"/api/v1/messages/{message_id}", headers=ADMIN).json()
+            openhub.cancel(message_id)
+    finally:
+        openhub.resume("test.held")
+    # The history only grows: the source system's is the start of the admin's, read after it.
     events = [h["event"] for h in mine["history"]]
     assert events[0] == "accepted" and events == [h["event"] for h in theirs["history"]][: len(events)], (mine, theirs)
     assert not {"http_exchanges", "custom_data", "trace_url"} & set(mine), sorted(mine)
