@@ -53,8 +53,12 @@ SOURCE = "CLOCK"
 class Hosts:
     backend: backends.Backend
     external: ExternalSystem
-    behind_env: dict[str, str]  # the environment of a process on the host whose clock is behind
-    workers: list[Worker]
+    workers: list[Worker]  # the host behind's, then the host ahead's
+
+    @property
+    def behind_env(self) -> dict[str, str]:
+        """The environment of a process on the host whose clock is behind."""
+        return self.workers[0].env
 
     def submit(self, route: str, prefix: str, **payload: object) -> openhub.MessageView:
         return openhub.submit(
@@ -99,7 +103,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
             for w in (behind, ahead):
                 w.start()
             try:
-                yield Hosts(b, external, dict(behind.env), [behind, ahead])
+                yield Hosts(b, external, [behind, ahead])
             finally:
                 for w in (behind, ahead):
                     w.stop()
