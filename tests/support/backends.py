@@ -284,9 +284,10 @@ class PostgresServer:
         )
 
     def remove(self) -> None:
-        """Stop the server and delete its folder."""
+        """Stop the server (unless a test left it stopped) and delete its folder."""
         try:
-            self.pg_ctl("stop")
+            if (self.datadir / "postmaster.pid").exists():  # pg_ctl stop fails on a stopped server
+                self.pg_ctl("stop")
         finally:
             shutil.rmtree(self.datadir.parent, ignore_errors=True)
 
