@@ -13,7 +13,9 @@ the promise:
   a repeat whose first call started after the fault began (later than that after a cut), a repeat
   during a fault on another host, a repeat whose first call was made by a process other than the
   stalled one, a call made again before the fault. A batch route's call is in flight until its batch's
-  calls of that step in that process have ended (its record is written with theirs: BATCH_ROUTES). A
+  calls of that step in that process have ended (its record is written with theirs: BATCH_ROUTES); a call's
+  record is under way up to SLACK after that, plus its process's lag (a process slow to send is slow to
+  record: LAG_WINDOW). A
   confirmation sent twice is never explained by a cut (its sending lease is in the store, not in the
   worker's heartbeat), only by its own process killed or stalled while sending;
 - a message not final; a step of a message that ended OK never applied (a split's children: every
@@ -42,6 +44,11 @@ EXPLAINS = {"kill", "stall", "cut_pg", "cut_both"}
 # A confirmation's sending lease lives in the store: only its sender's death or stall can send it twice.
 EXPLAINS_CONFIRMATION = {"kill", "stall"}
 SLACK = 2.0  # seconds after a call's answer in which its record may still have been under way
+# A process slow to act (CPU-starved on a busy box, in line for a store connection behind its greenlets) is as slow
+# to write a record as to send a call: a call's record may come SLACK plus its process's lag later, the lag being
+# the longest any of that process's steps took from its body's beginning to its call's arrival, among those that
+# began within LAG_WINDOW of the call's answer (on a quiet box milliseconds; a CI run at load 15 saw 3.1 s).
+LAG_WINDOW = 5.0
 # How long after its host's store cut a call may still be sent, as if it had been in flight when the cut came:
 # a worker process sends a call only within PROOF_AGE (0.5 s, openhub.store.proof) of a round trip of its own
 # to the store, which must have been sent before the cut, plus 0.25 s for the fault driver's clock reading
@@ -161,7 +168,7 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str], until: float |
     unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after the
     cut began, as if in flight then; a call arriving later (started once the store was lost, issue 33 break 6)
     is not explained. `until`: when the call's record could begin, if later than its answer (a batch member's:
-    when its siblings' calls ended, `lockstep_ends`)."""
+    when its siblings' calls ended, `lockstep_ends`; a slow process's: later by its lag, `process_lags`)."""
     if fault.kind not in kinds or host is None or fault.host != host:
         return False
     ended = max(call.ended, until or call.ended)
@@ -203,6 +210,26 @@ def lockstep_ends(calls: Iterable[Any], submitted: dict[str, dict[str, Any]]) ->
     return ends
 
 
+def process_lags(calls: Iterable[Any], faults: list[Any], host_of: Any) -> dict[int, float]:
+    """For each call with a pid (by `id(call)`): its process's lag about its answer (LAG_WINDOW), from the steps of
+    that process no fault on its host overlapped (a stalled step's call arrives on resume: a fault, not a lag)."""
+    calls = list(calls)
+    by_pid: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for c in calls:
+        pid, host, began = pid_of(c), host_of(c.peer), began_of(c)
+        if pid is not None and not any(
+            f.host == host and f.start <= c.started and (f.end is None or began <= f.end) for f in faults
+        ):
+            by_pid[pid].append((began, float(c.started) - began))
+    lags: dict[int, float] = {}
+    for c in calls:
+        pid = pid_of(c)
+        if pid is not None:
+            near = [lag for began, lag in by_pid[pid] if abs(began - c.ended) <= LAG_WINDOW]
+            lags[id(c)] = max(near, default=0.0)
+    return lags
+
+
 def _repeats(
     path: str,
     key: str,
@@ -238,6 +265,8 @@ def _repeats(
         "pids": [pid_of(c) for c in made],
         "at": [round(c.started - origin, 3) for c in made],
         "began": [round(began_of(c) - origin, 3) for c in made],
+        # until when a fault could still stop each call's record (its answer, its batch's, its process's lag, SLACK)
+        "record_by": [round(max(c.ended, ends.get(id(c), c.ended)) + SLACK - origin, 3) for c in made],
     }
     first = made[0]
     cut = next(
@@ -298,7 +327,9 @@ def check(
     for s in states.values():
         report.states[s] = report.states.get(s, 0) + 1
     ok_calls: dict[tuple[str, str], list[Any]] = defaultdict(list)
-    ends = lockstep_ends(calls, submitted)
+    # when each call's record could begin (a batch member's: once its siblings' calls ended), later by its process's lag
+    lockstep, lags = lockstep_ends(calls, submitted), process_lags(calls, faults, host_of)
+    ends = {id(c): max(c.ended, lockstep.get(id(c), c.ended)) + lags.get(id(c), 0.0) for c in calls}
     for c in calls:
         report.calls += 1
         if c.status < 400 and c.key is not None:
