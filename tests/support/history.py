@@ -55,11 +55,12 @@ LAG_WINDOW = 5.0
 # before its nft rules were in place and the call's way to the stub (issue 33, break 6). A call arriving
 # later is a call started once the store was lost: unexplained (its entry is marked `after_cut`).
 CUT_UNSEEN = 0.75
-# How long after a kill's recorded start a call of a killed process may still arrive as one in flight then: the
-# driver reads its clock before it signals the host's processes one after another, and the call may already be
-# on its way to the stub (a soak on a box at load 10 saw one arrive 0.12 s after). A killed process sends
-# nothing afterwards; a stalled one does, on resume: no such slack for a stall.
-KILL_UNSEEN = 0.5
+# How long after a kill's or a stall's recorded start a call of its process may still arrive as one in flight
+# then: the driver reads its clock before it signals the host's processes one after another, and the call may
+# already be on its way to the stub (a soak on a box at load 10 saw one arrive 0.12 s after a kill; a CI run at
+# load 15, 0.05 s after a stall). A killed process sends nothing afterwards; a stalled one sends on resume,
+# after the stall's end: a call arriving then is not the stall's.
+SIGNAL_UNSEEN = 0.5
 # route -> its steps' calls: (the path after the message's prefix, the step's key)
 STEPS = {
     "test.flow": [("a", "a"), ("b", "b"), ("c", "c")],
@@ -161,8 +162,9 @@ def began_of(call: Any) -> float:
 def hit(fault: Any, call: Any, host: str | None, kinds: set[str], until: float | None = None) -> bool:
     """Whether `fault` stopped the record of `call`: a fault of one of `kinds` on the call's own host that began
     while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the process
-    that made the call (its pid among the fault's) after the call arrived (a kill: or KILL_UNSEEN before): a
-    process stopped before it sent its call sends it late, which nothing explains. A cut from the store must
+    that made the call (its pid among the fault's) after the call arrived, or at most SIGNAL_UNSEEN before:
+    a process stopped before it sent its call sends it on resume, after the stall, which nothing explains. A
+    cut from the store must
     have come after the step's body began (a step cannot begin without its lease written), or the call must
     have arrived within CUT_UNSEEN of it: nothing tells a process its store is cut until a statement goes
     unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after the
@@ -173,9 +175,10 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str], until: float |
         return False
     ended = max(call.ended, until or call.ended)
     process = fault.kind in ("kill", "stall")
-    unseen = KILL_UNSEEN if fault.kind == "kill" else 0.0
-    if process and not call.started - unseen <= fault.start <= ended + SLACK:
+    if process and not call.started - SIGNAL_UNSEEN <= fault.start <= ended + SLACK:
         return False
+    if fault.kind == "stall" and fault.end is not None and call.started >= fault.end:
+        return False  # sent on resume
     if not process and not (min(began_of(call), call.started - CUT_UNSEEN) <= fault.start <= ended + SLACK):
         return False
     pids = getattr(fault, "pids", None)
