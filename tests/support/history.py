@@ -15,9 +15,8 @@ the promise:
   stalled one, a call made again before the fault. A batch route's call is in flight until its batch's
   calls of that step in that process have ended (its record is written with theirs: BATCH_ROUTES); a call's
   record is under way up to SLACK after that, plus its process's lag (a process slow to send is slow to
-  record: LAG_WINDOW). A
-  confirmation sent twice is never explained by a cut (its sending lease is in the store, not in the
-  worker's heartbeat), only by its own process killed or stalled while sending;
+  record: LAG_WINDOW). A confirmation sent twice is never explained by a cut (its sending lease is in the
+  store, not in the worker's heartbeat), only by its own process killed or stalled while sending;
 - a message not final; a step of a message that ended OK never applied (a split's children: every
   line applied);
 - a final message's confirmation not made exactly once (its key `<id>:<state>`), or made for a state
@@ -34,8 +33,10 @@ the time is taken to have begun when it arrived.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
+from math import inf
 from typing import Any, Iterable
 
 # Faults that stop a worker between its call and its record: a call in flight then is made again
@@ -164,13 +165,13 @@ def hit(fault: Any, call: Any, host: str | None, kinds: set[str], until: float |
     while the call was in flight, up to SLACK after its answer. A kill or a stall must have hit the process
     that made the call (its pid among the fault's) after the call arrived, or at most SIGNAL_UNSEEN before:
     a process stopped before it sent its call sends it on resume, after the stall, which nothing explains. A
-    cut from the store must
-    have come after the step's body began (a step cannot begin without its lease written), or the call must
-    have arrived within CUT_UNSEEN of it: nothing tells a process its store is cut until a statement goes
-    unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may arrive just after the
-    cut began, as if in flight then; a call arriving later (started once the store was lost, issue 33 break 6)
-    is not explained. `until`: when the call's record could begin, if later than its answer (a batch member's:
-    when its siblings' calls ended, `lockstep_ends`; a slow process's: later by its lag, `process_lags`)."""
+    cut from the store must have come after the step's body began (a step cannot begin without its lease
+    written), or the call must have arrived within CUT_UNSEEN of it: nothing tells a process its store is cut
+    until a statement goes unanswered, and a call is sent within PROOF_AGE of the last one answered, so it may
+    arrive just after the cut began, as if in flight then; a call arriving later (started once the store was
+    lost, issue 33 break 6) is not explained. `until`: when the call's record could begin, if later than its
+    answer (a batch member's: when its siblings' calls ended, `lockstep_ends`; a slow process's: later by its
+    lag, `process_lags`)."""
     if fault.kind not in kinds or host is None or fault.host != host:
         return False
     ended = max(call.ended, until or call.ended)
@@ -224,12 +225,14 @@ def process_lags(calls: Iterable[Any], faults: list[Any], host_of: Any) -> dict[
             f.host == host and f.start <= c.started and (f.end is None or began <= f.end) for f in faults
         ):
             by_pid[pid].append((began, float(c.started) - began))
+    for steps in by_pid.values():
+        steps.sort()
     lags: dict[int, float] = {}
     for c in calls:
         pid = pid_of(c)
-        if pid is not None:
-            near = [lag for began, lag in by_pid[pid] if abs(began - c.ended) <= LAG_WINDOW]
-            lags[id(c)] = max(near, default=0.0)
+        steps = by_pid.get(pid, []) if pid is not None else []
+        near = steps[bisect_left(steps, (c.ended - LAG_WINDOW,)) : bisect_right(steps, (c.ended + LAG_WINDOW, inf))]
+        lags[id(c)] = max((lag for _, lag in near), default=0.0)
     return lags
 
 
