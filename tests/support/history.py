@@ -272,7 +272,7 @@ def _repeats(
         "at": [round(c.started - origin, 3) for c in made],
         "began": [round(began_of(c) - origin, 3) for c in made],
         # until when a fault could still stop each call's record (its answer, its batch's, its process's lag, SLACK)
-        "record_by": [round(max(c.ended, ends.get(id(c), c.ended)) + SLACK - origin, 3) for c in made],
+        "record_by": [round(ends.get(id(c), c.ended) + SLACK - origin, 3) for c in made],
     }
     first = made[0]
     cut = next(
